@@ -1,0 +1,24 @@
+//! Compiles the protos with `protox` (pure Rust, so no system `protoc` is needed), generates the
+//! tonic client and server, and writes the descriptor set that the reflection service serves.
+
+use std::path::PathBuf;
+
+use prost::Message;
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let proto = "proto/idempotency/v1/idempotency.proto";
+    println!("cargo:rerun-if-changed=proto");
+
+    let descriptors = protox::compile([proto], ["proto"])?;
+    let out_dir = PathBuf::from(std::env::var("OUT_DIR")?);
+    std::fs::write(
+        out_dir.join("idempotency_descriptor.bin"),
+        descriptors.encode_to_vec(),
+    )?;
+
+    tonic_prost_build::configure()
+        .build_client(true)
+        .build_server(true)
+        .compile_fds(descriptors)?;
+    Ok(())
+}

@@ -1,0 +1,296 @@
+//! Command line and environment. Every setting is a flag with an environment variable; values
+//! are checked here, once, so the rest of the service works with settings it can trust.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand};
+
+use crate::domain::Limits;
+use crate::domain::{EventRetention, KeyRetention, LeaseTtl};
+use crate::readiness::ReadinessSettings;
+use crate::reaper::ReaperSettings;
+use crate::store::postgres::PgSettings;
+use crate::telemetry::LogFormat;
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "idempotency-coordinator",
+    version,
+    about = "Claims idempotency keys, stores and replays results, and deduplicates events over gRPC.",
+    args_conflicts_with_subcommands = true,
+    args_override_self = true,
+    subcommand_negates_reqs = true
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Option<Command>,
+    /// `serve`'s settings, for running without a subcommand.
+    #[command(flatten)]
+    pub serve: ServeArgs,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Serve the gRPC API (the default).
+    Serve(ServeArgs),
+    /// Apply the schema migrations and exit.
+    Migrate(MigrateArgs),
+}
+
+impl Cli {
+    /// The subcommand to run, `serve` when none was given.
+    pub fn into_command(self) -> Command {
+        self.command.unwrap_or(Command::Serve(self.serve))
+    }
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct DatabaseArgs {
+    /// PostgreSQL URL, e.g. postgres://user@host:5432/idempotency. The database is created if it
+    /// does not exist and the role may create it.
+    #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
+    pub database_url: Option<String>,
+
+    /// Connections in the pool.
+    #[arg(long, env = "IDEMPOTENCY_POOL_SIZE", default_value_t = 16,
+          value_parser = clap::value_parser!(u32).range(1..=1000))]
+    pub pool_size: u32,
+
+    /// Bounds every store operation (statement, connection wait, retries). A call that runs
+    /// past it fails with UNAVAILABLE / STORE_UNAVAILABLE.
+    #[arg(long, env = "IDEMPOTENCY_OPERATION_TIMEOUT", default_value = "5s",
+          value_parser = parse_duration)]
+    pub operation_timeout: Duration,
+
+    /// Log format.
+    #[arg(long, env = "IDEMPOTENCY_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct MigrateArgs {
+    #[command(flatten)]
+    pub database: DatabaseArgs,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct ServeArgs {
+    #[command(flatten)]
+    pub database: DatabaseArgs,
+
+    /// Address to listen on. Port 0 picks a free port (the log says which).
+    #[arg(long, env = "IDEMPOTENCY_LISTEN", default_value = "127.0.0.1:50051")]
+    pub listen: SocketAddr,
+
+    /// Do not apply migrations at start; stay NOT_SERVING until someone runs `migrate`.
+    #[arg(long, env = "IDEMPOTENCY_NO_MIGRATE")]
+    pub no_migrate: bool,
+
+    /// Lease when TryStart or ExtendLease gives none (100ms-24h).
+    #[arg(long, env = "IDEMPOTENCY_DEFAULT_LEASE_TTL", default_value = "30s",
+          value_parser = parse_duration)]
+    pub default_lease_ttl: Duration,
+
+    /// Key retention when TryStart gives none (1s-30d).
+    #[arg(long, env = "IDEMPOTENCY_DEFAULT_KEY_RETENTION", default_value = "24h",
+          value_parser = parse_duration)]
+    pub default_key_retention: Duration,
+
+    /// Event retention when MarkProcessed gives none (1s-30d).
+    #[arg(long, env = "IDEMPOTENCY_DEFAULT_EVENT_RETENTION", default_value = "7d",
+          value_parser = parse_duration)]
+    pub default_event_retention: Duration,
+
+    /// Largest response Complete accepts, in bytes (1 KiB-64 MiB).
+    #[arg(long, env = "IDEMPOTENCY_MAX_RESPONSE_BYTES", default_value_t = 1024 * 1024,
+          value_parser = clap::value_parser!(u32).range(1024..=64 * 1024 * 1024))]
+    pub max_response_bytes: u32,
+
+    /// Pause between reaper sweeps.
+    #[arg(long, env = "IDEMPOTENCY_REAPER_INTERVAL", default_value = "30s",
+          value_parser = parse_duration)]
+    pub reaper_interval: Duration,
+
+    /// Rows the reaper deletes per statement.
+    #[arg(long, env = "IDEMPOTENCY_REAPER_BATCH_SIZE", default_value_t = 1000,
+          value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    pub reaper_batch_size: u32,
+
+    /// How long calls in flight may take to finish after SIGTERM/SIGINT.
+    #[arg(long, env = "IDEMPOTENCY_SHUTDOWN_GRACE", default_value = "25s",
+          value_parser = parse_duration)]
+    pub shutdown_grace: Duration,
+
+    /// Pause between store checks that drive the health status.
+    #[arg(long, env = "IDEMPOTENCY_HEALTH_CHECK_INTERVAL", default_value = "2s",
+          value_parser = parse_duration)]
+    pub health_check_interval: Duration,
+}
+
+fn parse_duration(text: &str) -> Result<Duration, String> {
+    humantime::parse_duration(text).map_err(|e| format!("{e} (examples: 100ms, 30s, 24h, 7d)"))
+}
+
+/// A setting that is out of bounds, named by its flag.
+#[derive(Debug, thiserror::Error)]
+#[error("--{flag}: {problem}")]
+pub struct SettingError {
+    pub flag: &'static str,
+    pub problem: String,
+}
+
+/// Everything `serve` needs, checked.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    pub listen: SocketAddr,
+    pub store: PgSettings,
+    pub limits: Limits,
+    pub readiness: ReadinessSettings,
+    pub reaper: ReaperSettings,
+    pub shutdown_grace: Duration,
+    pub operation_timeout: Duration,
+}
+
+fn nonzero(flag: &'static str, value: Duration) -> Result<Duration, SettingError> {
+    if value.is_zero() {
+        return Err(SettingError {
+            flag,
+            problem: "must be greater than zero".into(),
+        });
+    }
+    Ok(value)
+}
+
+impl DatabaseArgs {
+    pub fn store_settings(&self) -> Result<PgSettings, SettingError> {
+        // Optional for clap, which cannot require a flattened argument of the default
+        // subcommand without also requiring it of the others; required here.
+        let url = self.database_url.clone().ok_or(SettingError {
+            flag: "database-url",
+            problem: "is required (or set DATABASE_URL), e.g. postgres://postgres@127.0.0.1:5432/idempotency".into(),
+        })?;
+        Ok(PgSettings {
+            url,
+            pool_size: self.pool_size,
+            operation_timeout: nonzero("operation-timeout", self.operation_timeout)?,
+        })
+    }
+}
+
+impl ServeArgs {
+    pub fn settings(&self) -> Result<Settings, SettingError> {
+        let invalid = |flag: &'static str| {
+            move |problem: crate::domain::Invalid| SettingError {
+                flag,
+                problem: problem.0,
+            }
+        };
+        let store = self.database.store_settings()?;
+        let operation_timeout = store.operation_timeout;
+        let limits = Limits {
+            default_lease_ttl: LeaseTtl::parse(self.default_lease_ttl)
+                .map_err(invalid("default-lease-ttl"))?,
+            default_key_retention: KeyRetention::parse(self.default_key_retention)
+                .map_err(invalid("default-key-retention"))?,
+            default_event_retention: EventRetention::parse(self.default_event_retention)
+                .map_err(invalid("default-event-retention"))?,
+            max_response_bytes: usize::try_from(self.max_response_bytes).unwrap_or(usize::MAX),
+        };
+        Ok(Settings {
+            listen: self.listen,
+            store,
+            limits,
+            readiness: ReadinessSettings {
+                migrate: !self.no_migrate,
+                check_interval: nonzero("health-check-interval", self.health_check_interval)?,
+                check_timeout: operation_timeout,
+            },
+            reaper: ReaperSettings {
+                interval: nonzero("reaper-interval", self.reaper_interval)?,
+                batch_size: self.reaper_batch_size,
+                batch_timeout: operation_timeout,
+            },
+            shutdown_grace: self.shutdown_grace,
+            operation_timeout,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(args: &[&str]) -> Result<Cli, clap::Error> {
+        Cli::try_parse_from(
+            [
+                "idempotency-coordinator",
+                "--database-url",
+                "postgres://x/y",
+            ]
+            .iter()
+            .chain(args),
+        )
+    }
+
+    #[test]
+    fn serve_is_the_default_and_defaults_match_the_contract() {
+        let Command::Serve(args) = parse(&[]).expect("parses").into_command() else {
+            panic!("expected serve");
+        };
+        let settings = args.settings().expect("valid defaults");
+        assert_eq!(settings.listen.to_string(), "127.0.0.1:50051");
+        assert_eq!(
+            settings.limits.default_lease_ttl.get(),
+            Duration::from_secs(30)
+        );
+        assert_eq!(
+            settings.limits.default_key_retention.get(),
+            Duration::from_secs(24 * 3600)
+        );
+        assert_eq!(
+            settings.limits.default_event_retention.get(),
+            Duration::from_secs(7 * 24 * 3600)
+        );
+        assert_eq!(settings.limits.max_response_bytes, 1024 * 1024);
+        assert_eq!(settings.shutdown_grace, Duration::from_secs(25));
+        assert!(settings.readiness.migrate);
+    }
+
+    #[test]
+    fn flags_work_with_and_without_the_serve_subcommand() {
+        for args in [
+            vec![
+                "x",
+                "serve",
+                "--database-url",
+                "postgres://a/b",
+                "--pool-size",
+                "3",
+            ],
+            vec!["x", "--database-url", "postgres://a/b", "--pool-size", "3"],
+        ] {
+            let Command::Serve(serve) = Cli::try_parse_from(args).expect("parses").into_command()
+            else {
+                panic!("expected serve");
+            };
+            assert_eq!(serve.database.pool_size, 3);
+        }
+        let migrate = Cli::try_parse_from(["x", "migrate", "--database-url", "postgres://a/b"])
+            .expect("parses")
+            .into_command();
+        assert!(matches!(migrate, Command::Migrate(_)));
+    }
+
+    #[test]
+    fn defaults_outside_the_contract_bounds_are_refused() {
+        let args = parse(&["--default-lease-ttl", "25h"]).expect("parses");
+        let Command::Serve(args) = args.into_command() else {
+            panic!("expected serve");
+        };
+        let error = args.settings().expect_err("25h is above the lease bound");
+        assert_eq!(error.flag, "default-lease-ttl");
+        assert!(parse(&["--max-response-bytes", "10"]).is_err());
+        assert!(parse(&["--reaper-interval", "soon"]).is_err());
+    }
+}

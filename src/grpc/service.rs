@@ -1,0 +1,171 @@
+//! `idempotency.v1.IdempotencyService`: decode, call the coordinator, encode. One span per RPC
+//! carries the namespace (once validated) and the outcome; payloads never enter logs.
+
+use tonic::{Request, Response, Status};
+use tracing::{Instrument, Span, field};
+
+use super::convert;
+use super::status::reason;
+use crate::coordinator::{Coordinator, CoordinatorError};
+use crate::domain::{KeyState, Limits};
+use crate::proto::idempotency::v1 as pb;
+use crate::proto::idempotency::v1::idempotency_service_server::IdempotencyService;
+use crate::store::Store;
+
+pub struct IdempotencyApi<S> {
+    coordinator: Coordinator<S>,
+    limits: Limits,
+}
+
+impl<S: Store> IdempotencyApi<S> {
+    pub fn new(coordinator: Coordinator<S>, limits: Limits) -> Self {
+        Self {
+            coordinator,
+            limits,
+        }
+    }
+}
+
+fn rpc_span(rpc: &'static str) -> Span {
+    tracing::info_span!("rpc", rpc, namespace = field::Empty, outcome = field::Empty)
+}
+
+fn record_scope(scope: &str) {
+    Span::current().record("namespace", scope);
+}
+
+/// Records the outcome in the current span and turns a failure into its status.
+fn finish<T>(
+    result: Result<T, CoordinatorError>,
+    outcome: impl FnOnce(&T) -> &'static str,
+) -> Result<T, Status> {
+    let span = Span::current();
+    match result {
+        Ok(value) => {
+            let name = outcome(&value);
+            span.record("outcome", name);
+            tracing::debug!(outcome = name, "rpc answered");
+            Ok(value)
+        }
+        Err(error) => {
+            let name = reason(&error);
+            span.record("outcome", name);
+            tracing::debug!(outcome = name, "rpc refused");
+            Err(error.into())
+        }
+    }
+}
+
+/// Parses a request, recording INVALID_ARGUMENT as the outcome when it fails.
+fn parsed<T>(result: Result<T, Status>) -> Result<T, Status> {
+    if result.is_err() {
+        Span::current().record("outcome", "INVALID_ARGUMENT");
+    }
+    result
+}
+
+#[tonic::async_trait]
+impl<S: Store> IdempotencyService for IdempotencyApi<S> {
+    async fn try_start(
+        &self,
+        request: Request<pb::TryStartRequest>,
+    ) -> Result<Response<pb::TryStartResponse>, Status> {
+        async {
+            let command = parsed(convert::try_start_command(
+                request.into_inner(),
+                &self.limits,
+            ))?;
+            record_scope(command.namespace.as_str());
+            let outcome = finish(self.coordinator.try_start(command).await, |o| o.name())?;
+            Ok(Response::new(convert::try_start_response(outcome)))
+        }
+        .instrument(rpc_span("TryStart"))
+        .await
+    }
+
+    async fn complete(
+        &self,
+        request: Request<pb::CompleteRequest>,
+    ) -> Result<Response<pb::CompleteResponse>, Status> {
+        async {
+            let command = parsed(convert::complete_command(
+                request.into_inner(),
+                &self.limits,
+            ))?;
+            record_scope(command.namespace.as_str());
+            let completion = finish(self.coordinator.complete(command).await, |_| "completed")?;
+            Ok(Response::new(convert::complete_response(completion)))
+        }
+        .instrument(rpc_span("Complete"))
+        .await
+    }
+
+    async fn release(
+        &self,
+        request: Request<pb::ReleaseRequest>,
+    ) -> Result<Response<pb::ReleaseResponse>, Status> {
+        async {
+            let command = parsed(convert::release_command(request.into_inner()))?;
+            record_scope(command.namespace.as_str());
+            finish(self.coordinator.release(command).await, |_| "released")?;
+            Ok(Response::new(pb::ReleaseResponse {}))
+        }
+        .instrument(rpc_span("Release"))
+        .await
+    }
+
+    async fn extend_lease(
+        &self,
+        request: Request<pb::ExtendLeaseRequest>,
+    ) -> Result<Response<pb::ExtendLeaseResponse>, Status> {
+        async {
+            let command = parsed(convert::extend_lease_command(
+                request.into_inner(),
+                &self.limits,
+            ))?;
+            record_scope(command.namespace.as_str());
+            let lease_expires_at =
+                finish(self.coordinator.extend_lease(command).await, |_| "extended")?;
+            Ok(Response::new(pb::ExtendLeaseResponse {
+                lease_expires_at: Some(convert::timestamp(lease_expires_at)),
+            }))
+        }
+        .instrument(rpc_span("ExtendLease"))
+        .await
+    }
+
+    async fn lookup(
+        &self,
+        request: Request<pb::LookupRequest>,
+    ) -> Result<Response<pb::LookupResponse>, Status> {
+        async {
+            let query = parsed(convert::lookup_query(request.into_inner()))?;
+            record_scope(query.namespace.as_str());
+            let state = finish(self.coordinator.lookup(query).await, |state| match state {
+                KeyState::Absent => "absent",
+                KeyState::InProgress { .. } => "in_progress",
+                KeyState::Completed { .. } => "completed",
+            })?;
+            Ok(Response::new(convert::lookup_response(state)))
+        }
+        .instrument(rpc_span("Lookup"))
+        .await
+    }
+
+    async fn mark_processed(
+        &self,
+        request: Request<pb::MarkProcessedRequest>,
+    ) -> Result<Response<pb::MarkProcessedResponse>, Status> {
+        async {
+            let command = parsed(convert::mark_processed_command(
+                request.into_inner(),
+                &self.limits,
+            ))?;
+            record_scope(command.consumer.as_str());
+            let results = finish(self.coordinator.mark_processed(command).await, |_| "marked")?;
+            Ok(Response::new(convert::mark_processed_response(results)))
+        }
+        .instrument(rpc_span("MarkProcessed"))
+        .await
+    }
+}

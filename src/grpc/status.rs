@@ -1,0 +1,83 @@
+//! The one place where failures become gRPC statuses: the contract's codes and reasons, with
+//! `google.rpc` details (ErrorInfo always; BadRequest for field problems; RetryInfo when the
+//! store is unavailable). Causes are logged here and never sent: no SQL or driver text reaches
+//! a caller.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use tonic::{Code, Status};
+use tonic_types::{ErrorDetails, FieldViolation, StatusExt};
+
+use crate::coordinator::CoordinatorError;
+use crate::domain::Rejection;
+use crate::telemetry::error_chain;
+
+/// `ErrorInfo.domain` of every error this service returns.
+pub const ERROR_DOMAIN: &str = "idempotency.v1";
+
+/// How long a caller should wait before retrying after STORE_UNAVAILABLE.
+const STORE_RETRY_DELAY: Duration = Duration::from_secs(1);
+
+/// The ErrorInfo reason of a status; also the outcome recorded in the RPC's span.
+pub fn reason(error: &CoordinatorError) -> &'static str {
+    match error {
+        CoordinatorError::Rejected(Rejection::KeyNotFound) => "KEY_NOT_FOUND",
+        CoordinatorError::Rejected(Rejection::LeaseLost) => "LEASE_LOST",
+        CoordinatorError::Rejected(Rejection::AlreadyCompleted) => "ALREADY_COMPLETED",
+        CoordinatorError::Store(store) if store.is_transient() => "STORE_UNAVAILABLE",
+        CoordinatorError::Store(_) | CoordinatorError::TaskFailed(_) => "INTERNAL",
+    }
+}
+
+fn error_info(reason: &str) -> ErrorDetails {
+    ErrorDetails::with_error_info(reason, ERROR_DOMAIN, HashMap::new())
+}
+
+/// INVALID_ARGUMENT with one BadRequest violation per bad field, named as in the proto
+/// (`event_ids[3]` for an element).
+pub fn invalid_argument(violations: Vec<(String, String)>) -> Status {
+    let message = violations
+        .iter()
+        .map(|(field, description)| format!("{field} {description}"))
+        .collect::<Vec<_>>()
+        .join("; ");
+    let mut details = error_info("INVALID_ARGUMENT");
+    details.set_bad_request(
+        violations
+            .into_iter()
+            .map(|(field, description)| FieldViolation::new(field, description))
+            .collect::<Vec<_>>(),
+    );
+    Status::with_error_details(Code::InvalidArgument, message, details)
+}
+
+impl From<CoordinatorError> for Status {
+    fn from(error: CoordinatorError) -> Self {
+        let reason = reason(&error);
+        match error {
+            CoordinatorError::Rejected(rejection) => {
+                let code = match rejection {
+                    Rejection::KeyNotFound => Code::NotFound,
+                    Rejection::LeaseLost => Code::Aborted,
+                    Rejection::AlreadyCompleted => Code::FailedPrecondition,
+                };
+                Status::with_error_details(code, rejection.to_string(), error_info(reason))
+            }
+            CoordinatorError::Store(store) if store.is_transient() => {
+                tracing::warn!(error = %error_chain(&store), "store unavailable");
+                let mut details = error_info(reason);
+                details.set_retry_info(Some(STORE_RETRY_DELAY));
+                Status::with_error_details(
+                    Code::Unavailable,
+                    "the store is unavailable; retry later",
+                    details,
+                )
+            }
+            other => {
+                tracing::error!(error = %error_chain(&other), "internal error");
+                Status::with_error_details(Code::Internal, "internal error", error_info(reason))
+            }
+        }
+    }
+}

@@ -1,0 +1,48 @@
+//! `idempotency-coordinator [serve]` and `idempotency-coordinator migrate`.
+
+use std::process::ExitCode;
+
+use anyhow::Context;
+use clap::Parser;
+use idempotency_coordinator::config::{Cli, Command};
+use idempotency_coordinator::store::{PgStore, Store};
+use idempotency_coordinator::{Application, shutdown, telemetry};
+use tokio_util::sync::CancellationToken;
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let command = Cli::parse().into_command();
+    let log_format = match &command {
+        Command::Serve(args) => args.database.log_format,
+        Command::Migrate(args) => args.database.log_format,
+    };
+    telemetry::init(log_format);
+    match run(command).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            tracing::error!(error = format!("{error:#}"), "exiting");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(command: Command) -> anyhow::Result<()> {
+    match command {
+        Command::Serve(args) => {
+            let settings = args.settings()?;
+            let app = Application::build(settings).await?;
+            tracing::info!(address = %app.local_addr(), "listening");
+            let shutdown = CancellationToken::new();
+            shutdown::cancel_on_signal(shutdown.clone()).context("installing signal handlers")?;
+            app.run_until_stopped(shutdown).await?;
+        }
+        Command::Migrate(args) => {
+            let store = PgStore::connect_lazy(&args.database.store_settings()?)
+                .context("the database URL is not valid")?;
+            store.migrate().await.context("migrating")?;
+            tracing::info!("schema migrations applied");
+            store.close().await;
+        }
+    }
+    Ok(())
+}

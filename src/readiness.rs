@@ -1,0 +1,71 @@
+//! Follows the store: applies migrations (unless told not to), then checks at an interval that
+//! the store is reachable and migrated, and reports it through [`HealthState`]. The service
+//! starts and answers health checks even while the database is down; it turns SERVING when the
+//! store is ready and back to NOT_SERVING when it is lost, without a restart.
+
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
+
+use crate::health::{HealthState, ServingStatus};
+use crate::store::Store;
+use crate::telemetry::error_chain;
+
+#[derive(Debug, Clone)]
+pub struct ReadinessSettings {
+    /// Apply migrations before reporting ready.
+    pub migrate: bool,
+    pub check_interval: Duration,
+    /// Bounds each check, so a database that stops answering turns the service NOT_SERVING.
+    pub check_timeout: Duration,
+}
+
+pub async fn monitor<S: Store>(
+    store: S,
+    health: HealthState,
+    settings: ReadinessSettings,
+    shutdown: CancellationToken,
+) {
+    let mut migrated = !settings.migrate;
+    loop {
+        if !migrated {
+            // Migrations are not bounded by the check timeout (a long one must finish), only by
+            // shutdown; each runs in its own transaction, so stopping one leaves nothing half-done.
+            tokio::select! {
+                _ = shutdown.cancelled() => return,
+                result = store.migrate() => match result {
+                    Ok(()) => {
+                        tracing::info!("schema migrations applied");
+                        migrated = true;
+                    }
+                    Err(error) => {
+                        tracing::warn!(error = %error_chain(&error), "applying migrations failed; will retry");
+                    }
+                },
+            }
+        }
+
+        let checked = tokio::time::timeout(settings.check_timeout, store.probe()).await;
+        let ready = matches!(checked, Ok(Ok(())));
+        let previous = health.set_store_ready(ready);
+        match (previous, checked) {
+            (ServingStatus::Serving, _) | (ServingStatus::ShuttingDown, _) if ready => {}
+            (_, Ok(Ok(()))) => tracing::info!("store ready; serving"),
+            (ServingStatus::Serving, Ok(Err(error))) => {
+                tracing::warn!(error = %error_chain(&error), "store check failed; not serving");
+            }
+            (ServingStatus::Serving, Err(_)) => {
+                tracing::warn!(timeout = ?settings.check_timeout, "store check timed out; not serving");
+            }
+            (_, Ok(Err(error))) => {
+                tracing::debug!(error = %error_chain(&error), "store still not ready");
+            }
+            (_, Err(_)) => tracing::debug!("store check still timing out"),
+        }
+
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = tokio::time::sleep(settings.check_interval) => {}
+        }
+    }
+}

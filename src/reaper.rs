@@ -1,0 +1,88 @@
+//! Deletes expired keys and events in bounded batches. Expired rows are already ABSENT for every
+//! RPC; the reaper only reclaims their space. Each batch is one statement that skips rows held
+//! by others (`FOR UPDATE SKIP LOCKED`), so several replicas can reap side by side. A full batch
+//! is followed at once by the next; a partial one means the backlog is cleared until the next
+//! interval. Shutdown is checked between batches, never inside one.
+
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
+
+use crate::store::{Store, StoreError};
+use crate::telemetry::error_chain;
+
+#[derive(Debug, Clone)]
+pub struct ReaperSettings {
+    pub interval: Duration,
+    pub batch_size: u32,
+    /// Bounds each batch, like any other store operation.
+    pub batch_timeout: Duration,
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Table {
+    Keys,
+    Events,
+}
+
+pub async fn run<S: Store>(store: S, settings: ReaperSettings, shutdown: CancellationToken) {
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = tokio::time::sleep(settings.interval) => {}
+        }
+        for table in [Table::Keys, Table::Events] {
+            if sweep(&store, table, &settings, &shutdown).await == Sweep::Stopped {
+                return;
+            }
+        }
+    }
+}
+
+#[derive(Debug, PartialEq, Eq)]
+enum Sweep {
+    Done,
+    Stopped,
+}
+
+async fn sweep<S: Store>(
+    store: &S,
+    table: Table,
+    settings: &ReaperSettings,
+    shutdown: &CancellationToken,
+) -> Sweep {
+    let mut deleted_total = 0u64;
+    loop {
+        if shutdown.is_cancelled() {
+            return Sweep::Stopped;
+        }
+        let batch = async {
+            match table {
+                Table::Keys => store.reap_expired_keys(settings.batch_size).await,
+                Table::Events => store.reap_expired_events(settings.batch_size).await,
+            }
+        };
+        let deleted = match tokio::time::timeout(settings.batch_timeout, batch).await {
+            Ok(Ok(deleted)) => deleted,
+            Ok(Err(StoreError::NotMigrated(_))) => {
+                tracing::debug!(?table, "nothing to reap before the schema is migrated");
+                return Sweep::Done;
+            }
+            Ok(Err(error)) => {
+                tracing::warn!(?table, error = %error_chain(&error), "reaping failed; will retry");
+                return Sweep::Done;
+            }
+            Err(_) => {
+                tracing::warn!(?table, timeout = ?settings.batch_timeout, "reaping timed out; will retry");
+                return Sweep::Done;
+            }
+        };
+        deleted_total += deleted;
+        if deleted < u64::from(settings.batch_size) {
+            if deleted_total > 0 {
+                tracing::info!(?table, deleted = deleted_total, "reaped expired rows");
+            }
+            return Sweep::Done;
+        }
+    }
+}

@@ -1,0 +1,150 @@
+//! Builds the service from settings and runs it until shutdown. Tests start the same
+//! [`Application`] on port 0.
+//!
+//! Shutdown, once the token is cancelled: health turns NOT_SERVING (and Watch streams end), the
+//! listener closes, calls in flight get their answers within the grace period, the reaper stops
+//! between batches, store work still running (for callers that hung up) finishes under its own
+//! timeout, and the pool closes.
+
+use std::net::SocketAddr;
+
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::config::Settings;
+use crate::coordinator::Coordinator;
+use crate::grpc;
+use crate::health::HealthState;
+use crate::readiness;
+use crate::reaper;
+use crate::store::{PgStore, Store};
+
+#[derive(Debug, thiserror::Error)]
+pub enum StartupError {
+    #[error("the database URL is not valid")]
+    DatabaseUrl(#[source] sqlx::Error),
+    #[error("could not listen on {address}")]
+    Bind {
+        address: SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error(transparent)]
+    Serve(#[from] grpc::ServeError),
+}
+
+pub struct Application {
+    listener: TcpListener,
+    local_addr: SocketAddr,
+    store: PgStore,
+    settings: Settings,
+}
+
+impl Application {
+    /// Binds the listener and prepares the store without connecting to it: the service starts,
+    /// and reports NOT_SERVING, while the database is still unreachable.
+    pub async fn build(settings: Settings) -> Result<Self, StartupError> {
+        let store = PgStore::connect_lazy(&settings.store).map_err(StartupError::DatabaseUrl)?;
+        let bind_error = |source| StartupError::Bind {
+            address: settings.listen,
+            source,
+        };
+        let listener = TcpListener::bind(settings.listen)
+            .await
+            .map_err(bind_error)?;
+        let local_addr = listener.local_addr().map_err(bind_error)?;
+        Ok(Self {
+            listener,
+            local_addr,
+            store,
+            settings,
+        })
+    }
+
+    /// The address actually bound (the port is chosen by the system when 0 was asked for).
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local_addr
+    }
+
+    pub fn store(&self) -> &PgStore {
+        &self.store
+    }
+
+    pub async fn run_until_stopped(self, shutdown: CancellationToken) -> Result<(), StartupError> {
+        let Self {
+            listener,
+            store,
+            settings,
+            ..
+        } = self;
+        let health = HealthState::new();
+        let store_work = TaskTracker::new();
+        let coordinator = Coordinator::new(
+            store.clone(),
+            store_work.clone(),
+            settings.operation_timeout,
+        );
+
+        let monitor = tokio::spawn(readiness::monitor(
+            store.clone(),
+            health.clone(),
+            settings.readiness.clone(),
+            shutdown.clone(),
+        ));
+        let reaper = tokio::spawn(reaper::run(
+            store.clone(),
+            settings.reaper.clone(),
+            shutdown.clone(),
+        ));
+
+        // Health flips inside the server's shutdown signal, so it is NOT_SERVING before the
+        // listener closes.
+        let signal = {
+            let health = health.clone();
+            let shutdown = shutdown.clone();
+            async move {
+                shutdown.cancelled().await;
+                health.begin_shutdown();
+            }
+        };
+        let serving = grpc::serve(
+            listener,
+            coordinator,
+            settings.limits.clone(),
+            health.clone(),
+            signal,
+        );
+        let grace_over = async {
+            shutdown.cancelled().await;
+            tokio::time::sleep(settings.shutdown_grace).await;
+        };
+        let served = tokio::select! {
+            served = serving => served,
+            () = grace_over => {
+                tracing::warn!(grace = ?settings.shutdown_grace,
+                    "grace period over with calls still in flight; closing their connections");
+                Ok(())
+            }
+        };
+        // An error from the server (not from shutdown) ends the service too.
+        shutdown.cancel();
+        health.begin_shutdown();
+
+        let _ = reaper.await;
+        let _ = monitor.await;
+        store_work.close();
+        if tokio::time::timeout(settings.operation_timeout, store_work.wait())
+            .await
+            .is_err()
+        {
+            tracing::warn!(
+                running = store_work.len(),
+                "store operations still running at exit"
+            );
+        }
+        store.close().await;
+        tracing::info!("stopped");
+        served.map_err(StartupError::from)
+    }
+}

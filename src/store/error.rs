@@ -1,0 +1,35 @@
+use std::time::Duration;
+
+/// A store failure. Callers see only whether it is worth retrying; the cause goes to the log.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// The store could not be reached, refused the work for now (too many connections, shutting
+    /// down, a conflict that persisted through retries), or cancelled it at its own timeout.
+    #[error("the store is unavailable")]
+    Unavailable(#[source] sqlx::Error),
+    /// The operation did not finish within the per-operation timeout.
+    #[error("the store did not answer within {0:?}")]
+    TimedOut(Duration),
+    /// The schema is missing or older than this build.
+    #[error("the store's schema is not migrated: {0}")]
+    NotMigrated(String),
+    /// Migrations could not be applied.
+    #[error("migrating the store failed")]
+    Migration(#[source] sqlx::migrate::MigrateError),
+    /// Anything else the driver reports: a bug, or a store this build does not expect.
+    #[error("unexpected store failure")]
+    Internal(#[source] sqlx::Error),
+    /// The store answered something the contract rules out.
+    #[error("the store is in a state this build does not expect: {0}")]
+    Inconsistent(&'static str),
+}
+
+impl StoreError {
+    /// Whether a caller may expect the same call to succeed later.
+    pub fn is_transient(&self) -> bool {
+        matches!(
+            self,
+            Self::Unavailable(_) | Self::TimedOut(_) | Self::NotMigrated(_)
+        )
+    }
+}

@@ -1,0 +1,192 @@
+//! The real binary driven by the real grpcurl (1.8.6, reflection v1alpha only), the way an
+//! operator pokes at the service. The test command installs grpcurl (`scripts/test`);
+//! `GRPCURL` may point at another binary.
+
+use std::time::Duration;
+
+use serde_json::Value;
+
+use crate::support::database::TestDatabase;
+use crate::support::eventually;
+use crate::support::process::ServerProcess;
+
+fn grpcurl_binary() -> String {
+    std::env::var("GRPCURL").unwrap_or_else(|_| "grpcurl".to_owned())
+}
+
+struct Answer {
+    success: bool,
+    stdout: String,
+    stderr: String,
+}
+
+/// Runs `grpcurl -plaintext [flags] <address> [command...]`.
+async fn grpcurl(server: &ServerProcess, flags: &[&str], command: &[&str]) -> Answer {
+    let output = tokio::process::Command::new(grpcurl_binary())
+        .arg("-plaintext")
+        .args(flags)
+        .arg(server.addr.to_string())
+        .args(command)
+        .output()
+        .await
+        .unwrap_or_else(|error| {
+            panic!("grpcurl must be installed (run the README's test command): {error}")
+        });
+    Answer {
+        success: output.status.success(),
+        stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
+    }
+}
+
+fn json(answer: &Answer) -> Value {
+    assert!(answer.success, "grpcurl failed: {}", answer.stderr);
+    serde_json::from_str(&answer.stdout).expect("grpcurl prints JSON")
+}
+
+#[tokio::test]
+async fn grpcurl_lists_describes_and_calls_the_service_through_reflection() {
+    let database = TestDatabase::create().await;
+    let server = ServerProcess::start(&database.url, &[]).await;
+
+    eventually(
+        Duration::from_secs(20),
+        "health reports SERVING",
+        || async {
+            let answer = grpcurl(
+                &server,
+                &["-d", r#"{"service":""}"#],
+                &["grpc.health.v1.Health/Check"],
+            )
+            .await;
+            answer.success && answer.stdout.contains("\"SERVING\"")
+        },
+    )
+    .await;
+    let api_health = grpcurl(
+        &server,
+        &["-d", r#"{"service":"idempotency.v1.IdempotencyService"}"#],
+        &["grpc.health.v1.Health/Check"],
+    )
+    .await;
+    assert_eq!(json(&api_health)["status"], "SERVING");
+
+    let listed = grpcurl(&server, &[], &["list"]).await;
+    assert!(listed.success, "{}", listed.stderr);
+    for service in ["idempotency.v1.IdempotencyService", "grpc.health.v1.Health"] {
+        assert!(
+            listed.stdout.contains(service),
+            "list lacks {service}: {}",
+            listed.stdout
+        );
+    }
+    let described = grpcurl(
+        &server,
+        &[],
+        &["describe", "idempotency.v1.IdempotencyService"],
+    )
+    .await;
+    assert!(described.success, "{}", described.stderr);
+    for rpc in [
+        "TryStart",
+        "Complete",
+        "Release",
+        "ExtendLease",
+        "Lookup",
+        "MarkProcessed",
+    ] {
+        assert!(
+            described.stdout.contains(&format!("rpc {rpc} ")),
+            "describe lacks {rpc}"
+        );
+    }
+    let message = grpcurl(
+        &server,
+        &[],
+        &["describe", "idempotency.v1.TryStartResponse"],
+    )
+    .await;
+    assert!(
+        message.stdout.contains("oneof outcome"),
+        "{}",
+        message.stdout
+    );
+
+    // TryStart, Complete, and the replay.
+    let request = r#"{"namespace":"payments","key":"order-42:charge","fingerprint":"c2hhMjU2Cg==","lease_ttl":"30s"}"#;
+    let started = json(
+        &grpcurl(
+            &server,
+            &["-d", request],
+            &["idempotency.v1.IdempotencyService/TryStart"],
+        )
+        .await,
+    );
+    let token = started["started"]["leaseToken"]
+        .as_str()
+        .expect("a 64-bit token is a JSON string")
+        .to_owned();
+    assert_eq!(started["started"]["attempt"], 1);
+
+    let complete = format!(
+        r#"{{"namespace":"payments","key":"order-42:charge","lease_token":"{token}","response":"eyJvayI6dHJ1ZX0="}}"#
+    );
+    let completed = json(
+        &grpcurl(
+            &server,
+            &["-d", &complete],
+            &["idempotency.v1.IdempotencyService/Complete"],
+        )
+        .await,
+    );
+    assert!(completed["completedAt"].is_string());
+
+    let replay = json(
+        &grpcurl(
+            &server,
+            &["-d", request],
+            &["idempotency.v1.IdempotencyService/TryStart"],
+        )
+        .await,
+    );
+    assert_eq!(replay["completed"]["response"], "eyJvayI6dHJ1ZX0=");
+    assert_eq!(replay["completed"]["completedAt"], completed["completedAt"]);
+
+    // A rich error, with its details decoded by grpcurl from the reflected google.rpc types.
+    let bad = grpcurl(
+        &server,
+        &["-d", r#"{"namespace":"","key":"k"}"#],
+        &["idempotency.v1.IdempotencyService/TryStart"],
+    )
+    .await;
+    assert!(!bad.success);
+    for expected in [
+        "Code: InvalidArgument",
+        "type.googleapis.com/google.rpc.ErrorInfo",
+        "\"reason\":\"INVALID_ARGUMENT\"",
+        "\"domain\":\"idempotency.v1\"",
+        "type.googleapis.com/google.rpc.BadRequest",
+        "\"field\":\"namespace\"",
+    ] {
+        assert!(
+            bad.stderr.contains(expected),
+            "grpcurl output lacks {expected}: {}",
+            bad.stderr
+        );
+    }
+    let stale_token: u64 = token.parse::<u64>().expect("numeric token") + 1000;
+    let stale = format!(
+        r#"{{"namespace":"payments","key":"order-42:charge","lease_token":"{stale_token}"}}"#
+    );
+    let lost = grpcurl(
+        &server,
+        &["-d", &stale],
+        &["idempotency.v1.IdempotencyService/Complete"],
+    )
+    .await;
+    assert!(
+        lost.stderr.contains("Code: Aborted") && lost.stderr.contains("LEASE_LOST"),
+        "{}",
+        lost.stderr
+    );
+}

@@ -1,0 +1,204 @@
+use std::time::Duration;
+
+use idempotency_coordinator::store::{PgStore, Store};
+use tonic::Code;
+use tonic_health::pb::HealthCheckRequest;
+use tonic_health::pb::health_check_response::ServingStatus;
+
+use crate::support::database::TestDatabase;
+use crate::support::proxy::TcpProxy;
+use crate::support::*;
+
+const API: &str = "idempotency.v1.IdempotencyService";
+
+async fn check(app: &TestApp, service: &str) -> Result<ServingStatus, tonic::Status> {
+    let mut health = app.health().await;
+    health
+        .check(HealthCheckRequest {
+            service: service.into(),
+        })
+        .await
+        .map(|response| response.into_inner().status())
+}
+
+#[tokio::test]
+async fn both_service_names_report_serving_once_the_store_is_ready() {
+    let app = TestApp::spawn().await;
+    assert_eq!(
+        check(&app, "").await.expect("Check"),
+        ServingStatus::Serving
+    );
+    assert_eq!(
+        check(&app, API).await.expect("Check"),
+        ServingStatus::Serving
+    );
+    let status = check(&app, "some.other.Service")
+        .await
+        .expect_err("unknown name");
+    assert_eq!(status.code(), Code::NotFound);
+}
+
+#[tokio::test]
+async fn an_unmigrated_store_is_not_serving_until_migrate_runs_without_a_restart() {
+    let database = TestDatabase::create().await;
+    let app = TestApp::start_on(database, None, &["--no-migrate"]).await;
+
+    // Give the monitor a few checks' time to prove it stays NOT_SERVING. Waiting on a state
+    // that must not change has no condition to await.
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    assert_eq!(
+        check(&app, "").await.expect("Check"),
+        ServingStatus::NotServing
+    );
+    assert_eq!(
+        check(&app, API).await.expect("Check"),
+        ServingStatus::NotServing
+    );
+    let mut client = app.client().await;
+    let status = client
+        .try_start(try_start("k"))
+        .await
+        .expect_err("no schema yet");
+    assert_error(&status, Code::Unavailable, "STORE_UNAVAILABLE");
+    assert!(
+        !status.message().contains("relation"),
+        "no SQL text: {status:?}"
+    );
+
+    // The real binary's `migrate` subcommand, as an operator would run it.
+    let migrated = tokio::process::Command::new(env!("CARGO_BIN_EXE_idempotency-coordinator"))
+        .args(["migrate", "--database-url", &app.database.url])
+        .output()
+        .await
+        .expect("run migrate");
+    assert!(migrated.status.success(), "migrate failed: {migrated:?}");
+
+    app.wait_for_status(ServingStatus::Serving).await;
+    claim(&mut client, try_start("k")).await;
+}
+
+#[tokio::test]
+async fn the_service_creates_its_database_when_it_does_not_exist() {
+    let database = TestDatabase::planned();
+    let app = TestApp::start_on(database, None, &[]).await;
+    app.wait_for_status(ServingStatus::Serving).await;
+    let mut client = app.client().await;
+    claim(&mut client, try_start("k")).await;
+}
+
+#[tokio::test]
+async fn losing_the_database_turns_health_not_serving_and_its_return_serving_again() {
+    let database = TestDatabase::create().await;
+    let proxy = TcpProxy::start("127.0.0.1:5432".parse().expect("address")).await;
+    let url = proxy.database_url(&database.name);
+    let app = TestApp::start_on(database, Some(&url), &["--operation-timeout", "1s"]).await;
+    app.wait_for_status(ServingStatus::Serving).await;
+    let mut client = app.client().await;
+    let started = claim(&mut client, try_start("k")).await;
+
+    proxy.cut();
+    app.wait_for_status(ServingStatus::NotServing).await;
+    assert_eq!(
+        check(&app, API).await.expect("Check"),
+        ServingStatus::NotServing
+    );
+    let status = client
+        .complete(complete("k", started.lease_token, b"r"))
+        .await
+        .expect_err("store is gone");
+    assert_error(&status, Code::Unavailable, "STORE_UNAVAILABLE");
+    let details = tonic_types::StatusExt::get_error_details(&status);
+    assert!(
+        details.retry_info().is_some(),
+        "UNAVAILABLE carries RetryInfo"
+    );
+    for leak in ["sqlx", "connection", "os error", "5432"] {
+        assert!(
+            !status.message().contains(leak),
+            "driver text leaked: {status:?}"
+        );
+    }
+
+    proxy.restore();
+    app.wait_for_status(ServingStatus::Serving).await;
+    client
+        .complete(complete("k", started.lease_token, b"r"))
+        .await
+        .expect("Complete after the database returned");
+}
+
+#[tokio::test]
+async fn a_service_started_while_the_database_is_down_serves_once_it_is_up() {
+    let database = TestDatabase::create().await;
+    let proxy = TcpProxy::start("127.0.0.1:5432".parse().expect("address")).await;
+    proxy.cut();
+    let url = proxy.database_url(&database.name);
+    let app = TestApp::start_on(database, Some(&url), &["--operation-timeout", "1s"]).await;
+    assert_eq!(
+        check(&app, "").await.expect("Check"),
+        ServingStatus::NotServing
+    );
+
+    proxy.restore();
+    app.wait_for_status(ServingStatus::Serving).await;
+    let mut client = app.client().await;
+    claim(&mut client, try_start("k")).await;
+}
+
+#[tokio::test]
+async fn shutdown_tells_watchers_not_serving_ends_their_streams_and_refuses_new_calls() {
+    let mut app = TestApp::spawn().await;
+    let mut health = app.health().await;
+    let mut watch = health
+        .watch(HealthCheckRequest {
+            service: API.into(),
+        })
+        .await
+        .expect("Watch")
+        .into_inner();
+    let first = watch
+        .message()
+        .await
+        .expect("stream")
+        .expect("a first status");
+    assert_eq!(first.status(), ServingStatus::Serving);
+
+    app.begin_shutdown();
+    let next = tokio::time::timeout(Duration::from_secs(5), watch.message())
+        .await
+        .expect("told promptly")
+        .expect("stream")
+        .expect("a status before the end");
+    assert_eq!(next.status(), ServingStatus::NotServing);
+    let end = tokio::time::timeout(Duration::from_secs(5), watch.message())
+        .await
+        .expect("ended promptly");
+    assert!(matches!(end, Ok(None)), "the stream ends: {end:?}");
+
+    // The drain does not wait for the grace period (10 s in tests) because of the watcher.
+    let stopped = tokio::time::timeout(Duration::from_secs(5), app.stop()).await;
+    assert!(
+        matches!(stopped, Ok(Ok(()))),
+        "stopped promptly: {stopped:?}"
+    );
+    let refused = health_client(app.endpoint()).await;
+    assert!(
+        refused.is_err(),
+        "new connections are refused after shutdown"
+    );
+}
+
+#[tokio::test]
+async fn store_probe_requires_the_full_schema() {
+    let database = TestDatabase::create().await;
+    let store = PgStore::connect_lazy(&idempotency_coordinator::store::postgres::PgSettings {
+        url: database.url.clone(),
+        pool_size: 2,
+        operation_timeout: Duration::from_secs(5),
+    })
+    .expect("store");
+    assert!(store.probe().await.is_err(), "no schema yet");
+    store.migrate().await.expect("migrate");
+    store.probe().await.expect("migrated");
+    store.migrate().await.expect("migrating twice is harmless");
+}

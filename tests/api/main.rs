@@ -1,0 +1,16 @@
+//! Integration tests: the real server on port 0, a fresh PostgreSQL database per test, called
+//! through the generated client (and, where it matters, as a real process and through grpcurl).
+
+mod support;
+
+mod complete;
+mod extend_lease;
+mod grpcurl;
+mod health;
+mod lookup;
+mod mark_processed;
+mod release;
+mod retention;
+mod shutdown;
+mod try_start;
+mod validation;

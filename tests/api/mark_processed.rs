@@ -1,0 +1,198 @@
+use std::collections::HashMap;
+
+use idempotency_coordinator::proto::idempotency::v1::MarkProcessedRequest;
+
+use crate::support::*;
+
+#[tokio::test]
+async fn new_events_are_recorded_and_repeats_report_the_first_processing() {
+    let app = TestApp::spawn().await;
+    let mut client = app.client().await;
+    let first = client
+        .mark_processed(mark("billing", &["evt-1", "evt-2"]))
+        .await
+        .expect("MarkProcessed")
+        .into_inner()
+        .results;
+    assert_eq!(first.len(), 2);
+    assert!(first.iter().all(|r| !r.already_processed));
+
+    let second = client
+        .mark_processed(mark("billing", &["evt-3", "evt-2", "evt-1"]))
+        .await
+        .expect("MarkProcessed")
+        .into_inner()
+        .results;
+    let ids: Vec<&str> = second.iter().map(|r| r.event_id.as_str()).collect();
+    assert_eq!(
+        ids,
+        ["evt-3", "evt-2", "evt-1"],
+        "results keep request order"
+    );
+    let already: Vec<bool> = second.iter().map(|r| r.already_processed).collect();
+    assert_eq!(already, [false, true, true]);
+    assert_eq!(second[1].processed_at, first[1].processed_at);
+    assert_eq!(second[2].processed_at, first[0].processed_at);
+}
+
+#[tokio::test]
+async fn an_id_twice_in_one_request_is_new_the_first_time_only() {
+    let app = TestApp::spawn().await;
+    let mut client = app.client().await;
+    let results = client
+        .mark_processed(mark("billing", &["a", "b", "a", "a", "b"]))
+        .await
+        .expect("MarkProcessed")
+        .into_inner()
+        .results;
+    let already: Vec<bool> = results.iter().map(|r| r.already_processed).collect();
+    assert_eq!(already, [false, false, true, true, true]);
+    assert_eq!(results[0].processed_at, results[2].processed_at);
+    assert_eq!(results[1].processed_at, results[4].processed_at);
+    assert_eq!(app.count_rows("processed_events").await, 2);
+}
+
+#[tokio::test]
+async fn consumers_are_separate_scopes() {
+    let app = TestApp::spawn().await;
+    let mut client = app.client().await;
+    client
+        .mark_processed(mark("billing", &["evt"]))
+        .await
+        .expect("MarkProcessed");
+    let other = client
+        .mark_processed(mark("shipping", &["evt"]))
+        .await
+        .expect("MarkProcessed")
+        .into_inner()
+        .results;
+    assert!(!other[0].already_processed);
+}
+
+#[tokio::test]
+async fn a_full_batch_of_a_thousand_ids_is_recorded_at_once() {
+    let app = TestApp::spawn().await;
+    let mut client = app.client().await;
+    let ids: Vec<String> = (0..1000).map(|i| format!("event-{i:04}")).collect();
+    let request = MarkProcessedRequest {
+        consumer: "bulk".into(),
+        event_ids: ids.clone(),
+        retention: None,
+    };
+    let results = client
+        .mark_processed(request.clone())
+        .await
+        .expect("MarkProcessed")
+        .into_inner()
+        .results;
+    assert_eq!(results.len(), 1000);
+    assert!(
+        results
+            .iter()
+            .zip(&ids)
+            .all(|(r, id)| &r.event_id == id && !r.already_processed)
+    );
+    let again = client
+        .mark_processed(request)
+        .await
+        .expect("MarkProcessed")
+        .into_inner()
+        .results;
+    assert!(again.iter().all(|r| r.already_processed));
+}
+
+#[tokio::test]
+async fn concurrent_overlapping_batches_record_each_event_exactly_once() {
+    let app = TestApp::spawn().await;
+    let client = app.client().await;
+    // Eight callers mark the same 200 ids, each in its own order.
+    let calls = (0..8u64).map(|caller| {
+        let mut client = client.clone();
+        tokio::spawn(async move {
+            let mut ids: Vec<String> = (0..200).map(|i| format!("evt-{i}")).collect();
+            ids.rotate_left(usize::try_from(caller * 25).expect("small"));
+            if caller % 2 == 1 {
+                ids.reverse();
+            }
+            client
+                .mark_processed(MarkProcessedRequest {
+                    consumer: "race".into(),
+                    event_ids: ids,
+                    retention: None,
+                })
+                .await
+                .expect("MarkProcessed")
+                .into_inner()
+                .results
+        })
+    });
+    let mut first_seen: HashMap<String, usize> = HashMap::new();
+    let mut processed_at = HashMap::new();
+    for results in futures::future::join_all(calls).await {
+        for result in results.expect("task") {
+            if !result.already_processed {
+                *first_seen.entry(result.event_id.clone()).or_default() += 1;
+            }
+            let at = processed_at
+                .entry(result.event_id.clone())
+                .or_insert(result.processed_at);
+            assert_eq!(
+                *at, result.processed_at,
+                "everyone sees the first processing"
+            );
+        }
+    }
+    assert_eq!(first_seen.len(), 200, "every event was new to someone");
+    assert!(
+        first_seen.values().all(|&n| n == 1),
+        "and to exactly one caller"
+    );
+}
+
+#[tokio::test]
+async fn marking_again_does_not_renew_retention() {
+    let app = TestApp::spawn().await;
+    let mut client = app.client().await;
+    client
+        .mark_processed(MarkProcessedRequest {
+            retention: secs(60),
+            ..mark("billing", &["evt"])
+        })
+        .await
+        .expect("MarkProcessed");
+    let read_expiry = || async {
+        let (expires_at,): (chrono::DateTime<chrono::Utc>,) =
+            sqlx::query_as("SELECT expires_at FROM processed_events WHERE event_id = 'evt'")
+                .fetch_one(&app.pool)
+                .await
+                .expect("read the row");
+        expires_at
+    };
+    let before = read_expiry().await;
+    client
+        .mark_processed(MarkProcessedRequest {
+            retention: secs(3600),
+            ..mark("billing", &["evt"])
+        })
+        .await
+        .expect("MarkProcessed");
+    assert_eq!(read_expiry().await, before);
+}
+
+#[tokio::test]
+async fn the_default_event_retention_is_seven_days() {
+    let app = TestApp::spawn().await;
+    let mut client = app.client().await;
+    client
+        .mark_processed(mark("billing", &["evt"]))
+        .await
+        .expect("MarkProcessed");
+    let (retained_secs,): (i64,) = sqlx::query_as(
+        "SELECT extract(epoch FROM expires_at - processed_at)::bigint
+         FROM processed_events WHERE event_id = 'evt'",
+    )
+    .fetch_one(&app.pool)
+    .await
+    .expect("read the row");
+    assert_eq!(retained_secs, 7 * 24 * 3600);
+}

@@ -1,0 +1,350 @@
+use std::time::Duration;
+
+use idempotency_coordinator::proto::idempotency::v1::{
+    MarkProcessedRequest, TryStartRequest, lookup_response::State,
+};
+use idempotency_coordinator::store::Store;
+use sqlx::Connection;
+use tonic::Code;
+
+use crate::support::*;
+
+async fn expires_at(app: &TestApp, key: &str) -> chrono::DateTime<chrono::Utc> {
+    let (expires_at,): (chrono::DateTime<chrono::Utc>,) =
+        sqlx::query_as("SELECT expires_at FROM idempotency_keys WHERE key = $1")
+            .bind(key)
+            .fetch_one(&app.pool)
+            .await
+            .expect("read the row");
+    expires_at
+}
+
+#[tokio::test]
+async fn an_expired_key_is_absent_for_every_rpc_before_the_reaper_runs() {
+    let app = TestApp::spawn().await;
+    let mut client = app.client().await;
+    let key = unique_key("expired");
+    let started = claim(
+        &mut client,
+        TryStartRequest {
+            retention: secs(1),
+            lease_ttl: millis(200),
+            ..try_start(&key)
+        },
+    )
+    .await;
+    client
+        .extend_lease(
+            idempotency_coordinator::proto::idempotency::v1::ExtendLeaseRequest {
+                lease_ttl: millis(200),
+                checkpoint: Some(b"old life".to_vec()),
+                ..extend(&key, started.lease_token)
+            },
+        )
+        .await
+        .expect("ExtendLease");
+    let expiry = expires_at(&app, &key).await;
+    eventually(
+        Duration::from_secs(5),
+        "the key's retention ran out",
+        || async { app.db_now().await > expiry },
+    )
+    .await;
+    assert_eq!(
+        app.count_rows("idempotency_keys").await,
+        1,
+        "the row is still there"
+    );
+
+    assert!(matches!(
+        state(
+            client
+                .lookup(lookup(&key))
+                .await
+                .expect("Lookup")
+                .into_inner()
+        ),
+        State::Absent(_)
+    ));
+    let token = started.lease_token;
+    let status = client
+        .complete(complete(&key, token, b"x"))
+        .await
+        .expect_err("expired");
+    assert_error(&status, Code::NotFound, "KEY_NOT_FOUND");
+    let status = client
+        .release(release(&key, token))
+        .await
+        .expect_err("expired");
+    assert_error(&status, Code::NotFound, "KEY_NOT_FOUND");
+    let status = client
+        .extend_lease(extend(&key, token))
+        .await
+        .expect_err("expired");
+    assert_error(&status, Code::NotFound, "KEY_NOT_FOUND");
+
+    // TryStart claims it afresh, even with another fingerprint, with nothing of its old life.
+    let fresh = claim(
+        &mut client,
+        TryStartRequest {
+            fingerprint: b"a new request".to_vec(),
+            ..try_start(&key)
+        },
+    )
+    .await;
+    assert_eq!(fresh.attempt, 1);
+    assert_eq!(fresh.checkpoint, None);
+    assert!(fresh.lease_token > token);
+}
+
+#[tokio::test]
+async fn a_completed_key_expires_after_its_retention() {
+    let app = TestApp::spawn().await;
+    let mut client = app.client().await;
+    let key = unique_key("completed-expiry");
+    let started = claim(&mut client, try_start(&key)).await;
+    let completion = client
+        .complete(
+            idempotency_coordinator::proto::idempotency::v1::CompleteRequest {
+                retention: secs(1),
+                ..complete(&key, started.lease_token, b"short-lived")
+            },
+        )
+        .await
+        .expect("Complete")
+        .into_inner();
+    let expiry = instant(&completion.expires_at);
+    eventually(
+        Duration::from_secs(5),
+        "the completed key expired",
+        || async { app.db_now().await > expiry },
+    )
+    .await;
+    let fresh = claim(&mut client, try_start(&key)).await;
+    assert_eq!(
+        fresh.attempt, 1,
+        "the replay is gone and the key is claimable"
+    );
+}
+
+#[tokio::test]
+async fn retention_is_stretched_to_cover_the_lease() {
+    let app = TestApp::spawn().await;
+    let mut client = app.client().await;
+    let key = unique_key("stretch");
+    let started = claim(
+        &mut client,
+        TryStartRequest {
+            retention: secs(1),
+            lease_ttl: secs(120),
+            ..try_start(&key)
+        },
+    )
+    .await;
+    assert_eq!(
+        expires_at(&app, &key).await,
+        instant(&started.lease_expires_at)
+    );
+}
+
+#[tokio::test]
+async fn a_takeover_keeps_the_later_of_the_old_expiry_and_its_own_retention() {
+    let app = TestApp::spawn().await;
+    let mut client = app.client().await;
+    let key = unique_key("takeover-retention");
+    claim(
+        &mut client,
+        TryStartRequest {
+            retention: secs(3600),
+            lease_ttl: millis(100),
+            ..try_start(&key)
+        },
+    )
+    .await;
+    let original = expires_at(&app, &key).await;
+    wait_for_lease_expiry(&app, &mut client, &key).await;
+    claim(
+        &mut client,
+        TryStartRequest {
+            retention: secs(60),
+            lease_ttl: millis(100),
+            ..try_start(&key)
+        },
+    )
+    .await;
+    assert_eq!(
+        expires_at(&app, &key).await,
+        original,
+        "a shorter retention keeps the old expiry"
+    );
+
+    wait_for_lease_expiry(&app, &mut client, &key).await;
+    let before = app.db_now().await;
+    claim(
+        &mut client,
+        TryStartRequest {
+            retention: secs(7200),
+            lease_ttl: millis(100),
+            ..try_start(&key)
+        },
+    )
+    .await;
+    assert!(expires_at(&app, &key).await >= before + chrono::Duration::seconds(7200));
+}
+
+#[tokio::test]
+async fn an_expired_event_is_new_again() {
+    let app = TestApp::spawn().await;
+    let mut client = app.client().await;
+    let first = client
+        .mark_processed(MarkProcessedRequest {
+            retention: secs(1),
+            ..mark("billing", &["evt"])
+        })
+        .await
+        .expect("MarkProcessed")
+        .into_inner()
+        .results;
+    let (expiry,): (chrono::DateTime<chrono::Utc>,) =
+        sqlx::query_as("SELECT expires_at FROM processed_events")
+            .fetch_one(&app.pool)
+            .await
+            .expect("read the row");
+    eventually(
+        Duration::from_secs(5),
+        "the event's retention ran out",
+        || async { app.db_now().await > expiry },
+    )
+    .await;
+    let again = client
+        .mark_processed(mark("billing", &["evt"]))
+        .await
+        .expect("MarkProcessed")
+        .into_inner()
+        .results;
+    assert!(!again[0].already_processed);
+    assert!(instant(&again[0].processed_at) > instant(&first[0].processed_at));
+}
+
+/// Inserts `count` keys whose retention ended an hour ago, straight into the table.
+async fn insert_expired_keys(app: &TestApp, prefix: &str, count: i64) {
+    sqlx::query(
+        "INSERT INTO idempotency_keys (namespace, key, fingerprint, lease_token, attempt,
+             lease_expires_at, retention_us, expires_at)
+         SELECT 'reap', $1 || n, '', nextval('lease_token_seq'), 1,
+                now() - interval '2 hours', 1000000, now() - interval '1 hour'
+         FROM generate_series(1, $2) AS n",
+    )
+    .bind(prefix)
+    .bind(count)
+    .execute(&app.pool)
+    .await
+    .expect("insert expired keys");
+}
+
+#[tokio::test]
+async fn the_reaper_deletes_expired_rows_in_bounded_batches_and_spares_live_ones() {
+    let app = TestApp::spawn().await;
+    let mut client = app.client().await;
+    insert_expired_keys(&app, "old-", 25).await;
+    let live = unique_key("live");
+    claim(&mut client, try_start(&live)).await;
+
+    let batches = [
+        app.store.reap_expired_keys(10).await.expect("reap"),
+        app.store.reap_expired_keys(10).await.expect("reap"),
+        app.store.reap_expired_keys(10).await.expect("reap"),
+        app.store.reap_expired_keys(10).await.expect("reap"),
+    ];
+    assert_eq!(batches, [10, 10, 5, 0]);
+    assert_eq!(app.count_rows("idempotency_keys").await, 1);
+    expect_in_progress(
+        client
+            .try_start(try_start(&live))
+            .await
+            .expect("TryStart")
+            .into_inner(),
+    );
+}
+
+#[tokio::test]
+async fn the_reaper_skips_rows_another_transaction_holds() {
+    let app = TestApp::spawn().await;
+    insert_expired_keys(&app, "old-", 10).await;
+    let mut holder = sqlx::PgConnection::connect(&app.database.url)
+        .await
+        .expect("connect");
+    let mut transaction = holder.begin().await.expect("begin");
+    sqlx::query("SELECT 1 FROM idempotency_keys WHERE key IN ('old-1', 'old-2') FOR UPDATE")
+        .execute(&mut *transaction)
+        .await
+        .expect("lock two rows");
+
+    // Another replica's reaper does not wait for the locked rows; it takes the rest.
+    let deleted = tokio::time::timeout(Duration::from_secs(5), app.store.reap_expired_keys(100))
+        .await
+        .expect("the reaper does not block on locked rows")
+        .expect("reap");
+    assert_eq!(deleted, 8);
+    transaction.rollback().await.expect("rollback");
+    assert_eq!(app.store.reap_expired_keys(100).await.expect("reap"), 2);
+}
+
+#[tokio::test]
+async fn the_background_reaper_clears_expired_keys_and_events() {
+    let app = TestApp::spawn_with(&["--reaper-interval", "50ms", "--reaper-batch-size", "7"]).await;
+    let mut client = app.client().await;
+    insert_expired_keys(&app, "old-", 30).await;
+    sqlx::query(
+        "INSERT INTO processed_events (consumer, event_id, processed_at, expires_at, mark_batch)
+         SELECT 'reap', 'evt-' || n, now() - interval '2 hours', now() - interval '1 hour', 0
+         FROM generate_series(1, 30) AS n",
+    )
+    .execute(&app.pool)
+    .await
+    .expect("insert expired events");
+    let live = unique_key("live");
+    claim(&mut client, try_start(&live)).await;
+    client
+        .mark_processed(mark("billing", &["kept"]))
+        .await
+        .expect("MarkProcessed");
+
+    eventually(
+        Duration::from_secs(10),
+        "the reaper cleared the backlog",
+        || async { app.total_rows().await == 2 },
+    )
+    .await;
+    expect_in_progress(
+        client
+            .try_start(try_start(&live))
+            .await
+            .expect("TryStart")
+            .into_inner(),
+    );
+}
+
+#[tokio::test]
+async fn the_reaper_stops_between_batches_at_shutdown() {
+    let mut app =
+        TestApp::spawn_with(&["--reaper-interval", "10ms", "--reaper-batch-size", "1"]).await;
+    insert_expired_keys(&app, "old-", 3000).await;
+    eventually(Duration::from_secs(10), "the reaper started", || async {
+        app.count_rows("idempotency_keys").await < 3000
+    })
+    .await;
+    let stopped = tokio::time::timeout(Duration::from_secs(5), app.stop()).await;
+    assert!(
+        matches!(stopped, Ok(Ok(()))),
+        "the service stops promptly: {stopped:?}"
+    );
+    let left = app.count_rows("idempotency_keys").await;
+    assert!(
+        left > 0,
+        "the reaper stopped instead of finishing its backlog"
+    );
+    // And it stopped for good: nothing more disappears.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(app.count_rows("idempotency_keys").await, left);
+}

@@ -1,0 +1,195 @@
+//! The real server, started in-process on port 0 against its own database, and its clients.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use clap::Parser;
+use idempotency_coordinator::Application;
+use idempotency_coordinator::config::{Cli, Command};
+use idempotency_coordinator::proto::idempotency::v1::idempotency_service_client::IdempotencyServiceClient;
+use idempotency_coordinator::startup::StartupError;
+use idempotency_coordinator::store::PgStore;
+use sqlx::PgPool;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+use tonic::transport::Channel;
+use tonic_health::pb::HealthCheckRequest;
+use tonic_health::pb::health_check_response::ServingStatus;
+use tonic_health::pb::health_client::HealthClient;
+
+use super::database::TestDatabase;
+
+pub type Client = IdempotencyServiceClient<Channel>;
+
+/// Settings every test server gets unless a test overrides them: a small pool, quick health
+/// checks, and a reaper that stays out of the way (tests that need it set an interval).
+const TEST_DEFAULTS: &[&str] = &[
+    "--pool-size",
+    "8",
+    "--health-check-interval",
+    "100ms",
+    "--reaper-interval",
+    "1h",
+    "--shutdown-grace",
+    "10s",
+];
+
+pub struct TestApp {
+    pub addr: SocketAddr,
+    pub store: PgStore,
+    /// A separate pool on the test database, for looking at rows directly.
+    pub pool: PgPool,
+    shutdown: CancellationToken,
+    server: Option<JoinHandle<Result<(), StartupError>>>,
+    // Dropped last: the database outlives the server and the pool.
+    pub database: TestDatabase,
+}
+
+impl TestApp {
+    /// A server with the default test settings, serving.
+    pub async fn spawn() -> Self {
+        Self::spawn_with(&[]).await
+    }
+
+    /// A server with extra flags (later flags win), serving.
+    pub async fn spawn_with(flags: &[&str]) -> Self {
+        let database = TestDatabase::create().await;
+        let app = Self::start(database, &database_url_flag(None), flags).await;
+        app.wait_for_status(ServingStatus::Serving).await;
+        app
+    }
+
+    /// Starts a server on `database`, reaching it through `database_url` when given (a proxy),
+    /// without waiting for it to become ready.
+    pub async fn start_on(
+        database: TestDatabase,
+        database_url: Option<&str>,
+        flags: &[&str],
+    ) -> Self {
+        Self::start(database, &database_url_flag(database_url), flags).await
+    }
+
+    async fn start(database: TestDatabase, url_override: &[String], flags: &[&str]) -> Self {
+        let mut args: Vec<String> = vec![
+            "idempotency-coordinator".into(),
+            "--listen".into(),
+            "127.0.0.1:0".into(),
+            "--database-url".into(),
+            database.url.clone(),
+        ];
+        args.extend(TEST_DEFAULTS.iter().map(|s| s.to_string()));
+        args.extend(url_override.iter().cloned());
+        args.extend(flags.iter().map(|s| s.to_string()));
+        let Command::Serve(serve) = Cli::try_parse_from(args)
+            .expect("valid flags")
+            .into_command()
+        else {
+            panic!("tests start `serve`");
+        };
+        let settings = serve.settings().expect("valid settings");
+        let app = Application::build(settings)
+            .await
+            .expect("application builds");
+        let addr = app.local_addr();
+        let store = app.store().clone();
+        let shutdown = CancellationToken::new();
+        let server = tokio::spawn(app.run_until_stopped(shutdown.clone()));
+        let pool = database.pool().await;
+        Self {
+            addr,
+            store,
+            pool,
+            shutdown,
+            server: Some(server),
+            database,
+        }
+    }
+
+    pub fn endpoint(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    pub async fn client(&self) -> Client {
+        IdempotencyServiceClient::connect(self.endpoint())
+            .await
+            .expect("connect to the test server")
+    }
+
+    pub async fn health(&self) -> HealthClient<Channel> {
+        super::health_client(self.endpoint())
+            .await
+            .expect("connect to the test server")
+    }
+
+    /// Waits, through a health Watch stream, until the server reports `wanted`.
+    pub async fn wait_for_status(&self, wanted: ServingStatus) {
+        let mut health = self.health().await;
+        let mut stream = health
+            .watch(HealthCheckRequest {
+                service: String::new(),
+            })
+            .await
+            .expect("watch health")
+            .into_inner();
+        let waited = tokio::time::timeout(Duration::from_secs(20), async {
+            while let Some(message) = stream.message().await.expect("health stream") {
+                if message.status() == wanted {
+                    return;
+                }
+            }
+            panic!("health stream ended before {wanted:?}");
+        })
+        .await;
+        assert!(waited.is_ok(), "server did not report {wanted:?} in time");
+    }
+
+    /// Starts the shutdown sequence without waiting for it.
+    pub fn begin_shutdown(&self) {
+        self.shutdown.cancel();
+    }
+
+    /// Shuts the server down and answers how its run ended.
+    pub async fn stop(&mut self) -> Result<(), StartupError> {
+        self.shutdown.cancel();
+        let server = self.server.take().expect("server still running");
+        server.await.expect("server task did not panic")
+    }
+
+    /// The database's clock, the only clock leases and retention use.
+    pub async fn db_now(&self) -> chrono::DateTime<chrono::Utc> {
+        let (now,): (chrono::DateTime<chrono::Utc>,) = sqlx::query_as("SELECT now()")
+            .fetch_one(&self.pool)
+            .await
+            .expect("read the database clock");
+        now
+    }
+
+    pub async fn count_rows(&self, table: &str) -> i64 {
+        let sql = match table {
+            "idempotency_keys" => "SELECT count(*) FROM idempotency_keys",
+            "processed_events" => "SELECT count(*) FROM processed_events",
+            other => panic!("unknown table {other}"),
+        };
+        let (count,): (i64,) = sqlx::query_as(sql)
+            .fetch_one(&self.pool)
+            .await
+            .expect("count rows");
+        count
+    }
+
+    /// Rows in both tables: the proof that a refused request wrote nothing.
+    pub async fn total_rows(&self) -> i64 {
+        self.count_rows("idempotency_keys").await + self.count_rows("processed_events").await
+    }
+}
+
+fn database_url_flag(url: Option<&str>) -> Vec<String> {
+    url.map(|url| vec!["--database-url".to_owned(), url.to_owned()])
+        .unwrap_or_default()
+}
+
+impl Drop for TestApp {
+    fn drop(&mut self) {
+        self.shutdown.cancel();
+    }
+}

@@ -1,0 +1,223 @@
+//! What the tests share: the server and its database, a cuttable proxy, request builders and
+//! assertions on answers and rich errors.
+
+pub mod app;
+pub mod database;
+pub mod process;
+pub mod proxy;
+
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use idempotency_coordinator::proto::idempotency::v1::{
+    self as pb, lookup_response::State, try_start_response::Outcome,
+};
+use tonic::{Code, Status};
+use tonic_types::StatusExt;
+
+pub use app::{Client, TestApp};
+
+pub const NAMESPACE: &str = "tests";
+pub const FINGERPRINT: &[u8] = b"fingerprint-1";
+
+pub fn duration(d: Duration) -> prost_types::Duration {
+    prost_types::Duration {
+        seconds: i64::try_from(d.as_secs()).expect("test durations fit"),
+        nanos: i32::try_from(d.subsec_nanos()).expect("nanos fit"),
+    }
+}
+
+pub fn millis(ms: u64) -> Option<prost_types::Duration> {
+    Some(duration(Duration::from_millis(ms)))
+}
+
+pub fn secs(s: u64) -> Option<prost_types::Duration> {
+    Some(duration(Duration::from_secs(s)))
+}
+
+pub fn instant(timestamp: &Option<prost_types::Timestamp>) -> DateTime<Utc> {
+    let timestamp = timestamp.as_ref().expect("timestamp present");
+    DateTime::from_timestamp(
+        timestamp.seconds,
+        u32::try_from(timestamp.nanos).expect("non-negative nanos"),
+    )
+    .expect("timestamp in range")
+}
+
+/// A unique key, so that tests never see each other's rows even on a shared database.
+pub fn unique_key(label: &str) -> String {
+    format!("{label}-{}", uuid::Uuid::new_v4().simple())
+}
+
+pub fn try_start(key: &str) -> pb::TryStartRequest {
+    pb::TryStartRequest {
+        namespace: NAMESPACE.into(),
+        key: key.into(),
+        fingerprint: FINGERPRINT.to_vec(),
+        lease_ttl: None,
+        retention: None,
+        attempt_id: String::new(),
+    }
+}
+
+pub fn complete(key: &str, token: u64, response: &[u8]) -> pb::CompleteRequest {
+    pb::CompleteRequest {
+        namespace: NAMESPACE.into(),
+        key: key.into(),
+        lease_token: token,
+        response: response.to_vec(),
+        retention: None,
+    }
+}
+
+pub fn release(key: &str, token: u64) -> pb::ReleaseRequest {
+    pb::ReleaseRequest {
+        namespace: NAMESPACE.into(),
+        key: key.into(),
+        lease_token: token,
+    }
+}
+
+pub fn extend(key: &str, token: u64) -> pb::ExtendLeaseRequest {
+    pb::ExtendLeaseRequest {
+        namespace: NAMESPACE.into(),
+        key: key.into(),
+        lease_token: token,
+        lease_ttl: None,
+        checkpoint: None,
+    }
+}
+
+pub fn lookup(key: &str) -> pb::LookupRequest {
+    pb::LookupRequest {
+        namespace: NAMESPACE.into(),
+        key: key.into(),
+    }
+}
+
+pub fn mark(consumer: &str, ids: &[&str]) -> pb::MarkProcessedRequest {
+    pb::MarkProcessedRequest {
+        consumer: consumer.into(),
+        event_ids: ids.iter().map(|id| id.to_string()).collect(),
+        retention: None,
+    }
+}
+
+pub fn outcome(response: pb::TryStartResponse) -> Outcome {
+    response.outcome.expect("TryStart answers an outcome")
+}
+
+pub fn expect_started(response: pb::TryStartResponse) -> pb::ClaimStarted {
+    match outcome(response) {
+        Outcome::Started(started) => started,
+        other => panic!("expected started, got {other:?}"),
+    }
+}
+
+pub fn expect_in_progress(response: pb::TryStartResponse) -> pb::ClaimInProgress {
+    match outcome(response) {
+        Outcome::InProgress(in_progress) => in_progress,
+        other => panic!("expected in_progress, got {other:?}"),
+    }
+}
+
+pub fn expect_completed(response: pb::TryStartResponse) -> pb::ClaimCompleted {
+    match outcome(response) {
+        Outcome::Completed(completed) => completed,
+        other => panic!("expected completed, got {other:?}"),
+    }
+}
+
+pub fn expect_mismatch(response: pb::TryStartResponse) {
+    match outcome(response) {
+        Outcome::FingerprintMismatch(_) => {}
+        other => panic!("expected fingerprint_mismatch, got {other:?}"),
+    }
+}
+
+pub fn state(response: pb::LookupResponse) -> State {
+    response.state.expect("Lookup answers a state")
+}
+
+/// Claims `key` and answers the claim.
+pub async fn claim(client: &mut Client, request: pb::TryStartRequest) -> pb::ClaimStarted {
+    expect_started(
+        client
+            .try_start(request)
+            .await
+            .expect("TryStart")
+            .into_inner(),
+    )
+}
+
+/// Asserts a rich error: the code, and an ErrorInfo with the reason in our domain.
+pub fn assert_error(status: &Status, code: Code, reason: &str) {
+    assert_eq!(status.code(), code, "unexpected status: {status:?}");
+    let details = status.get_error_details();
+    let info = details.error_info().expect("an ErrorInfo detail");
+    assert_eq!(info.reason, reason, "unexpected reason in {status:?}");
+    assert_eq!(info.domain, "idempotency.v1");
+}
+
+/// Asserts INVALID_ARGUMENT with exactly one BadRequest violation per named field, in order.
+pub fn assert_invalid(status: &Status, fields: &[&str]) {
+    assert_error(status, Code::InvalidArgument, "INVALID_ARGUMENT");
+    let details = status.get_error_details();
+    let violations: Vec<&str> = details
+        .bad_request()
+        .expect("a BadRequest detail")
+        .field_violations
+        .iter()
+        .map(|v| v.field.as_str())
+        .collect();
+    assert_eq!(violations, fields, "violations of {status:?}");
+}
+
+/// Polls `condition` every 20 ms until it holds, failing after `limit`. For conditions that
+/// only the passage of real time brings (a lease or retention running out).
+pub async fn eventually<F, Fut>(limit: Duration, what: &str, mut condition: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = tokio::time::Instant::now() + limit;
+    while !condition().await {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out waiting until {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Waits until the lease of `key` has run out by the database clock.
+pub async fn wait_for_lease_expiry(app: &TestApp, client: &mut Client, key: &str) {
+    let expires = match state(
+        client
+            .lookup(lookup(key))
+            .await
+            .expect("Lookup")
+            .into_inner(),
+    ) {
+        State::InProgress(in_progress) => instant(&in_progress.lease_expires_at),
+        other => panic!("expected in_progress, got {other:?}"),
+    };
+    eventually(Duration::from_secs(10), "the lease ran out", || async {
+        app.db_now().await > expires
+    })
+    .await;
+}
+
+/// A health client on a new connection (tonic-health's generated client has no `connect`).
+pub async fn health_client(
+    endpoint: String,
+) -> Result<
+    tonic_health::pb::health_client::HealthClient<tonic::transport::Channel>,
+    tonic::transport::Error,
+> {
+    let channel = tonic::transport::Channel::from_shared(endpoint)
+        .expect("a valid endpoint")
+        .connect()
+        .await?;
+    Ok(tonic_health::pb::health_client::HealthClient::new(channel))
+}

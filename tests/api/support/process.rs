@@ -1,0 +1,107 @@
+//! The real binary as a child process, for what only a process can show: signals, exit codes,
+//! and tools such as grpcurl talking to it.
+
+use std::net::SocketAddr;
+use std::process::Stdio;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::{Child, Command};
+
+pub struct ServerProcess {
+    pub addr: SocketAddr,
+    child: Child,
+    /// Everything the process printed, for failure messages.
+    pub output: Arc<Mutex<Vec<String>>>,
+}
+
+impl ServerProcess {
+    /// Starts `idempotency-coordinator serve` on a free port and waits for its address.
+    pub async fn start(database_url: &str, flags: &[&str]) -> Self {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_idempotency-coordinator"))
+            .args([
+                "serve",
+                "--listen",
+                "127.0.0.1:0",
+                "--database-url",
+                database_url,
+            ])
+            .args(["--health-check-interval", "100ms", "--log-format", "text"])
+            .args(flags)
+            .env("RUST_LOG", "info")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("start the server binary");
+        let output = Arc::new(Mutex::new(Vec::new()));
+        let (address_tx, address_rx) = tokio::sync::oneshot::channel();
+        let stdout = child.stdout.take().expect("stdout");
+        let stdout_lines = output.clone();
+        tokio::spawn(async move {
+            let mut lines = BufReader::new(stdout).lines();
+            let mut address_tx = Some(address_tx);
+            while let Ok(Some(line)) = lines.next_line().await {
+                let address = line
+                    .contains("listening")
+                    .then(|| {
+                        line.split_whitespace()
+                            .find_map(|word| word.strip_prefix("address="))
+                            .and_then(|address| address.parse::<SocketAddr>().ok())
+                    })
+                    .flatten();
+                if let Some(address) = address
+                    && let Some(tx) = address_tx.take()
+                {
+                    let _ = tx.send(address);
+                }
+                stdout_lines.lock().expect("output").push(line);
+            }
+        });
+        let stderr = child.stderr.take().expect("stderr");
+        let stderr_lines = output.clone();
+        tokio::spawn(async move {
+            let mut lines = BufReader::new(stderr).lines();
+            while let Ok(Some(line)) = lines.next_line().await {
+                stderr_lines.lock().expect("output").push(line);
+            }
+        });
+        let addr = tokio::time::timeout(Duration::from_secs(20), address_rx)
+            .await
+            .unwrap_or_else(|_| panic!("no address logged: {:?}", output.lock()))
+            .expect("address");
+        Self {
+            addr,
+            child,
+            output,
+        }
+    }
+
+    pub fn endpoint(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    pub fn signal(&self, signal: &str) {
+        let pid = self.child.id().expect("process still running");
+        let status = std::process::Command::new("kill")
+            .args([format!("-{signal}"), pid.to_string()])
+            .status()
+            .expect("run kill");
+        assert!(status.success(), "kill -{signal} failed");
+    }
+
+    /// Waits for the process to exit and answers its exit code.
+    pub async fn wait(&mut self, limit: Duration) -> Option<i32> {
+        let status = tokio::time::timeout(limit, self.child.wait())
+            .await
+            .unwrap_or_else(|_| {
+                panic!(
+                    "process did not exit in {limit:?}: {:?}",
+                    self.output.lock()
+                )
+            })
+            .expect("wait for the process");
+        status.code()
+    }
+}

@@ -1,0 +1,470 @@
+use std::collections::HashSet;
+
+use idempotency_coordinator::proto::idempotency::v1::try_start_response::Outcome;
+use idempotency_coordinator::proto::idempotency::v1::{
+    ExtendLeaseRequest, TryStartRequest, lookup_response::State,
+};
+use tonic::Code;
+
+use crate::support::*;
+
+#[tokio::test]
+async fn a_fresh_claim_starts_attempt_one_with_a_lease_from_the_database_clock() {
+    let app = TestApp::spawn().await;
+    let mut client = app.client().await;
+    let key = unique_key("fresh");
+
+    let before = app.db_now().await;
+    let started = claim(
+        &mut client,
+        TryStartRequest {
+            lease_ttl: secs(10),
+            ..try_start(&key)
+        },
+    )
+    .await;
+    let after = app.db_now().await;
+
+    assert!(started.lease_token > 0);
+    assert_eq!(started.attempt, 1);
+    assert_eq!(started.checkpoint, None, "a fresh claim has no checkpoint");
+    let lease_start = instant(&started.lease_expires_at) - chrono::Duration::seconds(10);
+    assert!(
+        before <= lease_start && lease_start <= after,
+        "lease must be the database's now + lease_ttl"
+    );
+}
+
+#[tokio::test]
+async fn a_running_lease_answers_in_progress_with_the_holders_expiry() {
+    let app = TestApp::spawn().await;
+    let mut client = app.client().await;
+    let key = unique_key("busy");
+    let started = claim(&mut client, try_start(&key)).await;
+
+    let second = client.try_start(try_start(&key)).await.expect("TryStart");
+    let in_progress = expect_in_progress(second.into_inner());
+    assert_eq!(in_progress.lease_expires_at, started.lease_expires_at);
+    assert_eq!(in_progress.attempt, 1);
+}
+
+#[tokio::test]
+async fn the_default_lease_is_thirty_seconds() {
+    let app = TestApp::spawn().await;
+    let mut client = app.client().await;
+    let before = app.db_now().await;
+    let started = claim(&mut client, try_start(&unique_key("default"))).await;
+    let after = app.db_now().await;
+    let lease_start = instant(&started.lease_expires_at) - chrono::Duration::seconds(30);
+    assert!(before <= lease_start && lease_start <= after);
+}
+
+#[tokio::test]
+async fn another_fingerprint_is_a_mismatch_and_changes_nothing() {
+    let app = TestApp::spawn().await;
+    let mut client = app.client().await;
+    let key = unique_key("mismatch");
+    let started = claim(&mut client, try_start(&key)).await;
+
+    let other = TryStartRequest {
+        fingerprint: b"another request".to_vec(),
+        attempt_id: "attempt-a".into(),
+        ..try_start(&key)
+    };
+    expect_mismatch(
+        client
+            .try_start(other.clone())
+            .await
+            .expect("TryStart")
+            .into_inner(),
+    );
+    match state(
+        client
+            .lookup(lookup(&key))
+            .await
+            .expect("Lookup")
+            .into_inner(),
+    ) {
+        State::InProgress(held) => {
+            assert_eq!(held.fingerprint, FINGERPRINT);
+            assert_eq!(held.lease_expires_at, started.lease_expires_at);
+        }
+        other => panic!("expected in_progress, got {other:?}"),
+    }
+
+    client
+        .complete(complete(&key, started.lease_token, b"done"))
+        .await
+        .expect("Complete");
+    expect_mismatch(
+        client
+            .try_start(other)
+            .await
+            .expect("TryStart")
+            .into_inner(),
+    );
+}
+
+#[tokio::test]
+async fn an_empty_fingerprint_matches_only_an_empty_fingerprint() {
+    let app = TestApp::spawn().await;
+    let mut client = app.client().await;
+    let key = unique_key("empty-fp");
+    let empty = TryStartRequest {
+        fingerprint: Vec::new(),
+        ..try_start(&key)
+    };
+    claim(&mut client, empty.clone()).await;
+    expect_in_progress(
+        client
+            .try_start(empty)
+            .await
+            .expect("TryStart")
+            .into_inner(),
+    );
+    expect_mismatch(
+        client
+            .try_start(try_start(&key))
+            .await
+            .expect("TryStart")
+            .into_inner(),
+    );
+}
+
+#[tokio::test]
+async fn a_completed_key_replays_the_stored_response() {
+    let app = TestApp::spawn().await;
+    let mut client = app.client().await;
+    let key = unique_key("replay");
+    let started = claim(&mut client, try_start(&key)).await;
+    let completion = client
+        .complete(complete(
+            &key,
+            started.lease_token,
+            b"{\"charge\":\"ch_1\"}",
+        ))
+        .await
+        .expect("Complete")
+        .into_inner();
+
+    // Even the holder's own attempt_id gets the replay: completed comes before attempt_id.
+    let replay = expect_completed(
+        client
+            .try_start(try_start(&key))
+            .await
+            .expect("TryStart")
+            .into_inner(),
+    );
+    assert_eq!(replay.response, b"{\"charge\":\"ch_1\"}");
+    assert_eq!(replay.completed_at, completion.completed_at);
+    assert_eq!(replay.expires_at, completion.expires_at);
+}
+
+#[tokio::test]
+async fn two_hundred_concurrent_claims_of_one_key_have_exactly_one_winner() {
+    let app = TestApp::spawn().await;
+    let client = app.client().await;
+    let key = unique_key("race");
+
+    let calls = (0..200).map(|_| {
+        let mut client = client.clone();
+        let key = key.clone();
+        tokio::spawn(async move {
+            let outcome = outcome(
+                client
+                    .try_start(try_start(&key))
+                    .await
+                    .expect("TryStart")
+                    .into_inner(),
+            );
+            // The winner completes at once, so that later callers may see `completed`.
+            if let Outcome::Started(started) = &outcome {
+                client
+                    .complete(complete(&key, started.lease_token, b"the one result"))
+                    .await
+                    .expect("Complete");
+            }
+            outcome
+        })
+    });
+    let outcomes = futures::future::join_all(calls).await;
+
+    let (mut started, mut in_progress, mut completed) = (0, 0, 0);
+    for outcome in outcomes {
+        match outcome.expect("task") {
+            Outcome::Started(_) => started += 1,
+            Outcome::InProgress(_) => in_progress += 1,
+            Outcome::Completed(done) => {
+                assert_eq!(done.response, b"the one result");
+                completed += 1;
+            }
+            Outcome::FingerprintMismatch(_) => panic!("same fingerprint cannot mismatch"),
+        }
+    }
+    assert_eq!(started, 1, "exactly one claim wins");
+    assert_eq!(started + in_progress + completed, 200);
+    assert_eq!(app.count_rows("idempotency_keys").await, 1);
+}
+
+#[tokio::test]
+async fn an_expired_lease_is_taken_over_with_a_new_token_and_the_last_checkpoint() {
+    let app = TestApp::spawn().await;
+    let mut client = app.client().await;
+    let key = unique_key("takeover");
+    let first = claim(
+        &mut client,
+        TryStartRequest {
+            lease_ttl: millis(300),
+            ..try_start(&key)
+        },
+    )
+    .await;
+    client
+        .extend_lease(ExtendLeaseRequest {
+            lease_ttl: millis(200),
+            checkpoint: Some(b"step 3 of 5".to_vec()),
+            ..extend(&key, first.lease_token)
+        })
+        .await
+        .expect("ExtendLease");
+    wait_for_lease_expiry(&app, &mut client, &key).await;
+
+    let second = claim(&mut client, try_start(&key)).await;
+    assert!(
+        second.lease_token > first.lease_token,
+        "tokens strictly increase"
+    );
+    assert_eq!(second.attempt, 2);
+    assert_eq!(second.checkpoint.as_deref(), Some(&b"step 3 of 5"[..]));
+
+    // The replaced holder is fenced off everywhere.
+    let old = first.lease_token;
+    let status = client
+        .complete(complete(&key, old, b"late"))
+        .await
+        .expect_err("stale token");
+    assert_error(&status, Code::Aborted, "LEASE_LOST");
+    let status = client
+        .extend_lease(extend(&key, old))
+        .await
+        .expect_err("stale token");
+    assert_error(&status, Code::Aborted, "LEASE_LOST");
+    let status = client
+        .release(release(&key, old))
+        .await
+        .expect_err("stale token");
+    assert_error(&status, Code::Aborted, "LEASE_LOST");
+
+    // The new holder is unaffected by the refusals and completes.
+    client
+        .complete(complete(&key, second.lease_token, b"ok"))
+        .await
+        .expect("the new holder completes");
+    // A stale token on a completed key is still LEASE_LOST: the token is checked first.
+    let status = client
+        .complete(complete(&key, old, b"ok"))
+        .await
+        .expect_err("stale token");
+    assert_error(&status, Code::Aborted, "LEASE_LOST");
+}
+
+#[tokio::test]
+async fn a_takeover_counts_attempts_and_a_fresh_claim_after_release_restarts_them() {
+    let app = TestApp::spawn().await;
+    let mut client = app.client().await;
+    let key = unique_key("attempts");
+    let short = TryStartRequest {
+        lease_ttl: millis(100),
+        ..try_start(&key)
+    };
+    let mut token = 0;
+    for expected_attempt in 1..=3 {
+        let started = claim(&mut client, short.clone()).await;
+        assert_eq!(started.attempt, expected_attempt);
+        assert!(started.lease_token > token);
+        token = started.lease_token;
+        wait_for_lease_expiry(&app, &mut client, &key).await;
+    }
+    let restarted = claim(&mut client, short.clone()).await;
+    client
+        .release(release(&key, restarted.lease_token))
+        .await
+        .expect("Release");
+    let fresh = claim(&mut client, short).await;
+    assert_eq!(fresh.attempt, 1, "a released key starts over");
+    assert!(
+        fresh.lease_token > restarted.lease_token,
+        "tokens are never reused"
+    );
+}
+
+#[tokio::test]
+async fn the_same_attempt_id_gets_the_same_claim_back() {
+    let app = TestApp::spawn().await;
+    let mut client = app.client().await;
+    let key = unique_key("reentry");
+    let request = TryStartRequest {
+        attempt_id: "request-7f3a".into(),
+        lease_ttl: secs(5),
+        ..try_start(&key)
+    };
+    let first = claim(&mut client, request.clone()).await;
+    let again = claim(
+        &mut client,
+        TryStartRequest {
+            lease_ttl: secs(20),
+            ..request.clone()
+        },
+    )
+    .await;
+    assert_eq!(again.lease_token, first.lease_token);
+    assert_eq!(again.attempt, first.attempt);
+    assert!(
+        instant(&again.lease_expires_at) > instant(&first.lease_expires_at),
+        "re-entry renews the lease to now + lease_ttl when that is later"
+    );
+
+    // A shorter lease on re-entry keeps the later expiry.
+    let shorter = claim(
+        &mut client,
+        TryStartRequest {
+            lease_ttl: millis(100),
+            ..request.clone()
+        },
+    )
+    .await;
+    assert_eq!(shorter.lease_expires_at, again.lease_expires_at);
+
+    // Another attempt_id, or none, is somebody else.
+    let other = TryStartRequest {
+        attempt_id: "request-other".into(),
+        ..request
+    };
+    expect_in_progress(
+        client
+            .try_start(other)
+            .await
+            .expect("TryStart")
+            .into_inner(),
+    );
+    expect_in_progress(
+        client
+            .try_start(try_start(&key))
+            .await
+            .expect("TryStart")
+            .into_inner(),
+    );
+}
+
+#[tokio::test]
+async fn re_entry_keeps_the_checkpoint_and_works_after_the_lease_ran_out() {
+    let app = TestApp::spawn().await;
+    let mut client = app.client().await;
+    let key = unique_key("reentry-late");
+    let request = TryStartRequest {
+        attempt_id: "attempt-1".into(),
+        lease_ttl: millis(200),
+        ..try_start(&key)
+    };
+    let first = claim(&mut client, request.clone()).await;
+    client
+        .extend_lease(ExtendLeaseRequest {
+            lease_ttl: millis(150),
+            checkpoint: Some(b"halfway".to_vec()),
+            ..extend(&key, first.lease_token)
+        })
+        .await
+        .expect("ExtendLease");
+    wait_for_lease_expiry(&app, &mut client, &key).await;
+
+    // Nobody took over, so the holder's own retry still gets its claim, not a takeover.
+    let before = app.db_now().await;
+    let again = claim(&mut client, request).await;
+    assert_eq!(again.lease_token, first.lease_token);
+    assert_eq!(again.attempt, 1);
+    assert_eq!(again.checkpoint.as_deref(), Some(&b"halfway"[..]));
+    assert!(instant(&again.lease_expires_at) >= before + chrono::Duration::milliseconds(200));
+}
+
+#[tokio::test]
+async fn an_empty_attempt_id_never_matches() {
+    let app = TestApp::spawn().await;
+    let mut client = app.client().await;
+    let key = unique_key("no-attempt");
+    claim(&mut client, try_start(&key)).await;
+    expect_in_progress(
+        client
+            .try_start(try_start(&key))
+            .await
+            .expect("TryStart")
+            .into_inner(),
+    );
+}
+
+#[tokio::test]
+async fn an_abandoned_claim_stays_in_progress_and_keeps_refusing_other_fingerprints() {
+    let app = TestApp::spawn().await;
+    let mut client = app.client().await;
+    let key = unique_key("abandoned");
+    claim(
+        &mut client,
+        TryStartRequest {
+            lease_ttl: millis(100),
+            ..try_start(&key)
+        },
+    )
+    .await;
+    wait_for_lease_expiry(&app, &mut client, &key).await;
+
+    let now = app.db_now().await;
+    match state(
+        client
+            .lookup(lookup(&key))
+            .await
+            .expect("Lookup")
+            .into_inner(),
+    ) {
+        State::InProgress(held) => assert!(instant(&held.lease_expires_at) < now),
+        other => panic!("expected in_progress with a past lease, got {other:?}"),
+    }
+    let other = TryStartRequest {
+        fingerprint: b"different".to_vec(),
+        ..try_start(&key)
+    };
+    expect_mismatch(
+        client
+            .try_start(other)
+            .await
+            .expect("TryStart")
+            .into_inner(),
+    );
+}
+
+#[tokio::test]
+async fn tokens_come_from_one_sequence_across_keys() {
+    let app = TestApp::spawn().await;
+    let mut client = app.client().await;
+    let mut seen = HashSet::new();
+    let mut last = 0;
+    for index in 0..20 {
+        let started = claim(&mut client, try_start(&format!("key-{index}"))).await;
+        assert!(started.lease_token > last);
+        assert!(seen.insert(started.lease_token));
+        last = started.lease_token;
+    }
+}
+
+#[tokio::test]
+async fn namespaces_are_separate() {
+    let app = TestApp::spawn().await;
+    let mut client = app.client().await;
+    let key = unique_key("shared-name");
+    claim(&mut client, try_start(&key)).await;
+    let elsewhere = TryStartRequest {
+        namespace: "other-service".into(),
+        fingerprint: b"unrelated".to_vec(),
+        ..try_start(&key)
+    };
+    let started = claim(&mut client, elsewhere).await;
+    assert_eq!(started.attempt, 1);
+}
