@@ -9,6 +9,7 @@ mod grpcurl;
 mod health;
 mod lookup;
 mod mark_processed;
+mod reflection;
 mod release;
 mod retention;
 mod shutdown;

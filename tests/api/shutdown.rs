@@ -305,3 +305,99 @@ async fn sigterm_answers_every_call_in_flight_and_exits_zero() {
             .expect("read the row");
     assert_eq!(response, b"charged once");
 }
+
+#[tokio::test]
+async fn a_store_that_stops_answering_fails_the_call_within_the_operation_timeout() {
+    let app = TestApp::spawn_with(&["--operation-timeout", "500ms"]).await;
+    let mut client = app.client().await;
+    let key = unique_key("stuck");
+    let started = claim(&mut client, try_start(&key)).await;
+    let lock = lock_key(&app.database.url, &key).await;
+
+    let began = tokio::time::Instant::now();
+    let status = client
+        .complete(complete(&key, started.lease_token, b"r"))
+        .await
+        .expect_err("the store did not answer in time");
+    assert_error(&status, tonic::Code::Unavailable, "STORE_UNAVAILABLE");
+    assert!(
+        began.elapsed() < Duration::from_secs(3),
+        "bounded by the timeout"
+    );
+    unlock(lock).await;
+
+    // Nothing was half-written: the claim is intact and completes now.
+    client
+        .complete(complete(&key, started.lease_token, b"r"))
+        .await
+        .expect("Complete once the store answers");
+}
+
+#[tokio::test]
+async fn the_binary_reads_settings_from_the_environment_logs_json_and_stops_on_sigint() {
+    let database = TestDatabase::create().await;
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_idempotency-coordinator"))
+        .env("DATABASE_URL", &database.url)
+        .env("IDEMPOTENCY_LISTEN", "127.0.0.1:0")
+        .env("IDEMPOTENCY_LOG_FORMAT", "json")
+        .env("IDEMPOTENCY_DEFAULT_LEASE_TTL", "7s")
+        .env("IDEMPOTENCY_HEALTH_CHECK_INTERVAL", "100ms")
+        .env("RUST_LOG", "info")
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("start the binary");
+    let stdout = child.stdout.take().expect("stdout");
+    let mut lines = tokio::io::AsyncBufReadExt::lines(tokio::io::BufReader::new(stdout));
+    let address = tokio::time::timeout(Duration::from_secs(20), async {
+        while let Some(line) = lines.next_line().await.expect("read stdout") {
+            let event: serde_json::Value =
+                serde_json::from_str(&line).unwrap_or_else(|_| panic!("not JSON: {line}"));
+            if event["message"] == "listening" {
+                return event["address"].as_str().expect("address field").to_owned();
+            }
+        }
+        panic!("the binary exited without listening");
+    })
+    .await
+    .expect("listening in time");
+    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+
+    let endpoint = format!("http://{address}");
+    let mut client = idempotency_coordinator::proto::idempotency::v1::idempotency_service_client::IdempotencyServiceClient::connect(endpoint.clone())
+        .await
+        .expect("connect");
+    let health = health_client(endpoint).await.expect("connect");
+    eventually(Duration::from_secs(20), "the binary serves", || async {
+        let mut health = health.clone();
+        matches!(
+            health.check(HealthCheckRequest { service: String::new() }).await,
+            Ok(response) if response.get_ref().status() == ServingStatus::Serving
+        )
+    })
+    .await;
+    let started = claim(&mut client, try_start("env")).await;
+    let (lease_secs,): (f64,) = sqlx::query_as(
+        "SELECT extract(epoch FROM lease_expires_at - now())::float8 FROM idempotency_keys",
+    )
+    .fetch_one(&database.pool().await)
+    .await
+    .expect("read the lease");
+    assert!(started.lease_token > 0);
+    assert!(
+        lease_secs > 5.0 && lease_secs <= 7.0,
+        "default lease from the environment: {lease_secs}"
+    );
+
+    let pid = child.id().expect("running");
+    let killed = std::process::Command::new("kill")
+        .args(["-INT", &pid.to_string()])
+        .status()
+        .expect("kill");
+    assert!(killed.success());
+    let status = tokio::time::timeout(Duration::from_secs(20), child.wait())
+        .await
+        .expect("exits in time")
+        .expect("wait");
+    assert_eq!(status.code(), Some(0));
+}

@@ -136,7 +136,11 @@ async fn a_completed_key_replays_the_stored_response() {
     let app = TestApp::spawn().await;
     let mut client = app.client().await;
     let key = unique_key("replay");
-    let started = claim(&mut client, try_start(&key)).await;
+    let request = TryStartRequest {
+        attempt_id: "holder".into(),
+        ..try_start(&key)
+    };
+    let started = claim(&mut client, request.clone()).await;
     let completion = client
         .complete(complete(
             &key,
@@ -147,17 +151,20 @@ async fn a_completed_key_replays_the_stored_response() {
         .expect("Complete")
         .into_inner();
 
-    // Even the holder's own attempt_id gets the replay: completed comes before attempt_id.
-    let replay = expect_completed(
-        client
-            .try_start(try_start(&key))
-            .await
-            .expect("TryStart")
-            .into_inner(),
-    );
-    assert_eq!(replay.response, b"{\"charge\":\"ch_1\"}");
-    assert_eq!(replay.completed_at, completion.completed_at);
-    assert_eq!(replay.expires_at, completion.expires_at);
+    // Everybody gets the replay, the holder's own attempt_id included: completed comes before
+    // attempt_id in TryStart's order.
+    for replay_request in [request, try_start(&key)] {
+        let replay = expect_completed(
+            client
+                .try_start(replay_request)
+                .await
+                .expect("TryStart")
+                .into_inner(),
+        );
+        assert_eq!(replay.response, b"{\"charge\":\"ch_1\"}");
+        assert_eq!(replay.completed_at, completion.completed_at);
+        assert_eq!(replay.expires_at, completion.expires_at);
+    }
 }
 
 #[tokio::test]
