@@ -7,8 +7,6 @@ use idempotency_coordinator::proto::idempotency::v1::{
     TryStartRequest, lookup_response::State, try_start_response::Outcome,
 };
 use sqlx::{Connection, PgConnection};
-use tonic_health::pb::HealthCheckRequest;
-use tonic_health::pb::health_check_response::ServingStatus;
 
 use crate::support::database::TestDatabase;
 use crate::support::process::ServerProcess;
@@ -244,12 +242,8 @@ async fn sigterm_answers_every_call_in_flight_and_exits_zero() {
         .await
         .expect("connect");
     let health = health_client(server.endpoint()).await.expect("connect");
-    eventually(Duration::from_secs(20), "the binary serves", || async {
-        let mut health = health.clone();
-        matches!(
-            health.check(HealthCheckRequest { service: String::new() }).await,
-            Ok(response) if response.get_ref().status() == ServingStatus::Serving
-        )
+    eventually(Duration::from_secs(20), "the binary serves", || {
+        is_serving(&health)
     })
     .await;
 
@@ -278,11 +272,7 @@ async fn sigterm_answers_every_call_in_flight_and_exits_zero() {
     server.signal("TERM");
     // From the first moment of shutdown, health is not SERVING for anyone who asks anew.
     eventually(Duration::from_secs(5), "health stops serving", || async {
-        let mut health = health.clone();
-        !matches!(
-            health.check(HealthCheckRequest { service: String::new() }).await,
-            Ok(response) if response.get_ref().status() == ServingStatus::Serving
-        )
+        !is_serving(&health).await
     })
     .await;
     unlock(lock).await;
@@ -368,12 +358,8 @@ async fn the_binary_reads_settings_from_the_environment_logs_json_and_stops_on_s
         .await
         .expect("connect");
     let health = health_client(endpoint).await.expect("connect");
-    eventually(Duration::from_secs(20), "the binary serves", || async {
-        let mut health = health.clone();
-        matches!(
-            health.check(HealthCheckRequest { service: String::new() }).await,
-            Ok(response) if response.get_ref().status() == ServingStatus::Serving
-        )
+    eventually(Duration::from_secs(20), "the binary serves", || {
+        is_serving(&health)
     })
     .await;
     let started = claim(&mut client, try_start("env")).await;

@@ -221,3 +221,18 @@ pub async fn health_client(
         .await?;
     Ok(tonic_health::pb::health_client::HealthClient::new(channel))
 }
+
+/// Whether the server behind `health` answers SERVING right now (any error counts as no).
+pub async fn is_serving(
+    health: &tonic_health::pb::health_client::HealthClient<tonic::transport::Channel>,
+) -> bool {
+    let mut health = health.clone();
+    let request = tonic_health::pb::HealthCheckRequest {
+        service: String::new(),
+    };
+    matches!(
+        health.check(request).await,
+        Ok(response) if response.get_ref().status()
+            == tonic_health::pb::health_check_response::ServingStatus::Serving
+    )
+}
