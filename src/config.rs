@@ -57,8 +57,9 @@ pub struct DatabaseArgs {
           value_parser = clap::value_parser!(u32).range(1..=1000))]
     pub pool_size: u32,
 
-    /// Bounds every store operation (statement, connection wait, retries). A call that runs
-    /// past it fails with UNAVAILABLE / STORE_UNAVAILABLE.
+    /// Budget of one store operation: half waiting for a pooled connection, half for the
+    /// statement (PostgreSQL's statement_timeout). Past it a call fails with UNAVAILABLE /
+    /// STORE_UNAVAILABLE, and nothing was written.
     #[arg(long, env = "IDEMPOTENCY_OPERATION_TIMEOUT", default_value = "5s",
           value_parser = parse_duration)]
     pub operation_timeout: Duration,
@@ -102,9 +103,10 @@ pub struct ServeArgs {
           value_parser = parse_duration)]
     pub default_event_retention: Duration,
 
-    /// Largest response Complete accepts, in bytes (1 KiB-64 MiB).
+    /// Largest response Complete accepts, in bytes (256 KiB-64 MiB). Requests may be this plus
+    /// 64 KiB; the floor keeps the largest MarkProcessed batch within that.
     #[arg(long, env = "IDEMPOTENCY_MAX_RESPONSE_BYTES", default_value_t = 1024 * 1024,
-          value_parser = clap::value_parser!(u32).range(1024..=64 * 1024 * 1024))]
+          value_parser = clap::value_parser!(u32).range(256 * 1024..=64 * 1024 * 1024))]
     pub max_response_bytes: u32,
 
     /// Pause between reaper sweeps.
@@ -209,7 +211,7 @@ impl ServeArgs {
             reaper: ReaperSettings {
                 interval: nonzero("reaper-interval", self.reaper_interval)?,
                 batch_size: self.reaper_batch_size,
-                batch_timeout: operation_timeout,
+                batch_timeout: operation_timeout + Duration::from_secs(1),
             },
             shutdown_grace: self.shutdown_grace,
             operation_timeout,
@@ -290,7 +292,8 @@ mod tests {
         };
         let error = args.settings().expect_err("25h is above the lease bound");
         assert_eq!(error.flag, "default-lease-ttl");
-        assert!(parse(&["--max-response-bytes", "10"]).is_err());
+        assert!(parse(&["--max-response-bytes", "262143"]).is_err());
+        assert!(parse(&["--max-response-bytes", "262144"]).is_ok());
         assert!(parse(&["--reaper-interval", "soon"]).is_err());
     }
 }

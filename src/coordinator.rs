@@ -4,6 +4,12 @@
 //! server stops polling handlers when the grace period ends. Store work that has begun must not
 //! be cut off half-way by either, so every operation runs in its own task (tracked, so shutdown
 //! can wait for it) and is bounded by its own timeout instead.
+//!
+//! That timeout is enforced by the store itself (a bounded wait for a connection, then
+//! PostgreSQL's `statement_timeout`), because only the database can stop a statement without
+//! leaving its outcome in doubt: an UNAVAILABLE after a timeout then means nothing was written.
+//! The task's own deadline, a little later, is a last resort for a connection that stopped
+//! answering altogether, where the outcome of a write cannot be known.
 
 use std::future::Future;
 use std::time::Duration;
@@ -28,6 +34,9 @@ pub enum CoordinatorError {
     #[error("the operation's task failed")]
     TaskFailed(#[source] tokio::task::JoinError),
 }
+
+/// How long past the operation timeout a task waits for a store that stopped answering.
+const LAST_RESORT_MARGIN: Duration = Duration::from_secs(1);
 
 #[derive(Clone)]
 pub struct Coordinator<S> {
@@ -89,8 +98,8 @@ impl<S: Store> Coordinator<S> {
             .await
     }
 
-    /// Spawns `operation` as a tracked task under the per-operation timeout and awaits it. If
-    /// the caller goes away, only this await is dropped: the task runs on to its end.
+    /// Spawns `operation` as a tracked task and awaits it. If the caller goes away, only this
+    /// await is dropped: the task runs on to its end.
     async fn run<T, F, Fut>(&self, operation: F) -> Result<T, CoordinatorError>
     where
         F: FnOnce(S) -> Fut,
@@ -100,7 +109,7 @@ impl<S: Store> Coordinator<S> {
         let timeout = self.operation_timeout;
         let work = operation(self.store.clone());
         let task = self.tasks.spawn(async move {
-            match tokio::time::timeout(timeout, work).await {
+            match tokio::time::timeout(timeout + LAST_RESORT_MARGIN, work).await {
                 Ok(result) => result,
                 Err(_elapsed) => Err(StoreError::TimedOut(timeout)),
             }

@@ -7,8 +7,11 @@
 //! timeout, and the pool closes.
 
 use std::net::SocketAddr;
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
 
 use tokio::net::TcpListener;
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
@@ -19,6 +22,9 @@ use crate::health::HealthState;
 use crate::readiness;
 use crate::reaper;
 use crate::store::{PgStore, Store};
+
+/// How long past the grace period the process may take to let go of what is left.
+const EXIT_MARGIN: Duration = Duration::from_secs(1);
 
 #[derive(Debug, thiserror::Error)]
 pub enum StartupError {
@@ -99,12 +105,16 @@ impl Application {
         ));
 
         // Health flips inside the server's shutdown signal, so it is NOT_SERVING before the
-        // listener closes.
+        // listener closes. The signal also fixes when the grace period ends.
+        let grace_ends = Arc::new(OnceLock::new());
         let signal = {
             let health = health.clone();
             let shutdown = shutdown.clone();
+            let grace_ends = grace_ends.clone();
+            let grace = settings.shutdown_grace;
             async move {
                 shutdown.cancelled().await;
+                let _ = grace_ends.set(Instant::now() + grace);
                 health.begin_shutdown();
             }
         };
@@ -131,19 +141,24 @@ impl Application {
         shutdown.cancel();
         health.begin_shutdown();
 
-        let _ = reaper.await;
-        let _ = monitor.await;
+        // What is left (the reaper's batch, store work whose callers hung up, closing the pool)
+        // gets the rest of the grace period, and a second at most beyond it, so that the
+        // process is gone before an orchestrator's kill.
+        let exit_by = grace_ends.get().copied().unwrap_or_else(Instant::now) + EXIT_MARGIN;
         store_work.close();
-        if tokio::time::timeout(settings.operation_timeout, store_work.wait())
-            .await
-            .is_err()
-        {
+        let finished = tokio::time::timeout_at(exit_by, async {
+            let _ = reaper.await;
+            let _ = monitor.await;
+            store_work.wait().await;
+            store.close().await;
+        })
+        .await;
+        if finished.is_err() {
             tracing::warn!(
                 running = store_work.len(),
-                "store operations still running at exit"
+                "store work still running when the grace period ended"
             );
         }
-        store.close().await;
         tracing::info!("stopped");
         served.map_err(StartupError::from)
     }

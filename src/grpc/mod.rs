@@ -22,20 +22,15 @@ use crate::store::Store;
 
 pub use service::IdempotencyApi;
 
-/// Room for a request's other fields beside the largest response (or checkpoint) it may carry.
+/// Room for a request's other fields beside the largest response it may carry.
 const ENVELOPE_BYTES: usize = 64 * 1024;
 
-/// The largest MarkProcessed request (1000 ids of 255 bytes, with framing, a consumer and a
-/// retention) needs about 262 KB; the decoding limit never goes below this, so a small response
-/// limit cannot make valid event batches undeliverable.
-const MIN_DECODING_LIMIT: usize = 320 * 1024;
-
 /// The decoding limit: the response limit plus 64 KiB, so that a bigger message is refused by
-/// the gRPC layer from its length prefix, before it is buffered whole.
+/// the gRPC layer from its length prefix, before it is buffered whole. The response limit is at
+/// least 256 KiB (see `config`), so the largest valid MarkProcessed (1000 ids of 255 bytes,
+/// about 262 KB framed) always fits.
 pub fn decoding_limit(max_response_bytes: usize) -> usize {
-    max_response_bytes
-        .saturating_add(ENVELOPE_BYTES)
-        .max(MIN_DECODING_LIMIT)
+    max_response_bytes.saturating_add(ENVELOPE_BYTES)
 }
 
 #[derive(Debug, thiserror::Error)]

@@ -1,7 +1,13 @@
 //! The PostgreSQL store. Each state change is one guarded statement (`INSERT … ON CONFLICT …
 //! RETURNING`, `UPDATE … WHERE lease_token = $n RETURNING`), so no window opens between a read
 //! and a write, and no transaction stays open while a caller works: leases, not row locks.
-//! Every instant is `now()` of the database.
+//!
+//! Every instant comes from the database clock. A statement that changes a key locks the row
+//! first and judges it, expiry included, by `clock_timestamp()` read once the lock is granted,
+//! not by `now()` (the instant the statement began): a statement that waited for a row lock
+//! must not act on the key as it was before the wait, or it could revive, or complete, a key
+//! that expired, and that others saw absent, while it waited. Plain reads (Lookup) use `now()`,
+//! the instant of their snapshot.
 
 use std::time::Duration;
 
@@ -23,14 +29,22 @@ static MIGRATOR: Migrator = sqlx::migrate!("./migrations/postgres");
 pub struct PgSettings {
     pub url: String,
     pub pool_size: u32,
-    /// Bounds every statement on the server too (`statement_timeout`) and every wait for a
-    /// pooled connection, so a stuck database cannot hold a call beyond it.
+    /// The budget of one operation: half for waiting for a pooled connection, half for the
+    /// statement, which PostgreSQL itself stops (`statement_timeout`). A statement that has been
+    /// sent is never abandoned before PostgreSQL has ended it, so a timeout means that nothing
+    /// was written.
     pub operation_timeout: Duration,
 }
 
 #[derive(Clone)]
 pub struct PgStore {
+    /// Serves the RPCs and the reaper.
     pool: PgPool,
+    /// One connection of its own for health probes, so that a pool busy with calls does not
+    /// look like an unreachable database.
+    probe_pool: PgPool,
+    /// For migrations, which run on a connection of their own without a statement timeout.
+    migration_options: PgConnectOptions,
     url: String,
 }
 
@@ -48,18 +62,27 @@ impl PgStore {
     /// Builds the pool without connecting, so the service can start (and report NOT_SERVING)
     /// while the database is still unreachable.
     pub fn connect_lazy(settings: &PgSettings) -> Result<Self, sqlx::Error> {
-        let statement_timeout_ms = settings.operation_timeout.as_millis().to_string();
-        let options: PgConnectOptions = settings
+        let half = settings.operation_timeout / 2;
+        let migration_options: PgConnectOptions = settings
             .url
             .parse::<PgConnectOptions>()?
-            .application_name("idempotency-coordinator")
+            .application_name("idempotency-coordinator");
+        let statement_timeout_ms = half.as_millis().max(1).to_string();
+        let options = migration_options
+            .clone()
             .options([("statement_timeout", statement_timeout_ms.as_str())]);
         let pool = PgPoolOptions::new()
             .max_connections(settings.pool_size)
-            .acquire_timeout(settings.operation_timeout)
+            .acquire_timeout(half)
+            .connect_lazy_with(options.clone());
+        let probe_pool = PgPoolOptions::new()
+            .max_connections(1)
+            .acquire_timeout(half)
             .connect_lazy_with(options);
         Ok(Self {
             pool,
+            probe_pool,
+            migration_options,
             url: settings.url.clone(),
         })
     }
@@ -177,7 +200,8 @@ impl From<TryStartRow> for ClaimedRecord {
 }
 
 /// TryStart as one statement. The proposed row always carries a freshly drawn token; on
-/// conflict, `action` applies the contract's order to the existing row:
+/// conflict, `action` applies the contract's order to the existing row, as it stands once its
+/// lock is held and by the clock read at that moment (`t.at`):
 ///
 /// - `fresh`: the row's retention is over, so the key is absent: claim it anew (attempt 1).
 /// - `none`: another fingerprint, a completed key, or a lease still running: change nothing.
@@ -185,18 +209,19 @@ impl From<TryStartRow> for ClaimedRecord {
 /// - `takeover`: the lease ran out: new token, attempt + 1, checkpoint handed over.
 ///
 /// The update always happens (even for `none`, as a no-op) so that RETURNING reports the row as
-/// it stands once the row lock is held, never a stale snapshot; the caller got a new claim
-/// exactly when the returned token is the one this statement drew.
+/// it stands under the lock, never a stale snapshot; the caller got a new claim exactly when the
+/// returned token is the one this statement drew.
 const TRY_START: &str = r#"
-WITH new_token AS (SELECT nextval('lease_token_seq') AS value)
+WITH new_token AS (SELECT nextval('lease_token_seq') AS value),
+     claimed AS (SELECT clock_timestamp() AS at)
 INSERT INTO idempotency_keys AS k
     (namespace, key, fingerprint, lease_token, attempt, attempt_id, lease_expires_at,
      checkpoint, response, completed_at, retention_us, expires_at)
 SELECT $1, $2, $3, new_token.value, 1, $6,
-       now() + $4 * interval '1 microsecond',
+       claimed.at + $4 * interval '1 microsecond',
        NULL, NULL, NULL, $5,
-       now() + greatest($4, $5) * interval '1 microsecond'
-FROM new_token
+       claimed.at + greatest($4, $5) * interval '1 microsecond'
+FROM new_token CROSS JOIN claimed
 ON CONFLICT (namespace, key) DO UPDATE SET
     (fingerprint, lease_token, attempt, attempt_id, lease_expires_at, checkpoint, response,
      completed_at, retention_us, expires_at) =
@@ -209,43 +234,68 @@ ON CONFLICT (namespace, key) DO UPDATE SET
         CASE WHEN t.action IN ('fresh', 'takeover') THEN excluded.attempt_id
              ELSE k.attempt_id END,
         CASE t.action
-             WHEN 'reenter' THEN greatest(k.lease_expires_at, excluded.lease_expires_at)
+             WHEN 'reenter' THEN greatest(k.lease_expires_at, t.lease_end)
              WHEN 'none' THEN k.lease_expires_at
-             ELSE excluded.lease_expires_at END,
+             ELSE t.lease_end END,
         CASE t.action WHEN 'fresh' THEN NULL ELSE k.checkpoint END,
         CASE t.action WHEN 'fresh' THEN NULL ELSE k.response END,
         CASE t.action WHEN 'fresh' THEN NULL ELSE k.completed_at END,
         CASE WHEN t.action IN ('fresh', 'takeover') THEN excluded.retention_us
              ELSE k.retention_us END,
         CASE t.action
-             WHEN 'fresh' THEN excluded.expires_at
-             WHEN 'takeover' THEN greatest(k.expires_at, excluded.expires_at)
-             WHEN 'reenter' THEN greatest(k.expires_at, excluded.lease_expires_at)
+             WHEN 'fresh' THEN t.retention_end
+             WHEN 'takeover' THEN greatest(k.expires_at, t.retention_end)
+             WHEN 'reenter' THEN greatest(k.expires_at, t.lease_end)
              ELSE k.expires_at END
-     FROM (SELECT CASE
-              WHEN k.expires_at <= now() THEN 'fresh'
-              WHEN k.fingerprint <> excluded.fingerprint THEN 'none'
-              WHEN k.completed_at IS NOT NULL THEN 'none'
-              WHEN k.attempt_id = excluded.attempt_id THEN 'reenter'
-              WHEN k.lease_expires_at > now() THEN 'none'
-              ELSE 'takeover'
-           END AS action) AS t)
+     FROM (SELECT clock_timestamp() AS at) AS locked
+     CROSS JOIN LATERAL (SELECT
+        locked.at AS at,
+        locked.at + $4 * interval '1 microsecond' AS lease_end,
+        locked.at + greatest($4, $5) * interval '1 microsecond' AS retention_end,
+        CASE
+            WHEN k.expires_at <= locked.at THEN 'fresh'
+            WHEN k.fingerprint <> excluded.fingerprint THEN 'none'
+            WHEN k.completed_at IS NOT NULL THEN 'none'
+            WHEN k.attempt_id = excluded.attempt_id THEN 'reenter'
+            WHEN k.lease_expires_at > locked.at THEN 'none'
+            ELSE 'takeover'
+        END AS action) AS t)
 RETURNING k.lease_token = (SELECT value FROM new_token) AS newly_claimed,
           k.lease_token, k.attempt, k.attempt_id, k.lease_expires_at, k.fingerprint,
           k.checkpoint, k.response, k.completed_at, k.expires_at
 "#;
 
-const COMPLETE: &str = r#"
-UPDATE idempotency_keys
-SET response = $4,
-    completed_at = now(),
-    checkpoint = NULL,
-    retention_us = coalesce($5, retention_us),
-    expires_at = now() + coalesce($5, retention_us) * interval '1 microsecond'
-WHERE namespace = $1 AND key = $2 AND lease_token = $3
-  AND completed_at IS NULL AND expires_at > now()
-RETURNING completed_at, expires_at
-"#;
+/// The key's row, locked before anything is judged. Complete, Release and ExtendLease decide on
+/// the row this yields, by the clock read after the lock was granted. (A plain `UPDATE … WHERE
+/// expires_at > clock_timestamp()` would judge the row while scanning, before waiting for the
+/// lock, and keep that verdict when the lock holder leaves the row unchanged.)
+macro_rules! locked_key {
+    () => {
+        r#"WITH locked AS MATERIALIZED (
+    SELECT namespace, key, lease_token, completed_at, expires_at, retention_us
+    FROM idempotency_keys
+    WHERE namespace = $1 AND key = $2
+    FOR UPDATE
+)
+"#
+    };
+}
+
+/// Completes the key for its current holder, stamped by the clock under the row lock; the
+/// checkpoint is dropped.
+const COMPLETE: &str = concat!(
+    locked_key!(),
+    r#"UPDATE idempotency_keys AS k
+SET (response, completed_at, checkpoint, retention_us, expires_at) =
+    (SELECT $4::bytea, c.at, NULL::bytea, coalesce($5, l.retention_us),
+            c.at + coalesce($5, l.retention_us) * interval '1 microsecond'
+     FROM (SELECT clock_timestamp() AS at) AS c)
+FROM locked AS l
+WHERE k.namespace = l.namespace AND k.key = l.key
+  AND l.lease_token = $3 AND l.completed_at IS NULL AND l.expires_at > clock_timestamp()
+RETURNING k.completed_at, k.expires_at
+"#
+);
 
 /// Read after a guarded write changed nothing, to say why. Tokens are never reused and a
 /// completed key never returns to progress, so what this finds explains the refusal.
@@ -256,24 +306,32 @@ FROM idempotency_keys
 WHERE namespace = $1 AND key = $2 AND expires_at > now()
 "#;
 
-const RELEASE: &str = r#"
-DELETE FROM idempotency_keys
-WHERE namespace = $1 AND key = $2 AND lease_token = $3
-  AND completed_at IS NULL AND expires_at > now()
-RETURNING lease_token
-"#;
+const RELEASE: &str = concat!(
+    locked_key!(),
+    r#"DELETE FROM idempotency_keys AS k
+USING locked AS l
+WHERE k.namespace = l.namespace AND k.key = l.key
+  AND l.lease_token = $3 AND l.completed_at IS NULL AND l.expires_at > clock_timestamp()
+RETURNING k.lease_token
+"#
+);
 
 /// The lease becomes now + ttl (which may shorten it); retention stretches to cover it.
 /// `$5` says whether a checkpoint was sent at all, so that an empty one still replaces.
-const EXTEND_LEASE: &str = r#"
-UPDATE idempotency_keys
-SET lease_expires_at = now() + $4 * interval '1 microsecond',
-    expires_at = greatest(expires_at, now() + $4 * interval '1 microsecond'),
-    checkpoint = CASE WHEN $5 THEN $6 ELSE checkpoint END
-WHERE namespace = $1 AND key = $2 AND lease_token = $3
-  AND completed_at IS NULL AND expires_at > now()
-RETURNING lease_expires_at
-"#;
+const EXTEND_LEASE: &str = concat!(
+    locked_key!(),
+    r#"UPDATE idempotency_keys AS k
+SET (lease_expires_at, expires_at, checkpoint) =
+    (SELECT c.at + $4 * interval '1 microsecond',
+            greatest(l.expires_at, c.at + $4 * interval '1 microsecond'),
+            CASE WHEN $5 THEN $6::bytea ELSE k.checkpoint END
+     FROM (SELECT clock_timestamp() AS at) AS c)
+FROM locked AS l
+WHERE k.namespace = l.namespace AND k.key = l.key
+  AND l.lease_token = $3 AND l.completed_at IS NULL AND l.expires_at > clock_timestamp()
+RETURNING k.lease_expires_at
+"#
+);
 
 const LOOKUP: &str = r#"
 SELECT fingerprint, lease_expires_at, attempt, response, completed_at, expires_at
@@ -286,6 +344,10 @@ WHERE namespace = $1 AND key = $2 AND expires_at > now()
 /// expired one is recorded anew. The update always happens so that RETURNING reports every id
 /// with the row as it stands under its lock. `mark_batch` tells rows this call recorded from
 /// rows it found; within the call, only an id's first position counts as new.
+///
+/// Unlike the key statements, expiry is judged by `now()`: a row live at that instant is left
+/// untouched and reported as processed, which was true then, so waiting for its lock changes
+/// nothing that anyone could have observed in between.
 const MARK_PROCESSED: &str = r#"
 WITH batch AS (SELECT nextval('mark_batch_seq') AS id),
 requested AS (
@@ -394,33 +456,60 @@ struct MarkRow {
     already_processed: bool,
 }
 
+/// What a guarded write (Complete, Release, ExtendLease) came to.
+enum Guarded<T> {
+    /// The write applied.
+    Applied(T),
+    /// It did not, for this reason.
+    Refused(Rejection),
+    /// Complete only: the key was already completed by this holder with the same response.
+    AlreadyDone(Completion),
+}
+
+/// How often a guarded write is tried when the read that explains its refusal finds the caller
+/// to be the current holder of an in-progress key after all (the key changed in between).
+const GUARD_ATTEMPTS: usize = 3;
+
 impl PgStore {
-    /// Why a guarded write on `token` changed nothing. `offered_response` is compared for
-    /// Complete only; Release and ExtendLease pass `None`.
-    async fn refusal(
+    /// Runs `write` (a statement guarded on the caller's token that answers a row only when it
+    /// applied) and, when it changed nothing, reads the key to say why. Tokens are never reused
+    /// and completed keys never reopen, so what the read finds explains the refusal; should it
+    /// find the caller holding an in-progress key after all, the write is tried again.
+    /// `offered_response` is compared for Complete only.
+    async fn guarded_write<T, F, Fut>(
         &self,
         namespace: &str,
         key: &str,
         token: LeaseToken,
         offered_response: Option<&[u8]>,
-    ) -> Result<Result<Option<Completion>, Rejection>, StoreError> {
-        let found: Option<GuardRow> = with_retries(|| {
-            sqlx::query_as(GUARD_STATE)
-                .bind(namespace)
-                .bind(key)
-                .bind(offered_response)
-                .fetch_optional(&self.pool)
-        })
-        .await?;
-        Ok(classify_refusal(found.map(GuardedKey::from), token))
+        mut write: F,
+    ) -> Result<Guarded<T>, StoreError>
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = Result<Option<T>, sqlx::Error>>,
+    {
+        for _ in 0..GUARD_ATTEMPTS {
+            if let Some(applied) = with_retries(&mut write).await? {
+                return Ok(Guarded::Applied(applied));
+            }
+            let found: Option<GuardRow> = with_retries(|| {
+                sqlx::query_as(GUARD_STATE)
+                    .bind(namespace)
+                    .bind(key)
+                    .bind(offered_response)
+                    .fetch_optional(&self.pool)
+            })
+            .await?;
+            match classify_refusal(found.map(GuardedKey::from), token) {
+                Err(rejection) => return Ok(Guarded::Refused(rejection)),
+                Ok(Some(completion)) => return Ok(Guarded::AlreadyDone(completion)),
+                Ok(None) => continue,
+            }
+        }
+        Err(StoreError::Inconsistent(
+            "a guarded write kept refusing the current holder of an in-progress key",
+        ))
     }
-}
-
-/// The guarded write found the caller to be the current holder of an in-progress key, yet did
-/// not apply. Tokens are never reused and completed keys never reopen, so this cannot happen;
-/// if it ever does, it is reported rather than guessed at.
-fn inconsistent_guard() -> StoreError {
-    StoreError::Inconsistent("a guarded write refused the current holder of an in-progress key")
 }
 
 impl Store for PgStore {
@@ -444,63 +533,55 @@ impl Store for PgStore {
         command: CompleteCommand,
     ) -> Result<Result<Completion, Rejection>, StoreError> {
         let retention = command.retention.map(|r| r.as_micros());
-        let completed: Option<(Instant, Instant)> = with_retries(|| {
-            sqlx::query_as(COMPLETE)
-                .bind(command.namespace.as_str())
-                .bind(command.key.as_str())
-                .bind(command.lease_token.get())
-                .bind(command.response.as_bytes())
-                .bind(retention)
-                .fetch_optional(&self.pool)
-        })
-        .await?;
-        if let Some((completed_at, expires_at)) = completed {
-            return Ok(Ok(Completion {
-                completed_at,
-                expires_at,
-            }));
-        }
-        let refusal = self
-            .refusal(
+        let outcome = self
+            .guarded_write(
                 command.namespace.as_str(),
                 command.key.as_str(),
                 command.lease_token,
                 Some(command.response.as_bytes()),
+                || {
+                    sqlx::query_as::<_, (Instant, Instant)>(COMPLETE)
+                        .bind(command.namespace.as_str())
+                        .bind(command.key.as_str())
+                        .bind(command.lease_token.get())
+                        .bind(command.response.as_bytes())
+                        .bind(retention)
+                        .fetch_optional(&self.pool)
+                },
             )
             .await?;
-        match refusal {
-            Ok(Some(earlier_completion)) => Ok(Ok(earlier_completion)),
-            Ok(None) => Err(inconsistent_guard()),
-            Err(rejection) => Ok(Err(rejection)),
-        }
+        Ok(match outcome {
+            Guarded::Applied((completed_at, expires_at)) => Ok(Completion {
+                completed_at,
+                expires_at,
+            }),
+            Guarded::AlreadyDone(completion) => Ok(completion),
+            Guarded::Refused(rejection) => Err(rejection),
+        })
     }
 
     async fn release(&self, command: ReleaseCommand) -> Result<Result<(), Rejection>, StoreError> {
-        let released: Option<(i64,)> = with_retries(|| {
-            sqlx::query_as(RELEASE)
-                .bind(command.namespace.as_str())
-                .bind(command.key.as_str())
-                .bind(command.lease_token.get())
-                .fetch_optional(&self.pool)
-        })
-        .await?;
-        if released.is_some() {
-            return Ok(Ok(()));
-        }
-        let refusal = self
-            .refusal(
+        let outcome = self
+            .guarded_write(
                 command.namespace.as_str(),
                 command.key.as_str(),
                 command.lease_token,
                 None,
+                || {
+                    sqlx::query_as::<_, (i64,)>(RELEASE)
+                        .bind(command.namespace.as_str())
+                        .bind(command.key.as_str())
+                        .bind(command.lease_token.get())
+                        .fetch_optional(&self.pool)
+                },
             )
             .await?;
-        match refusal {
-            Err(rejection) => Ok(Err(rejection)),
+        Ok(match outcome {
+            Guarded::Applied(_) => Ok(()),
             // Without an offered response, a completed key is always ALREADY_COMPLETED.
-            Ok(Some(_)) => Ok(Err(Rejection::AlreadyCompleted)),
-            Ok(None) => Err(inconsistent_guard()),
-        }
+            Guarded::AlreadyDone(_) => Err(Rejection::AlreadyCompleted),
+            Guarded::Refused(rejection) => Err(rejection),
+        })
     }
 
     async fn extend_lease(
@@ -508,33 +589,29 @@ impl Store for PgStore {
         command: ExtendLeaseCommand,
     ) -> Result<Result<Instant, Rejection>, StoreError> {
         let checkpoint = command.checkpoint.as_ref().map(|c| c.as_bytes());
-        let extended: Option<(Instant,)> = with_retries(|| {
-            sqlx::query_as(EXTEND_LEASE)
-                .bind(command.namespace.as_str())
-                .bind(command.key.as_str())
-                .bind(command.lease_token.get())
-                .bind(command.lease_ttl.as_micros())
-                .bind(checkpoint.is_some())
-                .bind(checkpoint)
-                .fetch_optional(&self.pool)
-        })
-        .await?;
-        if let Some((lease_expires_at,)) = extended {
-            return Ok(Ok(lease_expires_at));
-        }
-        let refusal = self
-            .refusal(
+        let outcome = self
+            .guarded_write(
                 command.namespace.as_str(),
                 command.key.as_str(),
                 command.lease_token,
                 None,
+                || {
+                    sqlx::query_as::<_, (Instant,)>(EXTEND_LEASE)
+                        .bind(command.namespace.as_str())
+                        .bind(command.key.as_str())
+                        .bind(command.lease_token.get())
+                        .bind(command.lease_ttl.as_micros())
+                        .bind(checkpoint.is_some())
+                        .bind(checkpoint)
+                        .fetch_optional(&self.pool)
+                },
             )
             .await?;
-        match refusal {
-            Err(rejection) => Ok(Err(rejection)),
-            Ok(Some(_)) => Ok(Err(Rejection::AlreadyCompleted)),
-            Ok(None) => Err(inconsistent_guard()),
-        }
+        Ok(match outcome {
+            Guarded::Applied((lease_expires_at,)) => Ok(lease_expires_at),
+            Guarded::AlreadyDone(_) => Err(Rejection::AlreadyCompleted),
+            Guarded::Refused(rejection) => Err(rejection),
+        })
     }
 
     async fn lookup(&self, query: LookupQuery) -> Result<KeyState, StoreError> {
@@ -622,7 +699,15 @@ impl Store for PgStore {
                 tracing::info!("created the database");
             }
         }
-        MIGRATOR.run(&self.pool).await.map_err(|error| match error {
+        // A connection of its own, without the statement timeout: a migration may take long.
+        let connection = PgPoolOptions::new()
+            .max_connections(1)
+            .connect_with(self.migration_options.clone())
+            .await
+            .map_err(classify)?;
+        let migrated = MIGRATOR.run(&connection).await;
+        connection.close().await;
+        migrated.map_err(|error| match error {
             sqlx::migrate::MigrateError::Execute(inner) => classify(inner),
             other => StoreError::Migration(other),
         })
@@ -630,7 +715,7 @@ impl Store for PgStore {
 
     async fn probe(&self) -> Result<(), StoreError> {
         let (version,): (i64,) = sqlx::query_as(SCHEMA_VERSION)
-            .fetch_one(&self.pool)
+            .fetch_one(&self.probe_pool)
             .await
             .map_err(classify)?;
         let required = Self::required_schema_version();
@@ -643,6 +728,7 @@ impl Store for PgStore {
     }
 
     async fn close(&self) {
+        self.probe_pool.close().await;
         self.pool.close().await;
     }
 }

@@ -230,3 +230,251 @@ async fn an_empty_response_is_a_response() {
         .await
         .expect("repeated empty Complete");
 }
+
+#[tokio::test]
+async fn the_default_key_retention_is_24_hours() {
+    let app = TestApp::spawn().await;
+    let mut client = app.client().await;
+    let key = unique_key("default-retention");
+    let started = claim(&mut client, try_start(&key)).await;
+    let completion = client
+        .complete(complete(&key, started.lease_token, b"r"))
+        .await
+        .expect("Complete")
+        .into_inner();
+    assert_eq!(
+        instant(&completion.expires_at) - instant(&completion.completed_at),
+        chrono::Duration::hours(24)
+    );
+}
+
+#[tokio::test]
+async fn complete_without_retention_after_a_takeover_keeps_the_takers_retention() {
+    let app = TestApp::spawn().await;
+    let mut client = app.client().await;
+    let key = unique_key("taker-retention");
+    claim(
+        &mut client,
+        TryStartRequest {
+            retention: secs(7200),
+            lease_ttl: millis(100),
+            ..try_start(&key)
+        },
+    )
+    .await;
+    wait_for_lease_expiry(&app, &mut client, &key).await;
+    let taker = claim(
+        &mut client,
+        TryStartRequest {
+            retention: secs(600),
+            ..try_start(&key)
+        },
+    )
+    .await;
+    let completion = client
+        .complete(complete(&key, taker.lease_token, b"r"))
+        .await
+        .expect("Complete")
+        .into_inner();
+    assert_eq!(
+        instant(&completion.expires_at) - instant(&completion.completed_at),
+        chrono::Duration::seconds(600)
+    );
+}
+
+#[tokio::test]
+async fn a_token_from_an_expired_life_of_the_key_is_lease_lost() {
+    let app = TestApp::spawn().await;
+    let mut client = app.client().await;
+    let key = unique_key("past-life");
+    let old = claim(
+        &mut client,
+        TryStartRequest {
+            retention: secs(1),
+            lease_ttl: millis(100),
+            ..try_start(&key)
+        },
+    )
+    .await;
+    eventually(
+        std::time::Duration::from_secs(5),
+        "the key expired",
+        || async {
+            let mut client = client.clone();
+            matches!(
+                state(
+                    client
+                        .lookup(lookup(&key))
+                        .await
+                        .expect("Lookup")
+                        .into_inner()
+                ),
+                State::Absent(_)
+            )
+        },
+    )
+    .await;
+    let new = claim(&mut client, try_start(&key)).await;
+    assert!(new.lease_token > old.lease_token);
+    let status = client
+        .complete(complete(&key, old.lease_token, b"stale"))
+        .await
+        .expect_err("a token of the key's earlier life");
+    assert_error(&status, Code::Aborted, "LEASE_LOST");
+}
+
+#[tokio::test]
+async fn concurrent_completes_by_the_holder_store_exactly_one_response() {
+    let app = TestApp::spawn().await;
+    let client = app.client().await;
+    let mut setup = client.clone();
+    let key = unique_key("complete-race");
+    let started = claim(&mut setup, try_start(&key)).await;
+
+    // Twenty Completes, two different responses, all at once.
+    let calls = (0..20).map(|index| {
+        let mut client = client.clone();
+        let key = key.clone();
+        let response = if index % 2 == 0 {
+            b"even".to_vec()
+        } else {
+            b"odd".to_vec()
+        };
+        tokio::spawn(async move {
+            let answer = client
+                .complete(complete(&key, started.lease_token, &response))
+                .await;
+            (response, answer)
+        })
+    });
+    let mut accepted = Vec::new();
+    for result in futures::future::join_all(calls).await {
+        let (response, answer) = result.expect("task");
+        match answer {
+            Ok(completion) => accepted.push((response, completion.into_inner())),
+            Err(status) => assert_error(&status, Code::FailedPrecondition, "ALREADY_COMPLETED"),
+        }
+    }
+    let stored = expect_completed(
+        setup
+            .try_start(try_start(&key))
+            .await
+            .expect("TryStart")
+            .into_inner(),
+    );
+    assert!(!accepted.is_empty());
+    for (response, completion) in &accepted {
+        assert_eq!(
+            response, &stored.response,
+            "only the stored response is accepted"
+        );
+        assert_eq!(completion.completed_at, stored.completed_at);
+    }
+}
+
+#[tokio::test]
+async fn complete_racing_release_has_exactly_one_winner() {
+    let app = TestApp::spawn().await;
+    let client = app.client().await;
+    for round in 0..10 {
+        let key = unique_key(&format!("complete-release-{round}"));
+        let mut setup = client.clone();
+        let started = claim(&mut setup, try_start(&key)).await;
+        let (mut a, mut b) = (client.clone(), client.clone());
+        let (completed, released) = tokio::join!(
+            a.complete(complete(&key, started.lease_token, b"r")),
+            b.release(release(&key, started.lease_token)),
+        );
+        let state = state(
+            setup
+                .lookup(lookup(&key))
+                .await
+                .expect("Lookup")
+                .into_inner(),
+        );
+        match (completed, released) {
+            (Ok(_), Err(status)) => {
+                assert_error(&status, Code::FailedPrecondition, "ALREADY_COMPLETED");
+                assert!(matches!(state, State::Completed(_)));
+            }
+            (Err(status), Ok(_)) => {
+                assert_error(&status, Code::NotFound, "KEY_NOT_FOUND");
+                assert!(matches!(state, State::Absent(_)));
+            }
+            other => panic!("exactly one of Complete and Release wins: {other:?}"),
+        }
+    }
+}
+
+/// The holder's call of each kind, as a boxed future, so that the three can wait side by side.
+type Call = std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), tonic::Status>> + Send>>;
+
+fn holders_call(kind: &str, client: &Client, key: &str, token: u64) -> Call {
+    let mut client = client.clone();
+    let key = key.to_owned();
+    match kind {
+        "Complete" => Box::pin(async move {
+            client
+                .complete(complete(&key, token, b"too late"))
+                .await
+                .map(drop)
+        }),
+        "Release" => Box::pin(async move { client.release(release(&key, token)).await.map(drop) }),
+        _ => Box::pin(async move { client.extend_lease(extend(&key, token)).await.map(drop) }),
+    }
+}
+
+#[tokio::test]
+async fn a_write_that_waited_while_the_key_expired_is_key_not_found() {
+    let app = TestApp::spawn().await;
+    let mut client = app.client().await;
+    let mut waiting = Vec::new();
+    let mut locks = Vec::new();
+    for kind in ["Complete", "Release", "ExtendLease"] {
+        let key = unique_key(kind);
+        let started = claim(
+            &mut client,
+            TryStartRequest {
+                retention: secs(1),
+                lease_ttl: millis(200),
+                ..try_start(&key)
+            },
+        )
+        .await;
+        locks.push(lock_key(&app.database.url, &key).await);
+        let call = holders_call(kind, &client, &key, started.lease_token);
+        waiting.push((kind, key, tokio::spawn(call)));
+    }
+    wait_for_blocked_statements(&app.pool, 3).await;
+    let (latest_expiry,): (chrono::DateTime<chrono::Utc>,) =
+        sqlx::query_as("SELECT max(expires_at) FROM idempotency_keys")
+            .fetch_one(&app.pool)
+            .await
+            .expect("read the rows");
+    eventually(
+        std::time::Duration::from_secs(5),
+        "the keys expired",
+        || async { app.db_now().await > latest_expiry },
+    )
+    .await;
+    for lock in locks {
+        unlock(lock).await;
+    }
+
+    // Each call waited for its row while the key expired; it must judge the key as it is once
+    // it holds the row (absent), not as it was when the call began.
+    for (kind, key, call) in waiting {
+        let status = call.await.expect("task").expect_err(kind);
+        assert_error(&status, Code::NotFound, "KEY_NOT_FOUND");
+        assert!(matches!(
+            state(
+                client
+                    .lookup(lookup(&key))
+                    .await
+                    .expect("Lookup")
+                    .into_inner()
+            ),
+            State::Absent(_)
+        ));
+    }
+}

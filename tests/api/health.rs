@@ -202,3 +202,62 @@ async fn store_probe_requires_the_full_schema() {
     store.probe().await.expect("migrated");
     store.migrate().await.expect("migrating twice is harmless");
 }
+
+#[tokio::test]
+async fn watching_an_unknown_service_answers_service_unknown_until_shutdown() {
+    let app = TestApp::spawn().await;
+    let mut health = app.health().await;
+    let mut watch = health
+        .watch(HealthCheckRequest {
+            service: "no.such.Service".into(),
+        })
+        .await
+        .expect("Watch")
+        .into_inner();
+    let first = watch.message().await.expect("stream").expect("a status");
+    assert_eq!(first.status(), ServingStatus::ServiceUnknown);
+    app.begin_shutdown();
+    let end = tokio::time::timeout(Duration::from_secs(5), watch.message())
+        .await
+        .expect("ended promptly");
+    assert!(
+        matches!(end, Ok(None)),
+        "the stream ends at shutdown: {end:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_busy_pool_does_not_make_the_service_look_unhealthy() {
+    // One pooled connection, held by calls waiting on a row lock: the health probe has a
+    // connection of its own, so health stays SERVING.
+    let app = TestApp::spawn_with(&["--pool-size", "1", "--operation-timeout", "4s"]).await;
+    let mut client = app.client().await;
+    let key = unique_key("busy");
+    let started = claim(&mut client, try_start(&key)).await;
+    let lock = lock_key(&app.database.url, &key).await;
+    let calls: Vec<_> = (0..3)
+        .map(|_| {
+            let mut client = client.clone();
+            let key = key.clone();
+            tokio::spawn(async move {
+                client
+                    .complete(complete(&key, started.lease_token, b"r"))
+                    .await
+            })
+        })
+        .collect();
+    wait_for_blocked_statements(&app.pool, 1).await;
+    // Fifteen health checks over 1.5 s, against probes every 100 ms whose pool would be
+    // exhausted for longer than their connection wait if they shared it.
+    for _ in 0..15 {
+        assert_eq!(
+            check(&app, "").await.expect("Check"),
+            ServingStatus::Serving
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    unlock(lock).await;
+    for call in calls {
+        let _ = call.await.expect("task");
+    }
+}

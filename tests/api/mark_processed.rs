@@ -196,3 +196,41 @@ async fn the_default_event_retention_is_seven_days() {
     .expect("read the row");
     assert_eq!(retained_secs, 7 * 24 * 3600);
 }
+
+#[tokio::test]
+async fn duplicates_of_a_live_id_are_all_already_processed_and_of_an_expired_id_new_once() {
+    let app = TestApp::spawn().await;
+    let mut client = app.client().await;
+    client
+        .mark_processed(MarkProcessedRequest {
+            retention: secs(1),
+            ..mark("billing", &["live", "expiring"])
+        })
+        .await
+        .expect("MarkProcessed");
+    sqlx::query("UPDATE processed_events SET expires_at = now() + interval '1 hour' WHERE event_id = 'live'")
+        .execute(&app.pool)
+        .await
+        .expect("keep one alive");
+    let (expiry,): (chrono::DateTime<chrono::Utc>,) =
+        sqlx::query_as("SELECT expires_at FROM processed_events WHERE event_id = 'expiring'")
+            .fetch_one(&app.pool)
+            .await
+            .expect("read the row");
+    eventually(
+        std::time::Duration::from_secs(5),
+        "one event expired",
+        || async { app.db_now().await > expiry },
+    )
+    .await;
+
+    let results = client
+        .mark_processed(mark("billing", &["live", "expiring", "live", "expiring"]))
+        .await
+        .expect("MarkProcessed")
+        .into_inner()
+        .results;
+    let already: Vec<bool> = results.iter().map(|r| r.already_processed).collect();
+    assert_eq!(already, [true, false, true, true]);
+    assert_eq!(results[1].processed_at, results[3].processed_at);
+}

@@ -6,55 +6,10 @@ use std::time::Duration;
 use idempotency_coordinator::proto::idempotency::v1::{
     TryStartRequest, lookup_response::State, try_start_response::Outcome,
 };
-use sqlx::{Connection, PgConnection};
 
 use crate::support::database::TestDatabase;
 use crate::support::process::ServerProcess;
 use crate::support::*;
-
-/// Holds a row lock on `key` from outside the service, so that the service's statements on
-/// that key wait: a deterministic way to keep calls in flight.
-async fn lock_key(database_url: &str, key: &str) -> PgConnection {
-    let mut connection = PgConnection::connect(database_url).await.expect("connect");
-    sqlx::query("BEGIN")
-        .execute(&mut connection)
-        .await
-        .expect("begin");
-    sqlx::query("SELECT 1 FROM idempotency_keys WHERE key = $1 FOR UPDATE")
-        .bind(key)
-        .execute(&mut connection)
-        .await
-        .expect("lock the key");
-    connection
-}
-
-async fn unlock(mut connection: PgConnection) {
-    sqlx::query("ROLLBACK")
-        .execute(&mut connection)
-        .await
-        .expect("rollback");
-}
-
-/// Waits until `count` statements of the service are blocked on a lock.
-async fn wait_for_blocked_statements(pool: &sqlx::PgPool, count: i64) {
-    eventually(
-        Duration::from_secs(10),
-        "statements are blocked on the lock",
-        || async {
-            let (blocked,): (i64,) = sqlx::query_as(
-                "SELECT count(*) FROM pg_stat_activity
-             WHERE datname = current_database()
-               AND application_name = 'idempotency-coordinator'
-               AND wait_event_type = 'Lock'",
-            )
-            .fetch_one(pool)
-            .await
-            .expect("read pg_stat_activity");
-            blocked >= count
-        },
-    )
-    .await;
-}
 
 #[tokio::test]
 async fn a_complete_whose_caller_hung_up_still_completes() {
@@ -316,7 +271,15 @@ async fn a_store_that_stops_answering_fails_the_call_within_the_operation_timeou
     );
     unlock(lock).await;
 
-    // Nothing was half-written: the claim is intact and completes now.
+    // The database stopped the statement, so the refused Complete did not commit later, once
+    // the lock was gone: the key is still in progress, and its holder completes it now.
+    expect_in_progress(
+        client
+            .try_start(try_start(&key))
+            .await
+            .expect("TryStart")
+            .into_inner(),
+    );
     client
         .complete(complete(&key, started.lease_token, b"r"))
         .await

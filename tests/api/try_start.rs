@@ -475,3 +475,238 @@ async fn namespaces_are_separate() {
     let started = claim(&mut client, elsewhere).await;
     assert_eq!(started.attempt, 1);
 }
+
+#[tokio::test]
+async fn the_holders_own_attempt_id_with_another_fingerprint_is_a_mismatch() {
+    let app = TestApp::spawn().await;
+    let mut client = app.client().await;
+    let key = unique_key("attempt-mismatch");
+    let request = TryStartRequest {
+        attempt_id: "same-attempt".into(),
+        ..try_start(&key)
+    };
+    claim(&mut client, request.clone()).await;
+    let other = TryStartRequest {
+        fingerprint: b"another body".to_vec(),
+        ..request
+    };
+    expect_mismatch(
+        client
+            .try_start(other)
+            .await
+            .expect("TryStart")
+            .into_inner(),
+    );
+}
+
+#[tokio::test]
+async fn after_a_takeover_the_old_attempt_id_is_somebody_else() {
+    let app = TestApp::spawn().await;
+    let mut client = app.client().await;
+    let key = unique_key("attempt-takeover");
+    let old = TryStartRequest {
+        attempt_id: "old-attempt".into(),
+        lease_ttl: millis(100),
+        ..try_start(&key)
+    };
+    claim(&mut client, old.clone()).await;
+    wait_for_lease_expiry(&app, &mut client, &key).await;
+    let new = TryStartRequest {
+        attempt_id: "new-attempt".into(),
+        lease_ttl: secs(30),
+        ..try_start(&key)
+    };
+    let taken = claim(&mut client, new.clone()).await;
+    assert_eq!(taken.attempt, 2);
+
+    let old_retry = client.try_start(old).await.expect("TryStart").into_inner();
+    assert_eq!(expect_in_progress(old_retry).attempt, 2);
+    let new_retry = claim(&mut client, new).await;
+    assert_eq!(new_retry.lease_token, taken.lease_token);
+}
+
+#[tokio::test]
+async fn re_entry_stretches_retention_to_cover_the_renewed_lease() {
+    let app = TestApp::spawn().await;
+    let mut client = app.client().await;
+    let key = unique_key("reentry-retention");
+    let request = TryStartRequest {
+        attempt_id: "a".into(),
+        retention: secs(1),
+        lease_ttl: millis(500),
+        ..try_start(&key)
+    };
+    claim(&mut client, request.clone()).await;
+    let again = claim(
+        &mut client,
+        TryStartRequest {
+            lease_ttl: secs(3600),
+            ..request
+        },
+    )
+    .await;
+    let (expires_at,): (chrono::DateTime<chrono::Utc>,) =
+        sqlx::query_as("SELECT expires_at FROM idempotency_keys WHERE key = $1")
+            .bind(&key)
+            .fetch_one(&app.pool)
+            .await
+            .expect("read the row");
+    assert!(expires_at >= instant(&again.lease_expires_at));
+}
+
+#[tokio::test]
+async fn concurrent_takeovers_of_an_expired_lease_have_exactly_one_winner() {
+    let app = TestApp::spawn().await;
+    let mut client = app.client().await;
+    let key = unique_key("takeover-race");
+    let first = claim(
+        &mut client,
+        TryStartRequest {
+            lease_ttl: millis(100),
+            ..try_start(&key)
+        },
+    )
+    .await;
+    wait_for_lease_expiry(&app, &mut client, &key).await;
+
+    let calls = (0..50).map(|_| {
+        let mut client = client.clone();
+        let key = key.clone();
+        tokio::spawn(async move {
+            outcome(
+                client
+                    .try_start(try_start(&key))
+                    .await
+                    .expect("TryStart")
+                    .into_inner(),
+            )
+        })
+    });
+    let mut winners = Vec::new();
+    for answer in futures::future::join_all(calls).await {
+        match answer.expect("task") {
+            Outcome::Started(started) => winners.push(started),
+            Outcome::InProgress(in_progress) => assert_eq!(in_progress.attempt, 2),
+            other => panic!("unexpected outcome {other:?}"),
+        }
+    }
+    assert_eq!(winners.len(), 1, "exactly one takeover");
+    assert_eq!(winners[0].attempt, 2, "the attempt count went up once");
+    assert!(winners[0].lease_token > first.lease_token);
+}
+
+#[tokio::test]
+async fn a_claim_that_waited_while_the_key_expired_claims_it_afresh() {
+    let app = TestApp::spawn().await;
+    let mut client = app.client().await;
+    let key = unique_key("expired-while-waiting");
+    let request = TryStartRequest {
+        attempt_id: "holder".into(),
+        retention: secs(1),
+        lease_ttl: millis(200),
+        ..try_start(&key)
+    };
+    let held = claim(&mut client, request.clone()).await;
+    let lock = lock_key(&app.database.url, &key).await;
+    // The holder's retry starts while the key is live, then waits for the row...
+    let retry = tokio::spawn({
+        let mut client = client.clone();
+        let request = request.clone();
+        async move { client.try_start(request).await }
+    });
+    wait_for_blocked_statements(&app.pool, 1).await;
+    // ...during which the key's retention ends, so that the key is absent for everyone.
+    let (expires_at,): (chrono::DateTime<chrono::Utc>,) =
+        sqlx::query_as("SELECT expires_at FROM idempotency_keys WHERE key = $1")
+            .bind(&key)
+            .fetch_one(&app.pool)
+            .await
+            .expect("read the row");
+    eventually(
+        std::time::Duration::from_secs(5),
+        "the key expired",
+        || async { app.db_now().await > expires_at },
+    )
+    .await;
+    assert!(matches!(
+        state(
+            client
+                .lookup(lookup(&key))
+                .await
+                .expect("Lookup")
+                .into_inner()
+        ),
+        State::Absent(_)
+    ));
+    unlock(lock).await;
+
+    // The waiting claim must act on the key as it is now (absent), not as it was when the call
+    // began: a fresh claim, not a re-entry that would revive the expired one.
+    let fresh = expect_started(retry.await.expect("task").expect("TryStart").into_inner());
+    assert_eq!(fresh.attempt, 1);
+    assert!(
+        fresh.lease_token > held.lease_token,
+        "a new claim, not the expired one"
+    );
+}
+
+#[tokio::test]
+async fn a_claim_racing_the_reaper_for_an_expired_key_starts_fresh() {
+    let app = TestApp::spawn().await;
+    let mut client = app.client().await;
+    let key = unique_key("reaped");
+    claim(
+        &mut client,
+        TryStartRequest {
+            retention: secs(1),
+            lease_ttl: millis(100),
+            ..try_start(&key)
+        },
+    )
+    .await;
+    eventually(
+        std::time::Duration::from_secs(5),
+        "the key expired",
+        || async {
+            let mut client = client.clone();
+            matches!(
+                state(
+                    client
+                        .lookup(lookup(&key))
+                        .await
+                        .expect("Lookup")
+                        .into_inner()
+                ),
+                State::Absent(_)
+            )
+        },
+    )
+    .await;
+    // A reaper's transaction holds the expired row and deletes it; the claim waits for it.
+    let mut reaper = lock_key(&app.database.url, &key).await;
+    sqlx::query("DELETE FROM idempotency_keys WHERE key = $1")
+        .bind(&key)
+        .execute(&mut reaper)
+        .await
+        .expect("delete the expired row");
+    let claiming = tokio::spawn({
+        let mut client = client.clone();
+        let key = key.clone();
+        async move { client.try_start(try_start(&key)).await }
+    });
+    wait_for_blocked_statements(&app.pool, 1).await;
+    sqlx::query("COMMIT")
+        .execute(&mut reaper)
+        .await
+        .expect("commit");
+
+    let started = expect_started(
+        claiming
+            .await
+            .expect("task")
+            .expect("TryStart")
+            .into_inner(),
+    );
+    assert_eq!(started.attempt, 1);
+    assert_eq!(app.count_rows("idempotency_keys").await, 1);
+}

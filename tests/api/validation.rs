@@ -283,11 +283,11 @@ async fn lease_token_zero_is_missing_and_must_fit_the_token_range() {
 
 #[tokio::test]
 async fn response_is_at_most_the_configured_limit() {
-    let app = TestApp::spawn_with(&["--max-response-bytes", "2048"]).await;
+    let app = TestApp::spawn_with(&["--max-response-bytes", "262144"]).await;
     let mut client = app.client().await;
     let started = claim(&mut client, try_start("k")).await;
     let status = client
-        .complete(complete("k", started.lease_token, &[1; 2049]))
+        .complete(complete("k", started.lease_token, &vec![1; 262_145]))
         .await
         .expect_err("response too large");
     assert_invalid(&status, &["response"]);
@@ -299,7 +299,7 @@ async fn response_is_at_most_the_configured_limit() {
             .into_inner(),
     );
     client
-        .complete(complete("k", started.lease_token, &[1; 2048]))
+        .complete(complete("k", started.lease_token, &vec![1; 262_144]))
         .await
         .expect("a response at the limit");
 }
