@@ -10,7 +10,7 @@ use crate::domain::Limits;
 use crate::domain::{EventRetention, KeyRetention, LeaseTtl};
 use crate::readiness::ReadinessSettings;
 use crate::reaper::ReaperSettings;
-use crate::store::postgres::PgSettings;
+use crate::store::{StoreLocation, StoreSettings};
 use crate::telemetry::LogFormat;
 
 #[derive(Debug, Parser)]
@@ -47,12 +47,18 @@ impl Cli {
 
 #[derive(Debug, Clone, Args)]
 pub struct DatabaseArgs {
-    /// PostgreSQL URL, e.g. postgres://user@host:5432/idempotency. The database is created if it
-    /// does not exist and the role may create it.
+    /// The store: postgres://user@host:5432/idempotency for PostgreSQL (shared by replicas; the
+    /// database is created if missing and the role may), or sqlite://path for the embedded
+    /// store. Without it, the embedded store at --sqlite-path.
     #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
     pub database_url: Option<String>,
 
-    /// Connections in the pool.
+    /// The embedded store's file when no --database-url is given; it and its folder are
+    /// created if missing. For one instance only.
+    #[arg(long, env = "IDEMPOTENCY_SQLITE_PATH", default_value = crate::store::sqlite::DEFAULT_PATH)]
+    pub sqlite_path: std::path::PathBuf,
+
+    /// Connections in the pool (for SQLite, readers: it always writes through one).
     #[arg(long, env = "IDEMPOTENCY_POOL_SIZE", default_value_t = 16,
           value_parser = clap::value_parser!(u32).range(1..=1000))]
     pub pool_size: u32,
@@ -146,7 +152,7 @@ pub struct SettingError {
 #[derive(Debug, Clone)]
 pub struct Settings {
     pub listen: SocketAddr,
-    pub store: PgSettings,
+    pub store: StoreSettings,
     pub limits: Limits,
     pub readiness: ReadinessSettings,
     pub reaper: ReaperSettings,
@@ -165,15 +171,18 @@ fn nonzero(flag: &'static str, value: Duration) -> Result<Duration, SettingError
 }
 
 impl DatabaseArgs {
-    pub fn store_settings(&self) -> Result<PgSettings, SettingError> {
-        // Optional for clap, which cannot require a flattened argument of the default
-        // subcommand without also requiring it of the others; required here.
-        let url = self.database_url.clone().ok_or(SettingError {
-            flag: "database-url",
-            problem: "is required (or set DATABASE_URL), e.g. postgres://postgres@127.0.0.1:5432/idempotency".into(),
-        })?;
-        Ok(PgSettings {
-            url,
+    pub fn store_settings(&self) -> Result<StoreSettings, SettingError> {
+        let location = match &self.database_url {
+            Some(url) => StoreLocation::from_url(url).map_err(|problem| SettingError {
+                flag: "database-url",
+                problem,
+            })?,
+            None => StoreLocation::Sqlite {
+                path: self.sqlite_path.clone(),
+            },
+        };
+        Ok(StoreSettings {
+            location,
             pool_size: self.pool_size,
             operation_timeout: nonzero("operation-timeout", self.operation_timeout)?,
         })
@@ -282,6 +291,48 @@ mod tests {
             .expect("parses")
             .into_command();
         assert!(matches!(migrate, Command::Migrate(_)));
+    }
+
+    #[test]
+    fn the_url_scheme_selects_the_store() {
+        let settings = |args: &[&str]| {
+            let Command::Serve(serve) = Cli::try_parse_from(args).expect("parses").into_command()
+            else {
+                panic!("expected serve");
+            };
+            serve.settings()
+        };
+        let embedded = settings(&["x"]).expect("valid");
+        assert_eq!(
+            embedded.store.location,
+            StoreLocation::Sqlite {
+                path: "./data/coordinator.db".into()
+            }
+        );
+        let custom = settings(&["x", "--sqlite-path", "/tmp/c.db"]).expect("valid");
+        assert_eq!(
+            custom.store.location,
+            StoreLocation::Sqlite {
+                path: "/tmp/c.db".into()
+            }
+        );
+        let sqlite = settings(&["x", "--database-url", "sqlite:///var/lib/c.db"]).expect("valid");
+        assert_eq!(
+            sqlite.store.location,
+            StoreLocation::Sqlite {
+                path: "/var/lib/c.db".into()
+            }
+        );
+        for url in ["postgres://u@h/d", "postgresql://u@h/d"] {
+            let postgres = settings(&["x", "--database-url", url]).expect("valid");
+            assert!(matches!(
+                postgres.store.location,
+                StoreLocation::Postgres { .. }
+            ));
+        }
+        let error = settings(&["x", "--database-url", "mysql://u@h/d"]).expect_err("refused");
+        assert_eq!(error.flag, "database-url");
+        assert!(error.problem.contains("postgres://"), "{}", error.problem);
     }
 
     #[test]

@@ -5,7 +5,7 @@ use std::process::ExitCode;
 use anyhow::Context;
 use clap::Parser;
 use idempotency_coordinator::config::{Cli, Command};
-use idempotency_coordinator::store::{PgStore, Store};
+use idempotency_coordinator::store::{AnyStore, Store};
 use idempotency_coordinator::{Application, shutdown, telemetry};
 use tokio_util::sync::CancellationToken;
 
@@ -31,14 +31,13 @@ async fn run(command: Command) -> anyhow::Result<()> {
         Command::Serve(args) => {
             let settings = args.settings()?;
             let app = Application::build(settings).await?;
-            tracing::info!(address = %app.local_addr(), "listening");
+            tracing::info!(address = %app.local_addr(), store = app.store().backend(), "listening");
             let shutdown = CancellationToken::new();
             shutdown::cancel_on_signal(shutdown.clone()).context("installing signal handlers")?;
             app.run_until_stopped(shutdown).await?;
         }
         Command::Migrate(args) => {
-            let store = PgStore::connect_lazy(&args.database.store_settings()?)
-                .context("the database URL is not valid")?;
+            let store = AnyStore::open_lazy(&args.database.store_settings()?)?;
             store.migrate().await.context("migrating")?;
             tracing::info!("schema migrations applied");
             store.close().await;

@@ -21,15 +21,15 @@ use crate::grpc;
 use crate::health::HealthState;
 use crate::readiness;
 use crate::reaper;
-use crate::store::{PgStore, Store};
+use crate::store::{AnyStore, OpenError, Store};
 
 /// How long past the grace period the process may take to let go of what is left.
 const EXIT_MARGIN: Duration = Duration::from_secs(1);
 
 #[derive(Debug, thiserror::Error)]
 pub enum StartupError {
-    #[error("the database URL is not valid")]
-    DatabaseUrl(#[source] sqlx::Error),
+    #[error(transparent)]
+    Store(#[from] OpenError),
     #[error("could not listen on {address}")]
     Bind {
         address: SocketAddr,
@@ -43,7 +43,9 @@ pub enum StartupError {
 pub struct Application {
     listener: TcpListener,
     local_addr: SocketAddr,
-    store: PgStore,
+    store: AnyStore,
+    /// Every store operation in flight, including those whose callers have hung up.
+    store_work: TaskTracker,
     settings: Settings,
 }
 
@@ -51,7 +53,7 @@ impl Application {
     /// Binds the listener and prepares the store without connecting to it: the service starts,
     /// and reports NOT_SERVING, while the database is still unreachable.
     pub async fn build(settings: Settings) -> Result<Self, StartupError> {
-        let store = PgStore::connect_lazy(&settings.store).map_err(StartupError::DatabaseUrl)?;
+        let store = AnyStore::open_lazy(&settings.store)?;
         let bind_error = |source| StartupError::Bind {
             address: settings.listen,
             source,
@@ -64,6 +66,7 @@ impl Application {
             listener,
             local_addr,
             store,
+            store_work: TaskTracker::new(),
             settings,
         })
     }
@@ -73,19 +76,24 @@ impl Application {
         self.local_addr
     }
 
-    pub fn store(&self) -> &PgStore {
+    pub fn store(&self) -> &AnyStore {
         &self.store
+    }
+
+    /// The store operations in flight (a handle that stays valid while the service runs).
+    pub fn store_work(&self) -> TaskTracker {
+        self.store_work.clone()
     }
 
     pub async fn run_until_stopped(self, shutdown: CancellationToken) -> Result<(), StartupError> {
         let Self {
             listener,
             store,
+            store_work,
             settings,
             ..
         } = self;
         let health = HealthState::new();
-        let store_work = TaskTracker::new();
         let coordinator = Coordinator::new(
             store.clone(),
             store_work.clone(),

@@ -3,6 +3,8 @@
 
 pub mod values;
 
+use std::time::Duration;
+
 use chrono::{DateTime, Utc};
 
 pub use values::{
@@ -148,29 +150,134 @@ pub enum Rejection {
     AlreadyCompleted,
 }
 
-/// A live key as it stands after TryStart's statement ran, plus whether that statement handed
-/// out a new token (a fresh claim or a takeover).
-#[derive(Debug, Clone)]
-pub struct ClaimedRecord {
-    pub newly_claimed: bool,
+/// A key as the store holds it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeyRecord {
+    pub fingerprint: Vec<u8>,
     pub lease_token: LeaseToken,
     pub attempt: u32,
     pub attempt_id: Option<String>,
     pub lease_expires_at: Instant,
-    pub fingerprint: Vec<u8>,
     pub checkpoint: Option<Vec<u8>>,
     pub response: Option<Vec<u8>>,
     pub completed_at: Option<Instant>,
+    /// The retention the current claim asked for: a Complete without its own keeps the key this
+    /// long after completion.
+    pub retention: Duration,
     pub expires_at: Instant,
 }
 
+impl KeyRecord {
+    /// Whether the key still exists at `now`: past its retention it is absent for every RPC.
+    pub fn is_live(&self, now: Instant) -> bool {
+        self.expires_at > now
+    }
+}
+
+/// What TryStart does to a key, in the contract's order. The PostgreSQL store applies the same
+/// table inside its one statement (`TRY_START`); stores that decide in code call [`claim_action`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ClaimAction {
+    /// Absent or expired: a fresh claim, attempt 1.
+    Fresh,
+    /// Another fingerprint, a completed key, or a lease still running: change nothing, answer.
+    Answer,
+    /// The holder's own attempt_id: the same claim, its lease renewed to the later expiry.
+    Reenter,
+    /// The lease ran out and nobody re-entered: a new token, attempt + 1, checkpoint kept.
+    Takeover,
+}
+
+/// Decides TryStart for the key as it stands at `now`.
+pub fn claim_action(
+    existing: Option<&KeyRecord>,
+    now: Instant,
+    command: &TryStartCommand,
+) -> ClaimAction {
+    let Some(key) = existing.filter(|key| key.is_live(now)) else {
+        return ClaimAction::Fresh;
+    };
+    if key.fingerprint != command.fingerprint.as_bytes() || key.completed_at.is_some() {
+        return ClaimAction::Answer;
+    }
+    let same_attempt = matches!(
+        (&command.attempt_id, &key.attempt_id),
+        (Some(requested), Some(held)) if requested.as_str() == held
+    );
+    if same_attempt {
+        ClaimAction::Reenter
+    } else if key.lease_expires_at > now {
+        ClaimAction::Answer
+    } else {
+        ClaimAction::Takeover
+    }
+}
+
+fn later(a: Instant, b: Instant) -> Instant {
+    a.max(b)
+}
+
+fn plus(instant: Instant, duration: Duration) -> Instant {
+    chrono::Duration::from_std(duration)
+        .ok()
+        .and_then(|d| instant.checked_add_signed(d))
+        .unwrap_or(DateTime::<Utc>::MAX_UTC)
+}
+
+/// The key after TryStart applied `action` at `now`. `new_token` is used by a fresh claim and a
+/// takeover; an answer leaves the key as it was.
+pub fn claimed_record(
+    existing: Option<KeyRecord>,
+    action: ClaimAction,
+    now: Instant,
+    command: &TryStartCommand,
+    new_token: LeaseToken,
+) -> Option<KeyRecord> {
+    let lease_end = plus(now, command.lease_ttl.get());
+    // Retention is stretched, not refused, to cover the lease.
+    let retention_end = plus(now, command.retention.get().max(command.lease_ttl.get()));
+    let attempt_id = command.attempt_id.as_ref().map(|a| a.as_str().to_owned());
+    match (action, existing) {
+        (ClaimAction::Fresh, _) => Some(KeyRecord {
+            fingerprint: command.fingerprint.as_bytes().to_vec(),
+            lease_token: new_token,
+            attempt: 1,
+            attempt_id,
+            lease_expires_at: lease_end,
+            checkpoint: None,
+            response: None,
+            completed_at: None,
+            retention: command.retention.get(),
+            expires_at: retention_end,
+        }),
+        (ClaimAction::Takeover, Some(old)) => Some(KeyRecord {
+            lease_token: new_token,
+            attempt: old.attempt.saturating_add(1),
+            attempt_id,
+            lease_expires_at: lease_end,
+            retention: command.retention.get(),
+            expires_at: later(old.expires_at, retention_end),
+            ..old
+        }),
+        (ClaimAction::Reenter, Some(old)) => {
+            let lease_expires_at = later(old.lease_expires_at, lease_end);
+            Some(KeyRecord {
+                lease_expires_at,
+                expires_at: later(old.expires_at, lease_expires_at),
+                ..old
+            })
+        }
+        (_, existing) => existing,
+    }
+}
+
 impl TryStartOutcome {
-    /// Reads TryStart's answer off the row its one statement left behind. The statement has
-    /// already applied the contract's order (absent or expired, fingerprint, completed,
-    /// attempt_id, running lease, takeover); this repeats the same order on the result, which is
-    /// unambiguous because a new token is issued exactly when the caller got a new claim.
-    pub fn from_record(record: ClaimedRecord, command: &TryStartCommand) -> Self {
-        let started = |record: ClaimedRecord| {
+    /// Reads TryStart's answer off the key as TryStart left it. The store has already applied
+    /// the contract's order (absent or expired, fingerprint, completed, attempt_id, running
+    /// lease, takeover); this repeats the same order on the result, which is unambiguous because
+    /// a new token is issued exactly when the caller got a new claim (`newly_claimed`).
+    pub fn from_record(record: KeyRecord, newly_claimed: bool, command: &TryStartCommand) -> Self {
+        let started = |record: KeyRecord| {
             Self::Started(Claim {
                 lease_token: record.lease_token,
                 lease_expires_at: record.lease_expires_at,
@@ -178,7 +285,7 @@ impl TryStartOutcome {
                 checkpoint: record.checkpoint,
             })
         };
-        if record.newly_claimed {
+        if newly_claimed {
             return started(record);
         }
         if record.fingerprint != command.fingerprint.as_bytes() {
@@ -216,6 +323,27 @@ pub struct GuardedKey {
     pub completion: Option<Completion>,
     /// For Complete: whether the stored response equals the one offered.
     pub same_response: bool,
+}
+
+impl GuardedKey {
+    /// What a guarded write on `record` judges by, at `now`: nothing when the key has expired.
+    /// `offered_response` is compared for Complete only.
+    pub fn judge(
+        record: Option<&KeyRecord>,
+        now: Instant,
+        offered_response: Option<&[u8]>,
+    ) -> Option<Self> {
+        let record = record.filter(|record| record.is_live(now))?;
+        Some(Self {
+            lease_token: record.lease_token,
+            completion: record.completed_at.map(|completed_at| Completion {
+                completed_at,
+                expires_at: record.expires_at,
+            }),
+            same_response: offered_response.is_some()
+                && record.response.as_deref() == offered_response,
+        })
+    }
 }
 
 /// Why a Complete, Release or ExtendLease guarded on `token` did not apply, in the contract's
@@ -260,10 +388,9 @@ mod tests {
         }
     }
 
-    fn record(newly_claimed: bool, attempt_id: Option<&str>, completed: bool) -> ClaimedRecord {
+    fn record(attempt_id: Option<&str>, completed: bool) -> KeyRecord {
         let now = Utc::now();
-        ClaimedRecord {
-            newly_claimed,
+        KeyRecord {
             lease_token: LeaseToken::from_stored(9),
             attempt: 2,
             attempt_id: attempt_id.map(str::to_owned),
@@ -272,14 +399,16 @@ mod tests {
             checkpoint: Some(b"cp".to_vec()),
             response: completed.then(|| b"resp".to_vec()),
             completed_at: completed.then_some(now),
-            expires_at: now,
+            retention: Duration::from_secs(60),
+            expires_at: now + chrono::Duration::hours(1),
         }
     }
 
     #[test]
     fn fingerprint_mismatch_wins_over_attempt_id() {
         let outcome = TryStartOutcome::from_record(
-            record(false, Some("a"), false),
+            record(Some("a"), false),
+            false,
             &command(b"other", Some("a")),
         );
         assert_eq!(outcome, TryStartOutcome::FingerprintMismatch);
@@ -288,7 +417,8 @@ mod tests {
     #[test]
     fn completed_wins_over_attempt_id() {
         let outcome = TryStartOutcome::from_record(
-            record(false, Some("a"), true),
+            record(Some("a"), true),
+            false,
             &command(b"fp", Some("a")),
         );
         assert_eq!(outcome.name(), "completed");
@@ -297,7 +427,8 @@ mod tests {
     #[test]
     fn same_attempt_id_is_started_with_the_same_token() {
         let outcome = TryStartOutcome::from_record(
-            record(false, Some("a"), false),
+            record(Some("a"), false),
+            false,
             &command(b"fp", Some("a")),
         );
         match outcome {
@@ -310,14 +441,78 @@ mod tests {
     fn other_attempt_ids_and_none_are_in_progress() {
         for attempt_id in [Some("b"), None] {
             let outcome = TryStartOutcome::from_record(
-                record(false, Some("a"), false),
+                record(Some("a"), false),
+                false,
                 &command(b"fp", attempt_id),
             );
             assert_eq!(outcome.name(), "in_progress");
         }
         let outcome =
-            TryStartOutcome::from_record(record(false, None, false), &command(b"fp", None));
+            TryStartOutcome::from_record(record(None, false), false, &command(b"fp", None));
         assert_eq!(outcome.name(), "in_progress");
+    }
+
+    #[test]
+    fn claim_actions_follow_the_contract_order() {
+        let now = Utc::now();
+        let past = now - chrono::Duration::seconds(1);
+        let live = |lease_expires_at, attempt_id: Option<&str>, completed| KeyRecord {
+            lease_expires_at,
+            ..record(attempt_id, completed)
+        };
+        let cmd = command(b"fp", Some("a"));
+        assert_eq!(claim_action(None, now, &cmd), ClaimAction::Fresh);
+        let expired = KeyRecord {
+            expires_at: now,
+            ..record(Some("a"), true)
+        };
+        assert_eq!(claim_action(Some(&expired), now, &cmd), ClaimAction::Fresh);
+        let other = command(b"other", Some("a"));
+        assert_eq!(
+            claim_action(Some(&live(now, Some("a"), false)), now, &other),
+            ClaimAction::Answer
+        );
+        assert_eq!(
+            claim_action(Some(&live(past, Some("a"), true)), now, &cmd),
+            ClaimAction::Answer
+        );
+        assert_eq!(
+            claim_action(Some(&live(past, Some("a"), false)), now, &cmd),
+            ClaimAction::Reenter
+        );
+        let running = now + chrono::Duration::seconds(5);
+        assert_eq!(
+            claim_action(Some(&live(running, Some("b"), false)), now, &cmd),
+            ClaimAction::Answer
+        );
+        assert_eq!(
+            claim_action(Some(&live(past, Some("b"), false)), now, &cmd),
+            ClaimAction::Takeover
+        );
+    }
+
+    #[test]
+    fn a_takeover_keeps_the_checkpoint_and_the_later_expiry() {
+        let now = Utc::now();
+        let old = KeyRecord {
+            lease_expires_at: now - chrono::Duration::seconds(1),
+            expires_at: now + chrono::Duration::days(2),
+            ..record(Some("old"), false)
+        };
+        let cmd = command(b"fp", Some("new"));
+        let taken = claimed_record(
+            Some(old.clone()),
+            ClaimAction::Takeover,
+            now,
+            &cmd,
+            LeaseToken::from_stored(10),
+        )
+        .expect("a record");
+        assert_eq!(taken.attempt, 3);
+        assert_eq!(taken.checkpoint, old.checkpoint);
+        assert_eq!(taken.expires_at, old.expires_at);
+        assert_eq!(taken.attempt_id.as_deref(), Some("new"));
+        assert_eq!(taken.lease_token.get(), 10);
     }
 
     #[test]

@@ -3,8 +3,11 @@
 
 mod error;
 pub mod postgres;
+pub mod sqlite;
 
 use std::future::Future;
+use std::path::PathBuf;
+use std::time::Duration;
 
 use crate::domain::{
     CompleteCommand, Completion, ExtendLeaseCommand, Instant, KeyState, LookupQuery,
@@ -14,6 +17,7 @@ use crate::domain::{
 
 pub use error::StoreError;
 pub use postgres::PgStore;
+pub use sqlite::SqliteStore;
 
 /// The operations of the contract on one shared store. Each state change is atomic, and every
 /// instant it computes comes from the store's own clock.
@@ -72,4 +76,153 @@ pub trait Store: Clone + Send + Sync + 'static {
 
     /// Closes the store's connections once the operations in flight have ended.
     fn close(&self) -> impl Future<Output = ()> + Send;
+}
+
+/// Where the data lives.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StoreLocation {
+    /// A PostgreSQL database, shared by any number of replicas.
+    Postgres { url: String },
+    /// A SQLite file, for one instance.
+    Sqlite { path: PathBuf },
+}
+
+impl StoreLocation {
+    /// `postgres://` (or `postgresql://`) selects PostgreSQL and `sqlite://` SQLite; anything
+    /// else is refused with a message saying what is accepted.
+    pub fn from_url(url: &str) -> Result<Self, String> {
+        if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+            return Ok(Self::Postgres {
+                url: url.to_owned(),
+            });
+        }
+        if url.starts_with("sqlite://") {
+            return SqliteStore::path_from_url(url)
+                .map(|path| Self::Sqlite { path })
+                .ok_or_else(|| {
+                    "a sqlite:// URL needs a file path, e.g. sqlite://./data/coordinator.db"
+                        .to_owned()
+                });
+        }
+        Err("must start with postgres:// (PostgreSQL) or sqlite:// (the embedded store)".to_owned())
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct StoreSettings {
+    pub location: StoreLocation,
+    /// Connections in the pool (SQLite: readers; its writer is always one).
+    pub pool_size: u32,
+    /// The budget of one store operation.
+    pub operation_timeout: Duration,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum OpenError {
+    #[error("the database URL is not valid")]
+    Postgres(#[source] sqlx::Error),
+    #[error("could not create the folder for the SQLite file")]
+    SqliteFolder(#[source] std::io::Error),
+}
+
+/// The store a deployment runs on, chosen by its settings.
+#[derive(Debug, Clone)]
+pub enum AnyStore {
+    Postgres(PgStore),
+    Sqlite(SqliteStore),
+}
+
+impl AnyStore {
+    /// Prepares the store without connecting to it.
+    pub fn open_lazy(settings: &StoreSettings) -> Result<Self, OpenError> {
+        match &settings.location {
+            StoreLocation::Postgres { url } => PgStore::connect_lazy(&postgres::PgSettings {
+                url: url.clone(),
+                pool_size: settings.pool_size,
+                operation_timeout: settings.operation_timeout,
+            })
+            .map(Self::Postgres)
+            .map_err(OpenError::Postgres),
+            StoreLocation::Sqlite { path } => SqliteStore::open_lazy(&sqlite::SqliteSettings {
+                path: path.clone(),
+                pool_size: settings.pool_size,
+                operation_timeout: settings.operation_timeout,
+            })
+            .map(Self::Sqlite)
+            .map_err(OpenError::SqliteFolder),
+        }
+    }
+
+    /// `postgres` or `sqlite`, for logs.
+    pub fn backend(&self) -> &'static str {
+        match self {
+            Self::Postgres(_) => "postgres",
+            Self::Sqlite(_) => "sqlite",
+        }
+    }
+}
+
+/// Calls the same method on whichever store this is.
+macro_rules! delegate {
+    ($self:ident, $store:ident => $call:expr) => {
+        match $self {
+            AnyStore::Postgres($store) => $call.await,
+            AnyStore::Sqlite($store) => $call.await,
+        }
+    };
+}
+
+impl Store for AnyStore {
+    async fn try_start(&self, command: TryStartCommand) -> Result<TryStartOutcome, StoreError> {
+        delegate!(self, store => store.try_start(command))
+    }
+
+    async fn complete(
+        &self,
+        command: CompleteCommand,
+    ) -> Result<Result<Completion, Rejection>, StoreError> {
+        delegate!(self, store => store.complete(command))
+    }
+
+    async fn release(&self, command: ReleaseCommand) -> Result<Result<(), Rejection>, StoreError> {
+        delegate!(self, store => store.release(command))
+    }
+
+    async fn extend_lease(
+        &self,
+        command: ExtendLeaseCommand,
+    ) -> Result<Result<Instant, Rejection>, StoreError> {
+        delegate!(self, store => store.extend_lease(command))
+    }
+
+    async fn lookup(&self, query: LookupQuery) -> Result<KeyState, StoreError> {
+        delegate!(self, store => store.lookup(query))
+    }
+
+    async fn mark_processed(
+        &self,
+        command: MarkProcessedCommand,
+    ) -> Result<Vec<ProcessedEvent>, StoreError> {
+        delegate!(self, store => store.mark_processed(command))
+    }
+
+    async fn reap_expired_keys(&self, limit: u32) -> Result<u64, StoreError> {
+        delegate!(self, store => store.reap_expired_keys(limit))
+    }
+
+    async fn reap_expired_events(&self, limit: u32) -> Result<u64, StoreError> {
+        delegate!(self, store => store.reap_expired_events(limit))
+    }
+
+    async fn migrate(&self) -> Result<(), StoreError> {
+        delegate!(self, store => store.migrate())
+    }
+
+    async fn probe(&self) -> Result<(), StoreError> {
+        delegate!(self, store => store.probe())
+    }
+
+    async fn close(&self) {
+        delegate!(self, store => store.close())
+    }
 }

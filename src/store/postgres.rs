@@ -9,6 +9,7 @@
 //! that expired, and that others saw absent, while it waited. Plain reads (Lookup) use `now()`,
 //! the instant of their snapshot.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use sqlx::migrate::{MigrateDatabase, Migrator};
@@ -17,7 +18,7 @@ use sqlx::{FromRow, PgPool, Postgres};
 
 use super::{Store, StoreError};
 use crate::domain::{
-    ClaimedRecord, CompleteCommand, Completion, ExtendLeaseCommand, GuardedKey, Instant, KeyState,
+    CompleteCommand, Completion, ExtendLeaseCommand, GuardedKey, Instant, KeyRecord, KeyState,
     LeaseToken, LookupQuery, MarkProcessedCommand, ProcessedEvent, Rejection, ReleaseCommand,
     TryStartCommand, TryStartOutcome, classify_refusal,
 };
@@ -44,7 +45,7 @@ pub struct PgStore {
     /// look like an unreachable database.
     probe_pool: PgPool,
     /// For migrations, which run on a connection of their own without a statement timeout.
-    migration_options: PgConnectOptions,
+    migration_options: Arc<PgConnectOptions>,
     url: String,
 }
 
@@ -82,7 +83,7 @@ impl PgStore {
         Ok(Self {
             pool,
             probe_pool,
-            migration_options,
+            migration_options: Arc::new(migration_options),
             url: settings.url.clone(),
         })
     }
@@ -174,6 +175,7 @@ struct TryStartRow {
     checkpoint: Option<Vec<u8>>,
     response: Option<Vec<u8>>,
     completed_at: Option<Instant>,
+    retention_us: i64,
     expires_at: Instant,
 }
 
@@ -182,26 +184,28 @@ fn attempt_number(stored: i32) -> u32 {
     u32::try_from(stored).unwrap_or(0)
 }
 
-impl From<TryStartRow> for ClaimedRecord {
-    fn from(row: TryStartRow) -> Self {
-        Self {
-            newly_claimed: row.newly_claimed,
-            lease_token: LeaseToken::from_stored(row.lease_token),
-            attempt: attempt_number(row.attempt),
-            attempt_id: row.attempt_id,
-            lease_expires_at: row.lease_expires_at,
-            fingerprint: row.fingerprint,
-            checkpoint: row.checkpoint,
-            response: row.response,
-            completed_at: row.completed_at,
-            expires_at: row.expires_at,
-        }
+impl TryStartRow {
+    fn into_record(self) -> (KeyRecord, bool) {
+        let record = KeyRecord {
+            fingerprint: self.fingerprint,
+            lease_token: LeaseToken::from_stored(self.lease_token),
+            attempt: attempt_number(self.attempt),
+            attempt_id: self.attempt_id,
+            lease_expires_at: self.lease_expires_at,
+            checkpoint: self.checkpoint,
+            response: self.response,
+            completed_at: self.completed_at,
+            retention: std::time::Duration::from_micros(self.retention_us.unsigned_abs()),
+            expires_at: self.expires_at,
+        };
+        (record, self.newly_claimed)
     }
 }
 
 /// TryStart as one statement. The proposed row always carries a freshly drawn token; on
 /// conflict, `action` applies the contract's order to the existing row, as it stands once its
-/// lock is held and by the clock read at that moment (`t.at`):
+/// lock is held and by the clock read at that moment (`t.at`). It is the table of
+/// `domain::claim_action` and `domain::claimed_record`, in SQL:
 ///
 /// - `fresh`: the row's retention is over, so the key is absent: claim it anew (attempt 1).
 /// - `none`: another fingerprint, a completed key, or a lease still running: change nothing.
@@ -262,7 +266,7 @@ ON CONFLICT (namespace, key) DO UPDATE SET
         END AS action) AS t)
 RETURNING k.lease_token = (SELECT value FROM new_token) AS newly_claimed,
           k.lease_token, k.attempt, k.attempt_id, k.lease_expires_at, k.fingerprint,
-          k.checkpoint, k.response, k.completed_at, k.expires_at
+          k.checkpoint, k.response, k.completed_at, k.retention_us, k.expires_at
 "#;
 
 /// The key's row, locked before anything is judged. Complete, Release and ExtendLease decide on
@@ -525,7 +529,12 @@ impl Store for PgStore {
                 .fetch_one(&self.pool)
         })
         .await?;
-        Ok(TryStartOutcome::from_record(row.into(), &command))
+        let (record, newly_claimed) = row.into_record();
+        Ok(TryStartOutcome::from_record(
+            record,
+            newly_claimed,
+            &command,
+        ))
     }
 
     async fn complete(
@@ -702,7 +711,7 @@ impl Store for PgStore {
         // A connection of its own, without the statement timeout: a migration may take long.
         let connection = PgPoolOptions::new()
             .max_connections(1)
-            .connect_with(self.migration_options.clone())
+            .connect_with(PgConnectOptions::clone(&self.migration_options))
             .await
             .map_err(classify)?;
         let migrated = MIGRATOR.run(&connection).await;

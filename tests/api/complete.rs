@@ -5,9 +5,8 @@ use tonic::Code;
 
 use crate::support::*;
 
-#[tokio::test]
-async fn complete_stores_the_response_for_the_retention_the_key_was_claimed_with() {
-    let app = TestApp::spawn().await;
+async fn complete_stores_the_response_for_the_retention_the_key_was_claimed_with(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
     let mut client = app.client().await;
     let key = unique_key("complete");
     let started = claim(
@@ -46,9 +45,8 @@ async fn complete_stores_the_response_for_the_retention_the_key_was_claimed_with
     }
 }
 
-#[tokio::test]
-async fn complete_with_its_own_retention_counts_it_from_completion() {
-    let app = TestApp::spawn().await;
+async fn complete_with_its_own_retention_counts_it_from_completion(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
     let mut client = app.client().await;
     let key = unique_key("complete-retention");
     let started = claim(&mut client, try_start(&key)).await;
@@ -66,9 +64,10 @@ async fn complete_with_its_own_retention_counts_it_from_completion() {
     );
 }
 
-#[tokio::test]
-async fn a_repeated_complete_with_the_same_response_succeeds_with_the_same_timestamps() {
-    let app = TestApp::spawn().await;
+async fn a_repeated_complete_with_the_same_response_succeeds_with_the_same_timestamps(
+    backend: Backend,
+) {
+    let app = TestApp::spawn(backend).await;
     let mut client = app.client().await;
     let key = unique_key("complete-twice");
     let started = claim(&mut client, try_start(&key)).await;
@@ -89,9 +88,10 @@ async fn a_repeated_complete_with_the_same_response_succeeds_with_the_same_times
     assert_eq!(first, second);
 }
 
-#[tokio::test]
-async fn complete_with_another_response_fails_already_completed_and_keeps_the_first() {
-    let app = TestApp::spawn().await;
+async fn complete_with_another_response_fails_already_completed_and_keeps_the_first(
+    backend: Backend,
+) {
+    let app = TestApp::spawn(backend).await;
     let mut client = app.client().await;
     let key = unique_key("complete-other");
     let started = claim(&mut client, try_start(&key)).await;
@@ -114,9 +114,8 @@ async fn complete_with_another_response_fails_already_completed_and_keeps_the_fi
     assert_eq!(replay.response, b"first");
 }
 
-#[tokio::test]
-async fn complete_of_an_absent_key_is_key_not_found() {
-    let app = TestApp::spawn().await;
+async fn complete_of_an_absent_key_is_key_not_found(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
     let mut client = app.client().await;
     let status = client
         .complete(complete(&unique_key("never"), 1, b"x"))
@@ -130,9 +129,8 @@ async fn complete_of_an_absent_key_is_key_not_found() {
     );
 }
 
-#[tokio::test]
-async fn complete_with_a_token_that_is_not_the_holders_is_lease_lost() {
-    let app = TestApp::spawn().await;
+async fn complete_with_a_token_that_is_not_the_holders_is_lease_lost(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
     let mut client = app.client().await;
     let key = unique_key("wrong-token");
     let started = claim(&mut client, try_start(&key)).await;
@@ -150,9 +148,8 @@ async fn complete_with_a_token_that_is_not_the_holders_is_lease_lost() {
     );
 }
 
-#[tokio::test]
-async fn a_holder_whose_lease_ran_out_but_was_not_replaced_may_still_complete() {
-    let app = TestApp::spawn().await;
+async fn a_holder_whose_lease_ran_out_but_was_not_replaced_may_still_complete(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
     let mut client = app.client().await;
     let key = unique_key("late-complete");
     let started = claim(
@@ -178,9 +175,8 @@ async fn a_holder_whose_lease_ran_out_but_was_not_replaced_may_still_complete() 
     assert_eq!(replay.response, b"late but fine");
 }
 
-#[tokio::test]
-async fn completion_drops_the_checkpoint() {
-    let app = TestApp::spawn().await;
+async fn completion_drops_the_checkpoint(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
     let mut client = app.client().await;
     let key = unique_key("drop-checkpoint");
     let started = claim(&mut client, try_start(&key)).await;
@@ -197,18 +193,11 @@ async fn completion_drops_the_checkpoint() {
         .complete(complete(&key, started.lease_token, b"done"))
         .await
         .expect("Complete");
-    let (checkpoint,): (Option<Vec<u8>>,) =
-        sqlx::query_as("SELECT checkpoint FROM idempotency_keys WHERE key = $1")
-            .bind(&key)
-            .fetch_one(&app.pool)
-            .await
-            .expect("read the row");
-    assert_eq!(checkpoint, None);
+    assert_eq!(app.database.key_checkpoint(&key).await, None);
 }
 
-#[tokio::test]
-async fn an_empty_response_is_a_response() {
-    let app = TestApp::spawn().await;
+async fn an_empty_response_is_a_response(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
     let mut client = app.client().await;
     let key = unique_key("empty-response");
     let started = claim(&mut client, try_start(&key)).await;
@@ -231,9 +220,8 @@ async fn an_empty_response_is_a_response() {
         .expect("repeated empty Complete");
 }
 
-#[tokio::test]
-async fn the_default_key_retention_is_24_hours() {
-    let app = TestApp::spawn().await;
+async fn the_default_key_retention_is_24_hours(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
     let mut client = app.client().await;
     let key = unique_key("default-retention");
     let started = claim(&mut client, try_start(&key)).await;
@@ -248,9 +236,8 @@ async fn the_default_key_retention_is_24_hours() {
     );
 }
 
-#[tokio::test]
-async fn complete_without_retention_after_a_takeover_keeps_the_takers_retention() {
-    let app = TestApp::spawn().await;
+async fn complete_without_retention_after_a_takeover_keeps_the_takers_retention(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
     let mut client = app.client().await;
     let key = unique_key("taker-retention");
     claim(
@@ -282,9 +269,8 @@ async fn complete_without_retention_after_a_takeover_keeps_the_takers_retention(
     );
 }
 
-#[tokio::test]
-async fn a_token_from_an_expired_life_of_the_key_is_lease_lost() {
-    let app = TestApp::spawn().await;
+async fn a_token_from_an_expired_life_of_the_key_is_lease_lost(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
     let mut client = app.client().await;
     let key = unique_key("past-life");
     let old = claim(
@@ -323,9 +309,8 @@ async fn a_token_from_an_expired_life_of_the_key_is_lease_lost() {
     assert_error(&status, Code::Aborted, "LEASE_LOST");
 }
 
-#[tokio::test]
-async fn concurrent_completes_by_the_holder_store_exactly_one_response() {
-    let app = TestApp::spawn().await;
+async fn concurrent_completes_by_the_holder_store_exactly_one_response(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
     let client = app.client().await;
     let mut setup = client.clone();
     let key = unique_key("complete-race");
@@ -372,9 +357,8 @@ async fn concurrent_completes_by_the_holder_store_exactly_one_response() {
     }
 }
 
-#[tokio::test]
-async fn complete_racing_release_has_exactly_one_winner() {
-    let app = TestApp::spawn().await;
+async fn complete_racing_release_has_exactly_one_winner(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
     let client = app.client().await;
     for round in 0..10 {
         let key = unique_key(&format!("complete-release-{round}"));
@@ -424,12 +408,10 @@ fn holders_call(kind: &str, client: &Client, key: &str, token: u64) -> Call {
     }
 }
 
-#[tokio::test]
-async fn a_write_that_waited_while_the_key_expired_is_key_not_found() {
-    let app = TestApp::spawn().await;
+async fn a_write_that_waited_while_the_key_expired_is_key_not_found(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
     let mut client = app.client().await;
-    let mut waiting = Vec::new();
-    let mut locks = Vec::new();
+    let mut claimed = Vec::new();
     for kind in ["Complete", "Release", "ExtendLease"] {
         let key = unique_key(kind);
         let started = claim(
@@ -441,25 +423,26 @@ async fn a_write_that_waited_while_the_key_expired_is_key_not_found() {
             },
         )
         .await;
-        locks.push(lock_key(&app.database.url, &key).await);
-        let call = holders_call(kind, &client, &key, started.lease_token);
-        waiting.push((kind, key, tokio::spawn(call)));
+        claimed.push((kind, key, started.lease_token));
     }
-    wait_for_blocked_statements(&app.pool, 3).await;
-    let (latest_expiry,): (chrono::DateTime<chrono::Utc>,) =
-        sqlx::query_as("SELECT max(expires_at) FROM idempotency_keys")
-            .fetch_one(&app.pool)
-            .await
-            .expect("read the rows");
+    let keys: Vec<&str> = claimed.iter().map(|(_, key, _)| key.as_str()).collect();
+    let hold = app.database.hold_keys(&keys).await;
+    let waiting: Vec<_> = claimed
+        .iter()
+        .map(|(kind, key, token)| {
+            let call = holders_call(kind, &client, key, *token);
+            (*kind, key.clone(), tokio::spawn(call))
+        })
+        .collect();
+    app.wait_for_blocked(3).await;
+    let latest_expiry = app.database.latest_key_expiry().await;
     eventually(
         std::time::Duration::from_secs(5),
         "the keys expired",
         || async { app.db_now().await > latest_expiry },
     )
     .await;
-    for lock in locks {
-        unlock(lock).await;
-    }
+    hold.release().await;
 
     // Each call waited for its row while the key expired; it must judge the key as it is once
     // it holds the row (absent), not as it was when the call began.
@@ -478,3 +461,21 @@ async fn a_write_that_waited_while_the_key_expired_is_key_not_found() {
         ));
     }
 }
+
+for_each_backend!(
+    complete_stores_the_response_for_the_retention_the_key_was_claimed_with,
+    complete_with_its_own_retention_counts_it_from_completion,
+    a_repeated_complete_with_the_same_response_succeeds_with_the_same_timestamps,
+    complete_with_another_response_fails_already_completed_and_keeps_the_first,
+    complete_of_an_absent_key_is_key_not_found,
+    complete_with_a_token_that_is_not_the_holders_is_lease_lost,
+    a_holder_whose_lease_ran_out_but_was_not_replaced_may_still_complete,
+    completion_drops_the_checkpoint,
+    an_empty_response_is_a_response,
+    the_default_key_retention_is_24_hours,
+    complete_without_retention_after_a_takeover_keeps_the_takers_retention,
+    a_token_from_an_expired_life_of_the_key_is_lease_lost,
+    concurrent_completes_by_the_holder_store_exactly_one_response,
+    complete_racing_release_has_exactly_one_winner,
+    a_write_that_waited_while_the_key_expired_is_key_not_found,
+);

@@ -3,9 +3,8 @@ use tonic::Code;
 
 use crate::support::*;
 
-#[tokio::test]
-async fn extend_lease_sets_the_lease_to_now_plus_ttl_even_when_that_is_shorter() {
-    let app = TestApp::spawn().await;
+async fn extend_lease_sets_the_lease_to_now_plus_ttl_even_when_that_is_shorter(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
     let mut client = app.client().await;
     let key = unique_key("extend");
     let started = claim(
@@ -46,9 +45,8 @@ async fn extend_lease_sets_the_lease_to_now_plus_ttl_even_when_that_is_shorter()
     assert_eq!(in_progress.lease_expires_at, extended.lease_expires_at);
 }
 
-#[tokio::test]
-async fn extend_lease_without_a_ttl_uses_thirty_seconds() {
-    let app = TestApp::spawn().await;
+async fn extend_lease_without_a_ttl_uses_thirty_seconds(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
     let mut client = app.client().await;
     let key = unique_key("extend-default");
     let started = claim(
@@ -84,9 +82,10 @@ async fn take_over(app: &TestApp, client: &mut Client, key: &str) -> (u64, Optio
     (started.lease_token, started.checkpoint)
 }
 
-#[tokio::test]
-async fn a_checkpoint_is_replaced_when_sent_kept_when_absent_and_emptied_when_empty() {
-    let app = TestApp::spawn().await;
+async fn a_checkpoint_is_replaced_when_sent_kept_when_absent_and_emptied_when_empty(
+    backend: Backend,
+) {
+    let app = TestApp::spawn(backend).await;
     let mut client = app.client().await;
     let key = unique_key("checkpoint");
     let started = claim(
@@ -135,9 +134,8 @@ async fn a_checkpoint_is_replaced_when_sent_kept_when_absent_and_emptied_when_em
     );
 }
 
-#[tokio::test]
-async fn extend_lease_stretches_retention_to_cover_the_lease() {
-    let app = TestApp::spawn().await;
+async fn extend_lease_stretches_retention_to_cover_the_lease(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
     let mut client = app.client().await;
     let key = unique_key("extend-retention");
     let started = claim(
@@ -157,18 +155,12 @@ async fn extend_lease_stretches_retention_to_cover_the_lease() {
         .await
         .expect("ExtendLease")
         .into_inner();
-    let (expires_at,): (chrono::DateTime<chrono::Utc>,) =
-        sqlx::query_as("SELECT expires_at FROM idempotency_keys WHERE key = $1")
-            .bind(&key)
-            .fetch_one(&app.pool)
-            .await
-            .expect("read the row");
+    let expires_at = app.database.key_expires_at(&key).await;
     assert!(expires_at >= instant(&extended.lease_expires_at));
 }
 
-#[tokio::test]
-async fn extend_lease_refusals_follow_the_contract_order() {
-    let app = TestApp::spawn().await;
+async fn extend_lease_refusals_follow_the_contract_order(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
     let mut client = app.client().await;
     let status = client
         .extend_lease(extend(&unique_key("absent"), 3))
@@ -195,9 +187,8 @@ async fn extend_lease_refusals_follow_the_contract_order() {
     assert_error(&status, Code::FailedPrecondition, "ALREADY_COMPLETED");
 }
 
-#[tokio::test]
-async fn a_holder_whose_lease_ran_out_but_was_not_replaced_may_still_extend() {
-    let app = TestApp::spawn().await;
+async fn a_holder_whose_lease_ran_out_but_was_not_replaced_may_still_extend(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
     let mut client = app.client().await;
     let key = unique_key("late-extend");
     let started = claim(
@@ -222,3 +213,12 @@ async fn a_holder_whose_lease_ran_out_but_was_not_replaced_may_still_extend() {
             .into_inner(),
     );
 }
+
+for_each_backend!(
+    extend_lease_sets_the_lease_to_now_plus_ttl_even_when_that_is_shorter,
+    extend_lease_without_a_ttl_uses_thirty_seconds,
+    a_checkpoint_is_replaced_when_sent_kept_when_absent_and_emptied_when_empty,
+    extend_lease_stretches_retention_to_cover_the_lease,
+    extend_lease_refusals_follow_the_contract_order,
+    a_holder_whose_lease_ran_out_but_was_not_replaced_may_still_extend,
+);

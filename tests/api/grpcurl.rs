@@ -6,9 +6,8 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-use crate::support::database::TestDatabase;
-use crate::support::eventually;
 use crate::support::process::ServerProcess;
+use crate::support::{Backend, TestDatabase, eventually, for_each_backend};
 
 fn grpcurl_binary() -> String {
     std::env::var("GRPCURL").unwrap_or_else(|_| "grpcurl".to_owned())
@@ -44,9 +43,8 @@ fn json(answer: &Answer) -> Value {
     serde_json::from_str(&answer.stdout).expect("grpcurl prints JSON")
 }
 
-#[tokio::test]
-async fn grpcurl_lists_describes_and_calls_the_service_through_reflection() {
-    let database = TestDatabase::create().await;
+async fn grpcurl_lists_describes_and_calls_the_service_through_reflection(backend: Backend) {
+    let database = TestDatabase::create(backend).await;
     let server = ServerProcess::start(&database.url, &[]).await;
 
     eventually(
@@ -190,3 +188,5 @@ async fn grpcurl_lists_describes_and_calls_the_service_through_reflection() {
         lost.stderr
     );
 }
+
+for_each_backend!(grpcurl_lists_describes_and_calls_the_service_through_reflection,);

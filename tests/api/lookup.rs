@@ -3,9 +3,8 @@ use idempotency_coordinator::proto::idempotency::v1::lookup_response::State;
 
 use crate::support::*;
 
-#[tokio::test]
-async fn lookup_reports_all_three_states_without_changing_them() {
-    let app = TestApp::spawn().await;
+async fn lookup_reports_all_three_states_without_changing_them(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
     let mut client = app.client().await;
     let key = unique_key("lookup");
 
@@ -71,3 +70,5 @@ async fn lookup_reports_all_three_states_without_changing_them() {
         other => panic!("expected completed, got {other:?}"),
     }
 }
+
+for_each_backend!(lookup_reports_all_three_states_without_changing_them,);

@@ -4,6 +4,7 @@
 mod support;
 
 mod complete;
+mod embedded;
 mod extend_lease;
 mod grpcurl;
 mod health;

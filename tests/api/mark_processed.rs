@@ -4,9 +4,8 @@ use idempotency_coordinator::proto::idempotency::v1::MarkProcessedRequest;
 
 use crate::support::*;
 
-#[tokio::test]
-async fn new_events_are_recorded_and_repeats_report_the_first_processing() {
-    let app = TestApp::spawn().await;
+async fn new_events_are_recorded_and_repeats_report_the_first_processing(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
     let mut client = app.client().await;
     let first = client
         .mark_processed(mark("billing", &["evt-1", "evt-2"]))
@@ -35,9 +34,8 @@ async fn new_events_are_recorded_and_repeats_report_the_first_processing() {
     assert_eq!(second[2].processed_at, first[0].processed_at);
 }
 
-#[tokio::test]
-async fn an_id_twice_in_one_request_is_new_the_first_time_only() {
-    let app = TestApp::spawn().await;
+async fn an_id_twice_in_one_request_is_new_the_first_time_only(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
     let mut client = app.client().await;
     let results = client
         .mark_processed(mark("billing", &["a", "b", "a", "a", "b"]))
@@ -52,9 +50,8 @@ async fn an_id_twice_in_one_request_is_new_the_first_time_only() {
     assert_eq!(app.count_rows("processed_events").await, 2);
 }
 
-#[tokio::test]
-async fn consumers_are_separate_scopes() {
-    let app = TestApp::spawn().await;
+async fn consumers_are_separate_scopes(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
     let mut client = app.client().await;
     client
         .mark_processed(mark("billing", &["evt"]))
@@ -69,9 +66,8 @@ async fn consumers_are_separate_scopes() {
     assert!(!other[0].already_processed);
 }
 
-#[tokio::test]
-async fn a_full_batch_of_a_thousand_ids_is_recorded_at_once() {
-    let app = TestApp::spawn().await;
+async fn a_full_batch_of_a_thousand_ids_is_recorded_at_once(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
     let mut client = app.client().await;
     let ids: Vec<String> = (0..1000).map(|i| format!("event-{i:04}")).collect();
     let request = MarkProcessedRequest {
@@ -101,9 +97,8 @@ async fn a_full_batch_of_a_thousand_ids_is_recorded_at_once() {
     assert!(again.iter().all(|r| r.already_processed));
 }
 
-#[tokio::test]
-async fn concurrent_overlapping_batches_record_each_event_exactly_once() {
-    let app = TestApp::spawn().await;
+async fn concurrent_overlapping_batches_record_each_event_exactly_once(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
     let client = app.client().await;
     // Eight callers mark the same 200 ids, each in its own order.
     let calls = (0..8u64).map(|caller| {
@@ -149,9 +144,8 @@ async fn concurrent_overlapping_batches_record_each_event_exactly_once() {
     );
 }
 
-#[tokio::test]
-async fn marking_again_does_not_renew_retention() {
-    let app = TestApp::spawn().await;
+async fn marking_again_does_not_renew_retention(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
     let mut client = app.client().await;
     client
         .mark_processed(MarkProcessedRequest {
@@ -160,15 +154,7 @@ async fn marking_again_does_not_renew_retention() {
         })
         .await
         .expect("MarkProcessed");
-    let read_expiry = || async {
-        let (expires_at,): (chrono::DateTime<chrono::Utc>,) =
-            sqlx::query_as("SELECT expires_at FROM processed_events WHERE event_id = 'evt'")
-                .fetch_one(&app.pool)
-                .await
-                .expect("read the row");
-        expires_at
-    };
-    let before = read_expiry().await;
+    let before = app.database.event_expires_at("evt").await;
     client
         .mark_processed(MarkProcessedRequest {
             retention: secs(3600),
@@ -176,30 +162,25 @@ async fn marking_again_does_not_renew_retention() {
         })
         .await
         .expect("MarkProcessed");
-    assert_eq!(read_expiry().await, before);
+    assert_eq!(app.database.event_expires_at("evt").await, before);
 }
 
-#[tokio::test]
-async fn the_default_event_retention_is_seven_days() {
-    let app = TestApp::spawn().await;
+async fn the_default_event_retention_is_seven_days(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
     let mut client = app.client().await;
     client
         .mark_processed(mark("billing", &["evt"]))
         .await
         .expect("MarkProcessed");
-    let (retained_secs,): (i64,) = sqlx::query_as(
-        "SELECT extract(epoch FROM expires_at - processed_at)::bigint
-         FROM processed_events WHERE event_id = 'evt'",
-    )
-    .fetch_one(&app.pool)
-    .await
-    .expect("read the row");
-    assert_eq!(retained_secs, 7 * 24 * 3600);
+    let retained =
+        app.database.event_expires_at("evt").await - app.database.event_processed_at("evt").await;
+    assert_eq!(retained, chrono::Duration::days(7));
 }
 
-#[tokio::test]
-async fn duplicates_of_a_live_id_are_all_already_processed_and_of_an_expired_id_new_once() {
-    let app = TestApp::spawn().await;
+async fn duplicates_of_a_live_id_are_all_already_processed_and_of_an_expired_id_new_once(
+    backend: Backend,
+) {
+    let app = TestApp::spawn(backend).await;
     let mut client = app.client().await;
     client
         .mark_processed(MarkProcessedRequest {
@@ -208,15 +189,8 @@ async fn duplicates_of_a_live_id_are_all_already_processed_and_of_an_expired_id_
         })
         .await
         .expect("MarkProcessed");
-    sqlx::query("UPDATE processed_events SET expires_at = now() + interval '1 hour' WHERE event_id = 'live'")
-        .execute(&app.pool)
-        .await
-        .expect("keep one alive");
-    let (expiry,): (chrono::DateTime<chrono::Utc>,) =
-        sqlx::query_as("SELECT expires_at FROM processed_events WHERE event_id = 'expiring'")
-            .fetch_one(&app.pool)
-            .await
-            .expect("read the row");
+    app.database.keep_event_for_an_hour("live").await;
+    let expiry = app.database.event_expires_at("expiring").await;
     eventually(
         std::time::Duration::from_secs(5),
         "one event expired",
@@ -234,3 +208,14 @@ async fn duplicates_of_a_live_id_are_all_already_processed_and_of_an_expired_id_
     assert_eq!(already, [true, false, true, true]);
     assert_eq!(results[1].processed_at, results[3].processed_at);
 }
+
+for_each_backend!(
+    new_events_are_recorded_and_repeats_report_the_first_processing,
+    an_id_twice_in_one_request_is_new_the_first_time_only,
+    consumers_are_separate_scopes,
+    a_full_batch_of_a_thousand_ids_is_recorded_at_once,
+    concurrent_overlapping_batches_record_each_event_exactly_once,
+    marking_again_does_not_renew_retention,
+    the_default_event_retention_is_seven_days,
+    duplicates_of_a_live_id_are_all_already_processed_and_of_an_expired_id_new_once,
+);

@@ -71,16 +71,19 @@ fn assert_complete(services: &[String], files_per_symbol: &[usize]) {
     assert!(files_per_symbol.iter().all(|&n| n > 0));
 }
 
-#[tokio::test]
-async fn reflection_v1_lists_the_services_and_resolves_error_detail_types() {
-    let app = TestApp::spawn().await;
+async fn reflection_v1_lists_the_services_and_resolves_error_detail_types(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
     let (services, files) = reflection_answers!(v1, app);
     assert_complete(&services, &files);
 }
 
-#[tokio::test]
-async fn reflection_v1alpha_lists_the_services_and_resolves_error_detail_types() {
-    let app = TestApp::spawn().await;
+async fn reflection_v1alpha_lists_the_services_and_resolves_error_detail_types(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
     let (services, files) = reflection_answers!(v1alpha, app);
     assert_complete(&services, &files);
 }
+
+for_each_backend!(
+    reflection_v1_lists_the_services_and_resolves_error_detail_types,
+    reflection_v1alpha_lists_the_services_and_resolves_error_detail_types,
+);

@@ -3,9 +3,8 @@ use tonic::Code;
 
 use crate::support::*;
 
-#[tokio::test]
-async fn release_makes_the_key_absent_so_a_retry_starts_fresh() {
-    let app = TestApp::spawn().await;
+async fn release_makes_the_key_absent_so_a_retry_starts_fresh(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
     let mut client = app.client().await;
     let key = unique_key("release");
     let started = claim(&mut client, try_start(&key)).await;
@@ -37,9 +36,10 @@ async fn release_makes_the_key_absent_so_a_retry_starts_fresh() {
     assert_eq!(again.checkpoint, None);
 }
 
-#[tokio::test]
-async fn release_with_a_token_that_is_not_the_holders_is_lease_lost_and_keeps_the_claim() {
-    let app = TestApp::spawn().await;
+async fn release_with_a_token_that_is_not_the_holders_is_lease_lost_and_keeps_the_claim(
+    backend: Backend,
+) {
+    let app = TestApp::spawn(backend).await;
     let mut client = app.client().await;
     let key = unique_key("release-wrong");
     let started = claim(&mut client, try_start(&key)).await;
@@ -57,9 +57,8 @@ async fn release_with_a_token_that_is_not_the_holders_is_lease_lost_and_keeps_th
     );
 }
 
-#[tokio::test]
-async fn release_of_a_completed_key_is_already_completed() {
-    let app = TestApp::spawn().await;
+async fn release_of_a_completed_key_is_already_completed(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
     let mut client = app.client().await;
     let key = unique_key("release-completed");
     let started = claim(&mut client, try_start(&key)).await;
@@ -88,9 +87,8 @@ async fn release_of_a_completed_key_is_already_completed() {
     assert_eq!(replay.response, b"kept");
 }
 
-#[tokio::test]
-async fn release_of_an_absent_key_is_key_not_found() {
-    let app = TestApp::spawn().await;
+async fn release_of_an_absent_key_is_key_not_found(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
     let mut client = app.client().await;
     let status = client
         .release(release(&unique_key("nothing"), 5))
@@ -99,9 +97,8 @@ async fn release_of_an_absent_key_is_key_not_found() {
     assert_error(&status, Code::NotFound, "KEY_NOT_FOUND");
 }
 
-#[tokio::test]
-async fn a_holder_whose_lease_ran_out_but_was_not_replaced_may_still_release() {
-    let app = TestApp::spawn().await;
+async fn a_holder_whose_lease_ran_out_but_was_not_replaced_may_still_release(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
     let mut client = app.client().await;
     let key = unique_key("late-release");
     let started = claim(
@@ -119,3 +116,11 @@ async fn a_holder_whose_lease_ran_out_but_was_not_replaced_may_still_release() {
         .expect("an expired, unreplaced holder releases");
     assert_eq!(app.count_rows("idempotency_keys").await, 0);
 }
+
+for_each_backend!(
+    release_makes_the_key_absent_so_a_retry_starts_fresh,
+    release_with_a_token_that_is_not_the_holders_is_lease_lost_and_keeps_the_claim,
+    release_of_a_completed_key_is_already_completed,
+    release_of_an_absent_key_is_key_not_found,
+    a_holder_whose_lease_ran_out_but_was_not_replaced_may_still_release,
+);

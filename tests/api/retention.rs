@@ -4,24 +4,16 @@ use idempotency_coordinator::proto::idempotency::v1::{
     MarkProcessedRequest, TryStartRequest, lookup_response::State,
 };
 use idempotency_coordinator::store::Store;
-use sqlx::Connection;
 use tonic::Code;
 
 use crate::support::*;
 
 async fn expires_at(app: &TestApp, key: &str) -> chrono::DateTime<chrono::Utc> {
-    let (expires_at,): (chrono::DateTime<chrono::Utc>,) =
-        sqlx::query_as("SELECT expires_at FROM idempotency_keys WHERE key = $1")
-            .bind(key)
-            .fetch_one(&app.pool)
-            .await
-            .expect("read the row");
-    expires_at
+    app.database.key_expires_at(key).await
 }
 
-#[tokio::test]
-async fn an_expired_key_is_absent_for_every_rpc_before_the_reaper_runs() {
-    let app = TestApp::spawn().await;
+async fn an_expired_key_is_absent_for_every_rpc_before_the_reaper_runs(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
     let mut client = app.client().await;
     let key = unique_key("expired");
     let started = claim(
@@ -97,9 +89,8 @@ async fn an_expired_key_is_absent_for_every_rpc_before_the_reaper_runs() {
     assert!(fresh.lease_token > token);
 }
 
-#[tokio::test]
-async fn a_completed_key_expires_after_its_retention() {
-    let app = TestApp::spawn().await;
+async fn a_completed_key_expires_after_its_retention(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
     let mut client = app.client().await;
     let key = unique_key("completed-expiry");
     let started = claim(&mut client, try_start(&key)).await;
@@ -127,9 +118,8 @@ async fn a_completed_key_expires_after_its_retention() {
     );
 }
 
-#[tokio::test]
-async fn retention_is_stretched_to_cover_the_lease() {
-    let app = TestApp::spawn().await;
+async fn retention_is_stretched_to_cover_the_lease(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
     let mut client = app.client().await;
     let key = unique_key("stretch");
     let started = claim(
@@ -147,9 +137,8 @@ async fn retention_is_stretched_to_cover_the_lease() {
     );
 }
 
-#[tokio::test]
-async fn a_takeover_keeps_the_later_of_the_old_expiry_and_its_own_retention() {
-    let app = TestApp::spawn().await;
+async fn a_takeover_keeps_the_later_of_the_old_expiry_and_its_own_retention(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
     let mut client = app.client().await;
     let key = unique_key("takeover-retention");
     claim(
@@ -192,9 +181,8 @@ async fn a_takeover_keeps_the_later_of_the_old_expiry_and_its_own_retention() {
     assert!(expires_at(&app, &key).await >= before + chrono::Duration::seconds(7200));
 }
 
-#[tokio::test]
-async fn an_expired_event_is_new_again() {
-    let app = TestApp::spawn().await;
+async fn an_expired_event_is_new_again(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
     let mut client = app.client().await;
     let first = client
         .mark_processed(MarkProcessedRequest {
@@ -205,11 +193,7 @@ async fn an_expired_event_is_new_again() {
         .expect("MarkProcessed")
         .into_inner()
         .results;
-    let (expiry,): (chrono::DateTime<chrono::Utc>,) =
-        sqlx::query_as("SELECT expires_at FROM processed_events")
-            .fetch_one(&app.pool)
-            .await
-            .expect("read the row");
+    let expiry = app.database.event_expires_at("evt").await;
     eventually(
         Duration::from_secs(5),
         "the event's retention ran out",
@@ -226,27 +210,10 @@ async fn an_expired_event_is_new_again() {
     assert!(instant(&again[0].processed_at) > instant(&first[0].processed_at));
 }
 
-/// Inserts `count` keys whose retention ended an hour ago, straight into the table.
-async fn insert_expired_keys(app: &TestApp, prefix: &str, count: i64) {
-    sqlx::query(
-        "INSERT INTO idempotency_keys (namespace, key, fingerprint, lease_token, attempt,
-             lease_expires_at, retention_us, expires_at)
-         SELECT 'reap', $1 || n, '', nextval('lease_token_seq'), 1,
-                now() - interval '2 hours', 1000000, now() - interval '1 hour'
-         FROM generate_series(1, $2) AS n",
-    )
-    .bind(prefix)
-    .bind(count)
-    .execute(&app.pool)
-    .await
-    .expect("insert expired keys");
-}
-
-#[tokio::test]
-async fn the_reaper_deletes_expired_rows_in_bounded_batches_and_spares_live_ones() {
-    let app = TestApp::spawn().await;
+async fn the_reaper_deletes_expired_rows_in_bounded_batches_and_spares_live_ones(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
     let mut client = app.client().await;
-    insert_expired_keys(&app, "old-", 25).await;
+    app.database.insert_expired_keys("old-", 25).await;
     let live = unique_key("live");
     claim(&mut client, try_start(&live)).await;
 
@@ -267,10 +234,14 @@ async fn the_reaper_deletes_expired_rows_in_bounded_batches_and_spares_live_ones
     );
 }
 
+/// PostgreSQL only: several replicas reap one database side by side, which needs row locks that
+/// a reaper skips. The embedded store has one instance and one writer, so no reaper meets
+/// another's rows.
 #[tokio::test]
 async fn the_reaper_skips_rows_another_transaction_holds() {
-    let app = TestApp::spawn().await;
-    insert_expired_keys(&app, "old-", 10).await;
+    let app = TestApp::spawn(Backend::Postgres).await;
+    app.database.insert_expired_keys("old-", 10).await;
+    use sqlx::Connection as _;
     let mut holder = sqlx::PgConnection::connect(&app.database.url)
         .await
         .expect("connect");
@@ -290,19 +261,15 @@ async fn the_reaper_skips_rows_another_transaction_holds() {
     assert_eq!(app.store.reap_expired_keys(100).await.expect("reap"), 2);
 }
 
-#[tokio::test]
-async fn the_background_reaper_clears_expired_keys_and_events() {
-    let app = TestApp::spawn_with(&["--reaper-interval", "50ms", "--reaper-batch-size", "7"]).await;
-    let mut client = app.client().await;
-    insert_expired_keys(&app, "old-", 30).await;
-    sqlx::query(
-        "INSERT INTO processed_events (consumer, event_id, processed_at, expires_at, mark_batch)
-         SELECT 'reap', 'evt-' || n, now() - interval '2 hours', now() - interval '1 hour', 0
-         FROM generate_series(1, 30) AS n",
+async fn the_background_reaper_clears_expired_keys_and_events(backend: Backend) {
+    let app = TestApp::spawn_with(
+        backend,
+        &["--reaper-interval", "50ms", "--reaper-batch-size", "7"],
     )
-    .execute(&app.pool)
-    .await
-    .expect("insert expired events");
+    .await;
+    let mut client = app.client().await;
+    app.database.insert_expired_keys("old-", 30).await;
+    app.database.insert_expired_events(30).await;
     let live = unique_key("live");
     claim(&mut client, try_start(&live)).await;
     client
@@ -325,11 +292,13 @@ async fn the_background_reaper_clears_expired_keys_and_events() {
     );
 }
 
-#[tokio::test]
-async fn the_reaper_stops_between_batches_at_shutdown() {
-    let mut app =
-        TestApp::spawn_with(&["--reaper-interval", "10ms", "--reaper-batch-size", "1"]).await;
-    insert_expired_keys(&app, "old-", 3000).await;
+async fn the_reaper_stops_between_batches_at_shutdown(backend: Backend) {
+    let mut app = TestApp::spawn_with(
+        backend,
+        &["--reaper-interval", "10ms", "--reaper-batch-size", "1"],
+    )
+    .await;
+    app.database.insert_expired_keys("old-", 3000).await;
     eventually(Duration::from_secs(10), "the reaper started", || async {
         app.count_rows("idempotency_keys").await < 3000
     })
@@ -348,3 +317,14 @@ async fn the_reaper_stops_between_batches_at_shutdown() {
     tokio::time::sleep(Duration::from_millis(200)).await;
     assert_eq!(app.count_rows("idempotency_keys").await, left);
 }
+
+for_each_backend!(
+    an_expired_key_is_absent_for_every_rpc_before_the_reaper_runs,
+    a_completed_key_expires_after_its_retention,
+    retention_is_stretched_to_cover_the_lease,
+    a_takeover_keeps_the_later_of_the_old_expiry_and_its_own_retention,
+    an_expired_event_is_new_again,
+    the_reaper_deletes_expired_rows_in_bounded_batches_and_spares_live_ones,
+    the_background_reaper_clears_expired_keys_and_events,
+    the_reaper_stops_between_batches_at_shutdown,
+);

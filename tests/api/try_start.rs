@@ -8,9 +8,8 @@ use tonic::Code;
 
 use crate::support::*;
 
-#[tokio::test]
-async fn a_fresh_claim_starts_attempt_one_with_a_lease_from_the_database_clock() {
-    let app = TestApp::spawn().await;
+async fn a_fresh_claim_starts_attempt_one_with_a_lease_from_the_database_clock(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
     let mut client = app.client().await;
     let key = unique_key("fresh");
 
@@ -35,9 +34,8 @@ async fn a_fresh_claim_starts_attempt_one_with_a_lease_from_the_database_clock()
     );
 }
 
-#[tokio::test]
-async fn a_running_lease_answers_in_progress_with_the_holders_expiry() {
-    let app = TestApp::spawn().await;
+async fn a_running_lease_answers_in_progress_with_the_holders_expiry(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
     let mut client = app.client().await;
     let key = unique_key("busy");
     let started = claim(&mut client, try_start(&key)).await;
@@ -48,9 +46,8 @@ async fn a_running_lease_answers_in_progress_with_the_holders_expiry() {
     assert_eq!(in_progress.attempt, 1);
 }
 
-#[tokio::test]
-async fn the_default_lease_is_thirty_seconds() {
-    let app = TestApp::spawn().await;
+async fn the_default_lease_is_thirty_seconds(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
     let mut client = app.client().await;
     let before = app.db_now().await;
     let started = claim(&mut client, try_start(&unique_key("default"))).await;
@@ -59,9 +56,8 @@ async fn the_default_lease_is_thirty_seconds() {
     assert!(before <= lease_start && lease_start <= after);
 }
 
-#[tokio::test]
-async fn another_fingerprint_is_a_mismatch_and_changes_nothing() {
-    let app = TestApp::spawn().await;
+async fn another_fingerprint_is_a_mismatch_and_changes_nothing(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
     let mut client = app.client().await;
     let key = unique_key("mismatch");
     let started = claim(&mut client, try_start(&key)).await;
@@ -105,9 +101,8 @@ async fn another_fingerprint_is_a_mismatch_and_changes_nothing() {
     );
 }
 
-#[tokio::test]
-async fn an_empty_fingerprint_matches_only_an_empty_fingerprint() {
-    let app = TestApp::spawn().await;
+async fn an_empty_fingerprint_matches_only_an_empty_fingerprint(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
     let mut client = app.client().await;
     let key = unique_key("empty-fp");
     let empty = TryStartRequest {
@@ -131,9 +126,8 @@ async fn an_empty_fingerprint_matches_only_an_empty_fingerprint() {
     );
 }
 
-#[tokio::test]
-async fn a_completed_key_replays_the_stored_response() {
-    let app = TestApp::spawn().await;
+async fn a_completed_key_replays_the_stored_response(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
     let mut client = app.client().await;
     let key = unique_key("replay");
     let request = TryStartRequest {
@@ -167,9 +161,8 @@ async fn a_completed_key_replays_the_stored_response() {
     }
 }
 
-#[tokio::test]
-async fn two_hundred_concurrent_claims_of_one_key_have_exactly_one_winner() {
-    let app = TestApp::spawn().await;
+async fn two_hundred_concurrent_claims_of_one_key_have_exactly_one_winner(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
     let client = app.client().await;
     let key = unique_key("race");
 
@@ -213,9 +206,8 @@ async fn two_hundred_concurrent_claims_of_one_key_have_exactly_one_winner() {
     assert_eq!(app.count_rows("idempotency_keys").await, 1);
 }
 
-#[tokio::test]
-async fn an_expired_lease_is_taken_over_with_a_new_token_and_the_last_checkpoint() {
-    let app = TestApp::spawn().await;
+async fn an_expired_lease_is_taken_over_with_a_new_token_and_the_last_checkpoint(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
     let mut client = app.client().await;
     let key = unique_key("takeover");
     let first = claim(
@@ -275,9 +267,10 @@ async fn an_expired_lease_is_taken_over_with_a_new_token_and_the_last_checkpoint
     assert_error(&status, Code::Aborted, "LEASE_LOST");
 }
 
-#[tokio::test]
-async fn a_takeover_counts_attempts_and_a_fresh_claim_after_release_restarts_them() {
-    let app = TestApp::spawn().await;
+async fn a_takeover_counts_attempts_and_a_fresh_claim_after_release_restarts_them(
+    backend: Backend,
+) {
+    let app = TestApp::spawn(backend).await;
     let mut client = app.client().await;
     let key = unique_key("attempts");
     let short = TryStartRequest {
@@ -305,9 +298,8 @@ async fn a_takeover_counts_attempts_and_a_fresh_claim_after_release_restarts_the
     );
 }
 
-#[tokio::test]
-async fn the_same_attempt_id_gets_the_same_claim_back() {
-    let app = TestApp::spawn().await;
+async fn the_same_attempt_id_gets_the_same_claim_back(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
     let mut client = app.client().await;
     let key = unique_key("reentry");
     let request = TryStartRequest {
@@ -363,9 +355,8 @@ async fn the_same_attempt_id_gets_the_same_claim_back() {
     );
 }
 
-#[tokio::test]
-async fn re_entry_keeps_the_checkpoint_and_works_after_the_lease_ran_out() {
-    let app = TestApp::spawn().await;
+async fn re_entry_keeps_the_checkpoint_and_works_after_the_lease_ran_out(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
     let mut client = app.client().await;
     let key = unique_key("reentry-late");
     let request = TryStartRequest {
@@ -393,9 +384,8 @@ async fn re_entry_keeps_the_checkpoint_and_works_after_the_lease_ran_out() {
     assert!(instant(&again.lease_expires_at) >= before + chrono::Duration::milliseconds(200));
 }
 
-#[tokio::test]
-async fn an_empty_attempt_id_never_matches() {
-    let app = TestApp::spawn().await;
+async fn an_empty_attempt_id_never_matches(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
     let mut client = app.client().await;
     let key = unique_key("no-attempt");
     claim(&mut client, try_start(&key)).await;
@@ -408,9 +398,10 @@ async fn an_empty_attempt_id_never_matches() {
     );
 }
 
-#[tokio::test]
-async fn an_abandoned_claim_stays_in_progress_and_keeps_refusing_other_fingerprints() {
-    let app = TestApp::spawn().await;
+async fn an_abandoned_claim_stays_in_progress_and_keeps_refusing_other_fingerprints(
+    backend: Backend,
+) {
+    let app = TestApp::spawn(backend).await;
     let mut client = app.client().await;
     let key = unique_key("abandoned");
     claim(
@@ -447,9 +438,8 @@ async fn an_abandoned_claim_stays_in_progress_and_keeps_refusing_other_fingerpri
     );
 }
 
-#[tokio::test]
-async fn tokens_come_from_one_sequence_across_keys() {
-    let app = TestApp::spawn().await;
+async fn tokens_come_from_one_sequence_across_keys(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
     let mut client = app.client().await;
     let mut seen = HashSet::new();
     let mut last = 0;
@@ -461,9 +451,8 @@ async fn tokens_come_from_one_sequence_across_keys() {
     }
 }
 
-#[tokio::test]
-async fn namespaces_are_separate() {
-    let app = TestApp::spawn().await;
+async fn namespaces_are_separate(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
     let mut client = app.client().await;
     let key = unique_key("shared-name");
     claim(&mut client, try_start(&key)).await;
@@ -476,9 +465,8 @@ async fn namespaces_are_separate() {
     assert_eq!(started.attempt, 1);
 }
 
-#[tokio::test]
-async fn the_holders_own_attempt_id_with_another_fingerprint_is_a_mismatch() {
-    let app = TestApp::spawn().await;
+async fn the_holders_own_attempt_id_with_another_fingerprint_is_a_mismatch(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
     let mut client = app.client().await;
     let key = unique_key("attempt-mismatch");
     let request = TryStartRequest {
@@ -499,9 +487,8 @@ async fn the_holders_own_attempt_id_with_another_fingerprint_is_a_mismatch() {
     );
 }
 
-#[tokio::test]
-async fn after_a_takeover_the_old_attempt_id_is_somebody_else() {
-    let app = TestApp::spawn().await;
+async fn after_a_takeover_the_old_attempt_id_is_somebody_else(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
     let mut client = app.client().await;
     let key = unique_key("attempt-takeover");
     let old = TryStartRequest {
@@ -525,9 +512,8 @@ async fn after_a_takeover_the_old_attempt_id_is_somebody_else() {
     assert_eq!(new_retry.lease_token, taken.lease_token);
 }
 
-#[tokio::test]
-async fn re_entry_stretches_retention_to_cover_the_renewed_lease() {
-    let app = TestApp::spawn().await;
+async fn re_entry_stretches_retention_to_cover_the_renewed_lease(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
     let mut client = app.client().await;
     let key = unique_key("reentry-retention");
     let request = TryStartRequest {
@@ -545,18 +531,12 @@ async fn re_entry_stretches_retention_to_cover_the_renewed_lease() {
         },
     )
     .await;
-    let (expires_at,): (chrono::DateTime<chrono::Utc>,) =
-        sqlx::query_as("SELECT expires_at FROM idempotency_keys WHERE key = $1")
-            .bind(&key)
-            .fetch_one(&app.pool)
-            .await
-            .expect("read the row");
+    let expires_at = app.database.key_expires_at(&key).await;
     assert!(expires_at >= instant(&again.lease_expires_at));
 }
 
-#[tokio::test]
-async fn concurrent_takeovers_of_an_expired_lease_have_exactly_one_winner() {
-    let app = TestApp::spawn().await;
+async fn concurrent_takeovers_of_an_expired_lease_have_exactly_one_winner(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
     let mut client = app.client().await;
     let key = unique_key("takeover-race");
     let first = claim(
@@ -595,9 +575,8 @@ async fn concurrent_takeovers_of_an_expired_lease_have_exactly_one_winner() {
     assert!(winners[0].lease_token > first.lease_token);
 }
 
-#[tokio::test]
-async fn a_claim_that_waited_while_the_key_expired_claims_it_afresh() {
-    let app = TestApp::spawn().await;
+async fn a_claim_that_waited_while_the_key_expired_claims_it_afresh(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
     let mut client = app.client().await;
     let key = unique_key("expired-while-waiting");
     let request = TryStartRequest {
@@ -607,21 +586,16 @@ async fn a_claim_that_waited_while_the_key_expired_claims_it_afresh() {
         ..try_start(&key)
     };
     let held = claim(&mut client, request.clone()).await;
-    let lock = lock_key(&app.database.url, &key).await;
+    let lock = app.database.hold_key(&key).await;
     // The holder's retry starts while the key is live, then waits for the row...
     let retry = tokio::spawn({
         let mut client = client.clone();
         let request = request.clone();
         async move { client.try_start(request).await }
     });
-    wait_for_blocked_statements(&app.pool, 1).await;
+    app.wait_for_blocked(1).await;
     // ...during which the key's retention ends, so that the key is absent for everyone.
-    let (expires_at,): (chrono::DateTime<chrono::Utc>,) =
-        sqlx::query_as("SELECT expires_at FROM idempotency_keys WHERE key = $1")
-            .bind(&key)
-            .fetch_one(&app.pool)
-            .await
-            .expect("read the row");
+    let expires_at = app.database.key_expires_at(&key).await;
     eventually(
         std::time::Duration::from_secs(5),
         "the key expired",
@@ -638,7 +612,7 @@ async fn a_claim_that_waited_while_the_key_expired_claims_it_afresh() {
         ),
         State::Absent(_)
     ));
-    unlock(lock).await;
+    lock.release().await;
 
     // The waiting claim must act on the key as it is now (absent), not as it was when the call
     // began: a fresh claim, not a re-entry that would revive the expired one.
@@ -650,9 +624,8 @@ async fn a_claim_that_waited_while_the_key_expired_claims_it_afresh() {
     );
 }
 
-#[tokio::test]
-async fn a_claim_racing_the_reaper_for_an_expired_key_starts_fresh() {
-    let app = TestApp::spawn().await;
+async fn a_claim_racing_the_reaper_for_an_expired_key_starts_fresh(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
     let mut client = app.client().await;
     let key = unique_key("reaped");
     claim(
@@ -682,23 +655,16 @@ async fn a_claim_racing_the_reaper_for_an_expired_key_starts_fresh() {
         },
     )
     .await;
-    // A reaper's transaction holds the expired row and deletes it; the claim waits for it.
-    let mut reaper = lock_key(&app.database.url, &key).await;
-    sqlx::query("DELETE FROM idempotency_keys WHERE key = $1")
-        .bind(&key)
-        .execute(&mut reaper)
-        .await
-        .expect("delete the expired row");
+    // A reaper's transaction holds the expired row; the claim waits for it; the reaper deletes
+    // the row and commits.
+    let reaper = app.database.hold_key(&key).await;
     let claiming = tokio::spawn({
         let mut client = client.clone();
         let key = key.clone();
         async move { client.try_start(try_start(&key)).await }
     });
-    wait_for_blocked_statements(&app.pool, 1).await;
-    sqlx::query("COMMIT")
-        .execute(&mut reaper)
-        .await
-        .expect("commit");
+    app.wait_for_blocked(1).await;
+    reaper.delete_and_commit(&key).await;
 
     let started = expect_started(
         claiming
@@ -710,3 +676,27 @@ async fn a_claim_racing_the_reaper_for_an_expired_key_starts_fresh() {
     assert_eq!(started.attempt, 1);
     assert_eq!(app.count_rows("idempotency_keys").await, 1);
 }
+
+for_each_backend!(
+    a_fresh_claim_starts_attempt_one_with_a_lease_from_the_database_clock,
+    a_running_lease_answers_in_progress_with_the_holders_expiry,
+    the_default_lease_is_thirty_seconds,
+    another_fingerprint_is_a_mismatch_and_changes_nothing,
+    an_empty_fingerprint_matches_only_an_empty_fingerprint,
+    a_completed_key_replays_the_stored_response,
+    two_hundred_concurrent_claims_of_one_key_have_exactly_one_winner,
+    an_expired_lease_is_taken_over_with_a_new_token_and_the_last_checkpoint,
+    a_takeover_counts_attempts_and_a_fresh_claim_after_release_restarts_them,
+    the_same_attempt_id_gets_the_same_claim_back,
+    re_entry_keeps_the_checkpoint_and_works_after_the_lease_ran_out,
+    an_empty_attempt_id_never_matches,
+    an_abandoned_claim_stays_in_progress_and_keeps_refusing_other_fingerprints,
+    tokens_come_from_one_sequence_across_keys,
+    namespaces_are_separate,
+    the_holders_own_attempt_id_with_another_fingerprint_is_a_mismatch,
+    after_a_takeover_the_old_attempt_id_is_somebody_else,
+    re_entry_stretches_retention_to_cover_the_renewed_lease,
+    concurrent_takeovers_of_an_expired_lease_have_exactly_one_winner,
+    a_claim_that_waited_while_the_key_expired_claims_it_afresh,
+    a_claim_racing_the_reaper_for_an_expired_key_starts_fresh,
+);

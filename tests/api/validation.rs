@@ -35,9 +35,8 @@ async fn refused_try_start(
     );
 }
 
-#[tokio::test]
-async fn namespace_must_be_1_to_64_characters_of_its_alphabet() {
-    let app = TestApp::spawn().await;
+async fn namespace_must_be_1_to_64_characters_of_its_alphabet(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
     let mut client = app.client().await;
     for bad in [
         "",
@@ -66,9 +65,8 @@ async fn namespace_must_be_1_to_64_characters_of_its_alphabet() {
     }
 }
 
-#[tokio::test]
-async fn key_must_be_1_to_255_bytes_without_control_characters() {
-    let app = TestApp::spawn().await;
+async fn key_must_be_1_to_255_bytes_without_control_characters(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
     let mut client = app.client().await;
     let too_long_multibyte = "é".repeat(128); // 256 bytes in 128 characters
     for bad in [
@@ -93,9 +91,8 @@ async fn key_must_be_1_to_255_bytes_without_control_characters() {
     }
 }
 
-#[tokio::test]
-async fn fingerprint_is_at_most_64_bytes() {
-    let app = TestApp::spawn().await;
+async fn fingerprint_is_at_most_64_bytes(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
     let mut client = app.client().await;
     let request = TryStartRequest {
         fingerprint: vec![7; 65],
@@ -112,9 +109,8 @@ async fn fingerprint_is_at_most_64_bytes() {
     .await;
 }
 
-#[tokio::test]
-async fn attempt_id_is_at_most_128_bytes_without_control_characters() {
-    let app = TestApp::spawn().await;
+async fn attempt_id_is_at_most_128_bytes_without_control_characters(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
     let mut client = app.client().await;
     for bad in ["a".repeat(129), "line\nbreak".into()] {
         let request = TryStartRequest {
@@ -133,9 +129,8 @@ async fn attempt_id_is_at_most_128_bytes_without_control_characters() {
     .await;
 }
 
-#[tokio::test]
-async fn lease_ttl_is_100ms_to_24h() {
-    let app = TestApp::spawn().await;
+async fn lease_ttl_is_100ms_to_24h(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
     let mut client = app.client().await;
     let thousand_years = 1000 * 365 * DAY as i64;
     for bad in [
@@ -168,9 +163,8 @@ async fn lease_ttl_is_100ms_to_24h() {
     }
 }
 
-#[tokio::test]
-async fn key_retention_is_1s_to_30d() {
-    let app = TestApp::spawn().await;
+async fn key_retention_is_1s_to_30d(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
     let mut client = app.client().await;
     for bad in [
         dur(0, 999_999_999),
@@ -223,9 +217,8 @@ async fn key_retention_is_1s_to_30d() {
         .expect("30 days is allowed");
 }
 
-#[tokio::test]
-async fn every_bad_field_gets_its_own_violation_in_field_order() {
-    let app = TestApp::spawn().await;
+async fn every_bad_field_gets_its_own_violation_in_field_order(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
     let mut client = app.client().await;
     let request = TryStartRequest {
         namespace: String::new(),
@@ -251,9 +244,8 @@ async fn every_bad_field_gets_its_own_violation_in_field_order() {
     .await;
 }
 
-#[tokio::test]
-async fn lease_token_zero_is_missing_and_must_fit_the_token_range() {
-    let app = TestApp::spawn().await;
+async fn lease_token_zero_is_missing_and_must_fit_the_token_range(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
     let mut client = app.client().await;
     for token in [0, u64::MAX, (i64::MAX as u64) + 1] {
         let status = client
@@ -281,9 +273,8 @@ async fn lease_token_zero_is_missing_and_must_fit_the_token_range() {
     assert_eq!(app.total_rows().await, 0);
 }
 
-#[tokio::test]
-async fn response_is_at_most_the_configured_limit() {
-    let app = TestApp::spawn_with(&["--max-response-bytes", "262144"]).await;
+async fn response_is_at_most_the_configured_limit(backend: Backend) {
+    let app = TestApp::spawn_with(backend, &["--max-response-bytes", "262144"]).await;
     let mut client = app.client().await;
     let started = claim(&mut client, try_start("k")).await;
     let status = client
@@ -304,9 +295,8 @@ async fn response_is_at_most_the_configured_limit() {
         .expect("a response at the limit");
 }
 
-#[tokio::test]
-async fn the_default_response_limit_is_one_mebibyte() {
-    let app = TestApp::spawn().await;
+async fn the_default_response_limit_is_one_mebibyte(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
     let mut client = app.client().await;
     let started = claim(&mut client, try_start("k")).await;
     let status = client
@@ -324,9 +314,10 @@ async fn the_default_response_limit_is_one_mebibyte() {
         .expect("a response of exactly 1 MiB");
 }
 
-#[tokio::test]
-async fn a_message_beyond_the_decoding_limit_is_refused_and_the_server_is_unharmed() {
-    let app = TestApp::spawn().await;
+async fn a_message_beyond_the_decoding_limit_is_refused_and_the_server_is_unharmed(
+    backend: Backend,
+) {
+    let app = TestApp::spawn(backend).await;
     let mut client = app.client().await;
     let started = claim(&mut client, try_start("k")).await;
     // 1 MiB + 64 KiB is the decoding limit; this message is well past it.
@@ -355,9 +346,8 @@ async fn a_message_beyond_the_decoding_limit_is_refused_and_the_server_is_unharm
         .expect("the same connection still works");
 }
 
-#[tokio::test]
-async fn checkpoint_is_at_most_64_kib() {
-    let app = TestApp::spawn().await;
+async fn checkpoint_is_at_most_64_kib(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
     let mut client = app.client().await;
     let started = claim(&mut client, try_start("k")).await;
     let status = client
@@ -377,9 +367,8 @@ async fn checkpoint_is_at_most_64_kib() {
         .expect("a checkpoint of exactly 64 KiB");
 }
 
-#[tokio::test]
-async fn extend_lease_ttl_has_the_lease_bounds() {
-    let app = TestApp::spawn().await;
+async fn extend_lease_ttl_has_the_lease_bounds(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
     let mut client = app.client().await;
     let started = claim(&mut client, try_start("k")).await;
     for bad in [
@@ -399,9 +388,8 @@ async fn extend_lease_ttl_has_the_lease_bounds() {
     }
 }
 
-#[tokio::test]
-async fn every_rpc_validates_its_scope_and_key() {
-    let app = TestApp::spawn().await;
+async fn every_rpc_validates_its_scope_and_key(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
     let mut client = app.client().await;
     let status = client
         .complete(CompleteRequest {
@@ -448,9 +436,8 @@ async fn every_rpc_validates_its_scope_and_key() {
     assert_eq!(app.total_rows().await, 0);
 }
 
-#[tokio::test]
-async fn event_ids_are_1_to_1000_and_bad_elements_are_named_by_index() {
-    let app = TestApp::spawn().await;
+async fn event_ids_are_1_to_1000_and_bad_elements_are_named_by_index(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
     let mut client = app.client().await;
     let status = client
         .mark_processed(mark("c", &[]))
@@ -488,9 +475,8 @@ async fn event_ids_are_1_to_1000_and_bad_elements_are_named_by_index() {
         .expect("a 255-byte id");
 }
 
-#[tokio::test]
-async fn event_retention_is_1s_to_30d() {
-    let app = TestApp::spawn().await;
+async fn event_retention_is_1s_to_30d(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
     let mut client = app.client().await;
     for bad in [
         dur(0, 999_999_999),
@@ -519,9 +505,10 @@ async fn event_retention_is_1s_to_30d() {
     }
 }
 
-#[tokio::test]
-async fn invalid_utf8_in_a_string_field_is_refused_by_the_decoder_and_writes_nothing() {
-    let app = TestApp::spawn().await;
+async fn invalid_utf8_in_a_string_field_is_refused_by_the_decoder_and_writes_nothing(
+    backend: Backend,
+) {
+    let app = TestApp::spawn(backend).await;
     // A TryStartRequest encoded by hand: field 1 (namespace) = "ns", field 2 (key) = 0xFF 0xFE,
     // which is not UTF-8. The generated client cannot produce it, so it goes out as raw bytes.
     let message: Vec<u8> = vec![0x0a, 0x02, b'n', b's', 0x12, 0x02, 0xff, 0xfe];
@@ -600,3 +587,23 @@ async fn raw_unary(app: &TestApp, path: &'static str, message: Vec<u8>) -> Code 
         Err(status) => status.code(),
     }
 }
+
+for_each_backend!(
+    namespace_must_be_1_to_64_characters_of_its_alphabet,
+    key_must_be_1_to_255_bytes_without_control_characters,
+    fingerprint_is_at_most_64_bytes,
+    attempt_id_is_at_most_128_bytes_without_control_characters,
+    lease_ttl_is_100ms_to_24h,
+    key_retention_is_1s_to_30d,
+    every_bad_field_gets_its_own_violation_in_field_order,
+    lease_token_zero_is_missing_and_must_fit_the_token_range,
+    response_is_at_most_the_configured_limit,
+    the_default_response_limit_is_one_mebibyte,
+    a_message_beyond_the_decoding_limit_is_refused_and_the_server_is_unharmed,
+    checkpoint_is_at_most_64_kib,
+    extend_lease_ttl_has_the_lease_bounds,
+    every_rpc_validates_its_scope_and_key,
+    event_ids_are_1_to_1000_and_bad_elements_are_named_by_index,
+    event_retention_is_1s_to_30d,
+    invalid_utf8_in_a_string_field_is_refused_by_the_decoder_and_writes_nothing,
+);

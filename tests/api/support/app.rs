@@ -8,16 +8,16 @@ use idempotency_coordinator::Application;
 use idempotency_coordinator::config::{Cli, Command};
 use idempotency_coordinator::proto::idempotency::v1::idempotency_service_client::IdempotencyServiceClient;
 use idempotency_coordinator::startup::StartupError;
-use idempotency_coordinator::store::PgStore;
-use sqlx::PgPool;
+use idempotency_coordinator::store::AnyStore;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 use tonic::transport::Channel;
 use tonic_health::pb::HealthCheckRequest;
 use tonic_health::pb::health_check_response::ServingStatus;
 use tonic_health::pb::health_client::HealthClient;
 
-use super::database::TestDatabase;
+use super::database::{Backend, TestDatabase};
 
 pub type Client = IdempotencyServiceClient<Channel>;
 
@@ -36,9 +36,9 @@ const TEST_DEFAULTS: &[&str] = &[
 
 pub struct TestApp {
     pub addr: SocketAddr,
-    pub store: PgStore,
-    /// A separate pool on the test database, for looking at rows directly.
-    pub pool: PgPool,
+    pub store: AnyStore,
+    /// The store operations in flight inside the server.
+    store_work: TaskTracker,
     shutdown: CancellationToken,
     server: Option<JoinHandle<Result<(), StartupError>>>,
     // Dropped last: the database outlives the server and the pool.
@@ -46,14 +46,14 @@ pub struct TestApp {
 }
 
 impl TestApp {
-    /// A server with the default test settings, serving.
-    pub async fn spawn() -> Self {
-        Self::spawn_with(&[]).await
+    /// A server on `backend` with the default test settings, serving.
+    pub async fn spawn(backend: Backend) -> Self {
+        Self::spawn_with(backend, &[]).await
     }
 
-    /// A server with extra flags (later flags win), serving.
-    pub async fn spawn_with(flags: &[&str]) -> Self {
-        let database = TestDatabase::create().await;
+    /// A server on `backend` with extra flags (later flags win), serving.
+    pub async fn spawn_with(backend: Backend, flags: &[&str]) -> Self {
+        let database = TestDatabase::create(backend).await;
         let app = Self::start(database, &database_url_flag(None), flags).await;
         app.wait_for_status(ServingStatus::Serving).await;
         app
@@ -92,13 +92,13 @@ impl TestApp {
             .expect("application builds");
         let addr = app.local_addr();
         let store = app.store().clone();
+        let store_work = app.store_work();
         let shutdown = CancellationToken::new();
         let server = tokio::spawn(app.run_until_stopped(shutdown.clone()));
-        let pool = database.pool().await;
         Self {
             addr,
             store,
-            pool,
+            store_work,
             shutdown,
             server: Some(server),
             database,
@@ -155,31 +155,36 @@ impl TestApp {
         server.await.expect("server task did not panic")
     }
 
-    /// The database's clock, the only clock leases and retention use.
+    /// The store's clock, the only clock leases and retention use.
     pub async fn db_now(&self) -> chrono::DateTime<chrono::Utc> {
-        let (now,): (chrono::DateTime<chrono::Utc>,) = sqlx::query_as("SELECT now()")
-            .fetch_one(&self.pool)
-            .await
-            .expect("read the database clock");
-        now
+        self.database.now().await
     }
 
     pub async fn count_rows(&self, table: &str) -> i64 {
-        let sql = match table {
-            "idempotency_keys" => "SELECT count(*) FROM idempotency_keys",
-            "processed_events" => "SELECT count(*) FROM processed_events",
-            other => panic!("unknown table {other}"),
-        };
-        let (count,): (i64,) = sqlx::query_as(sql)
-            .fetch_one(&self.pool)
-            .await
-            .expect("count rows");
-        count
+        self.database.count_rows(table).await
     }
 
     /// Rows in both tables: the proof that a refused request wrote nothing.
     pub async fn total_rows(&self) -> i64 {
         self.count_rows("idempotency_keys").await + self.count_rows("processed_events").await
+    }
+
+    /// Waits until `count` calls are in flight in the store and held up by a lock (see
+    /// `TestDatabase::hold_key`). PostgreSQL shows its waiting statements; for SQLite, whose
+    /// one writer is held, every store operation in flight is waiting.
+    pub async fn wait_for_blocked(&self, count: i64) {
+        let count_usize = usize::try_from(count).expect("a small count");
+        super::eventually(
+            Duration::from_secs(10),
+            "calls are waiting for the lock",
+            || async {
+                match self.database.backend {
+                    Backend::Postgres => self.database.blocked_postgres_statements().await >= count,
+                    Backend::Sqlite => self.store_work.len() >= count_usize,
+                }
+            },
+        )
+        .await;
     }
 }
 

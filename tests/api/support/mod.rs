@@ -16,6 +16,31 @@ use tonic::{Code, Status};
 use tonic_types::StatusExt;
 
 pub use app::{Client, TestApp};
+pub use database::{Backend, TestDatabase};
+
+/// Runs each named test, an `async fn(Backend)`, once on each store: the conformance suite.
+/// A test written but not listed is dead code, which the lints refuse.
+macro_rules! for_each_backend {
+    ($($test:ident),+ $(,)?) => {
+        mod postgres {
+            $(
+                #[tokio::test]
+                async fn $test() {
+                    super::$test(crate::support::Backend::Postgres).await
+                }
+            )+
+        }
+        mod sqlite {
+            $(
+                #[tokio::test]
+                async fn $test() {
+                    super::$test(crate::support::Backend::Sqlite).await
+                }
+            )+
+        }
+    };
+}
+pub(crate) use for_each_backend;
 
 pub const NAMESPACE: &str = "tests";
 pub const FINGERPRINT: &[u8] = b"fingerprint-1";
@@ -235,50 +260,4 @@ pub async fn is_serving(
         Ok(response) if response.get_ref().status()
             == tonic_health::pb::health_check_response::ServingStatus::Serving
     )
-}
-
-/// Holds a row lock on `key` from outside the service, so that the service's statements on
-/// that key wait: a deterministic way to keep calls in flight.
-pub async fn lock_key(database_url: &str, key: &str) -> sqlx::PgConnection {
-    let mut connection = <sqlx::PgConnection as sqlx::Connection>::connect(database_url)
-        .await
-        .expect("connect");
-    sqlx::query("BEGIN")
-        .execute(&mut connection)
-        .await
-        .expect("begin");
-    sqlx::query("SELECT 1 FROM idempotency_keys WHERE key = $1 FOR UPDATE")
-        .bind(key)
-        .execute(&mut connection)
-        .await
-        .expect("lock the key");
-    connection
-}
-
-pub async fn unlock(mut connection: sqlx::PgConnection) {
-    sqlx::query("ROLLBACK")
-        .execute(&mut connection)
-        .await
-        .expect("rollback");
-}
-
-/// Waits until `count` statements of the service are blocked on a lock.
-pub async fn wait_for_blocked_statements(pool: &sqlx::PgPool, count: i64) {
-    eventually(
-        Duration::from_secs(10),
-        "statements are blocked on the lock",
-        || async {
-            let (blocked,): (i64,) = sqlx::query_as(
-                "SELECT count(*) FROM pg_stat_activity
-             WHERE datname = current_database()
-               AND application_name = 'idempotency-coordinator'
-               AND wait_event_type = 'Lock'",
-            )
-            .fetch_one(pool)
-            .await
-            .expect("read pg_stat_activity");
-            blocked >= count
-        },
-    )
-    .await;
 }

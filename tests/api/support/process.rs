@@ -19,14 +19,24 @@ pub struct ServerProcess {
 impl ServerProcess {
     /// Starts `idempotency-coordinator serve` on a free port and waits for its address.
     pub async fn start(database_url: &str, flags: &[&str]) -> Self {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_idempotency-coordinator"))
-            .args([
-                "serve",
-                "--listen",
-                "127.0.0.1:0",
-                "--database-url",
-                database_url,
-            ])
+        let mut command = Command::new(env!("CARGO_BIN_EXE_idempotency-coordinator"));
+        command.args(["serve", "--database-url", database_url]);
+        Self::spawn(command, flags).await
+    }
+
+    /// Starts the binary with no store settings at all, in `directory`, as a newcomer would.
+    pub async fn start_embedded_in(directory: &std::path::Path) -> Self {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_idempotency-coordinator"));
+        command
+            .current_dir(directory)
+            .env_remove("DATABASE_URL")
+            .env_remove("IDEMPOTENCY_SQLITE_PATH");
+        Self::spawn(command, &[]).await
+    }
+
+    async fn spawn(mut command: Command, flags: &[&str]) -> Self {
+        let mut child = command
+            .args(["--listen", "127.0.0.1:0"])
             .args(["--health-check-interval", "100ms", "--log-format", "text"])
             .args(flags)
             .env("RUST_LOG", "info")

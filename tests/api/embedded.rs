@@ -1,0 +1,89 @@
+//! The embedded default, as a newcomer meets it: no database server, no settings.
+
+use std::time::Duration;
+
+use idempotency_coordinator::proto::idempotency::v1::idempotency_service_client::IdempotencyServiceClient;
+
+use crate::support::process::ServerProcess;
+use crate::support::*;
+
+async fn serving_client(server: &ServerProcess) -> Client {
+    let health = health_client(server.endpoint()).await.expect("connect");
+    eventually(Duration::from_secs(20), "the binary serves", || {
+        is_serving(&health)
+    })
+    .await;
+    IdempotencyServiceClient::connect(server.endpoint())
+        .await
+        .expect("connect")
+}
+
+/// SQLite only: with no store configured, the binary keeps its data in ./data/coordinator.db
+/// of its working directory; PostgreSQL is never the default.
+#[tokio::test]
+async fn with_no_settings_the_data_lives_in_a_local_file_and_survives_a_restart() {
+    let directory = tempfile::tempdir().expect("a temporary folder");
+    let key = unique_key("survivor");
+
+    let mut first = ServerProcess::start_embedded_in(directory.path()).await;
+    let mut client = serving_client(&first).await;
+    let started = claim(&mut client, try_start(&key)).await;
+    client
+        .complete(complete(&key, started.lease_token, b"kept across restarts"))
+        .await
+        .expect("Complete");
+    client
+        .mark_processed(mark("billing", &["evt-1"]))
+        .await
+        .expect("MarkProcessed");
+    first.signal("TERM");
+    assert_eq!(first.wait(Duration::from_secs(20)).await, Some(0));
+    assert!(
+        directory.path().join("data/coordinator.db").is_file(),
+        "the file and its folder were created"
+    );
+
+    let second = ServerProcess::start_embedded_in(directory.path()).await;
+    let mut client = serving_client(&second).await;
+    let replay = expect_completed(
+        client
+            .try_start(try_start(&key))
+            .await
+            .expect("TryStart")
+            .into_inner(),
+    );
+    assert_eq!(replay.response, b"kept across restarts");
+    let marked = client
+        .mark_processed(mark("billing", &["evt-1"]))
+        .await
+        .expect("MarkProcessed")
+        .into_inner()
+        .results;
+    assert!(marked[0].already_processed);
+    // Tokens keep growing across restarts: the counter lives in the file too.
+    let next = claim(&mut client, try_start(&unique_key("after-restart"))).await;
+    assert!(next.lease_token > started.lease_token);
+}
+
+#[tokio::test]
+async fn a_database_url_of_another_kind_is_refused_at_start() {
+    let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_idempotency-coordinator"))
+        .args([
+            "--listen",
+            "127.0.0.1:0",
+            "--database-url",
+            "mysql://root@localhost/x",
+        ])
+        .output()
+        .await
+        .expect("run the binary");
+    assert!(!output.status.success());
+    let printed = String::from_utf8_lossy(&output.stdout).into_owned()
+        + &String::from_utf8_lossy(&output.stderr);
+    assert!(
+        printed.contains("--database-url")
+            && printed.contains("postgres://")
+            && printed.contains("sqlite://"),
+        "the error names the flag and what it accepts: {printed}"
+    );
+}
