@@ -1,0 +1,104 @@
+//! `idempotency-bench`: drives a coordinator over gRPC with concurrent callers and reports
+//! throughput and latency.
+//!
+//! - `run` drives a coordinator that is already running.
+//! - `compare-stores` starts the coordinator binary twice, on the embedded SQLite store and on
+//!   PostgreSQL, and runs the same workloads against each in one run, side by side.
+
+mod load;
+mod server;
+
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::{Parser, Subcommand};
+
+use load::{Report, Workload};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "idempotency-bench",
+    about = "Load generator for the idempotency coordinator"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: BenchCommand,
+}
+
+#[derive(Debug, Subcommand)]
+enum BenchCommand {
+    /// Drive a running coordinator.
+    Run {
+        #[arg(long, default_value = "http://127.0.0.1:50051")]
+        target: String,
+        #[arg(long, value_enum, default_values_t = Workload::all())]
+        workload: Vec<Workload>,
+        #[arg(long, default_value_t = 16)]
+        callers: usize,
+        #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
+        duration: Duration,
+    },
+    /// Start the coordinator on SQLite and on PostgreSQL and run the same workloads on both.
+    CompareStores {
+        /// A PostgreSQL server the benchmark may create (and drop) a database on.
+        #[arg(long, default_value = "postgres://postgres@127.0.0.1:5432")]
+        postgres_server: String,
+        #[arg(long, value_enum, default_values_t = Workload::all())]
+        workload: Vec<Workload>,
+        #[arg(long, default_value_t = 16)]
+        callers: usize,
+        #[arg(long, default_value = "5s", value_parser = humantime::parse_duration)]
+        duration: Duration,
+    },
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    match Cli::parse().command {
+        BenchCommand::Run {
+            target,
+            workload,
+            callers,
+            duration,
+        } => {
+            println!("{}", Report::header());
+            for workload in workload {
+                let report = load::drive(&target, workload, callers, duration)
+                    .await
+                    .with_context(|| format!("driving {target}"))?;
+                println!("{}", report.row("target"));
+            }
+        }
+        BenchCommand::CompareStores {
+            postgres_server,
+            workload,
+            callers,
+            duration,
+        } => {
+            let database = format!("idempotency_bench_{}", std::process::id());
+            let sqlite_dir = std::env::temp_dir().join(&database);
+            let sqlite_url = format!("sqlite://{}", sqlite_dir.join("bench.db").display());
+            let postgres_url = format!("{postgres_server}/{database}");
+            let sqlite = server::Coordinator::start(&sqlite_url).await?;
+            let postgres = server::Coordinator::start(&postgres_url).await?;
+            println!(
+                "callers {callers}, {} per workload and store, stores alternating",
+                humantime::format_duration(duration)
+            );
+            println!("{}", Report::header());
+            for workload in workload {
+                for (name, coordinator) in [("sqlite", &sqlite), ("postgres", &postgres)] {
+                    let report = load::drive(&coordinator.endpoint(), workload, callers, duration)
+                        .await
+                        .with_context(|| format!("driving the {name} coordinator"))?;
+                    println!("{}", report.row(name));
+                }
+            }
+            sqlite.stop().await?;
+            postgres.stop().await?;
+            server::drop_postgres_database(&postgres_server, &database).await?;
+            std::fs::remove_dir_all(&sqlite_dir).context("removing the SQLite folder")?;
+        }
+    }
+    Ok(())
+}
