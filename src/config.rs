@@ -333,6 +333,10 @@ mod tests {
         let error = settings(&["x", "--database-url", "mysql://u@h/d"]).expect_err("refused");
         assert_eq!(error.flag, "database-url");
         assert!(error.problem.contains("postgres://"), "{}", error.problem);
+        for refused in ["sqlite://", "sqlite://:memory:", "sqlite://./c.db?mode=rwc"] {
+            let error = settings(&["x", "--database-url", refused]).expect_err(refused);
+            assert_eq!(error.flag, "database-url");
+        }
     }
 
     #[test]

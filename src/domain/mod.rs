@@ -131,6 +131,34 @@ pub enum KeyState {
     },
 }
 
+impl KeyState {
+    /// What Lookup reports for `record`, the key's row if it is live (expired rows are absent).
+    pub fn of(record: Option<KeyRecord>) -> Self {
+        match record {
+            None => Self::Absent,
+            Some(KeyRecord {
+                fingerprint,
+                response: Some(response),
+                completed_at: Some(completed_at),
+                expires_at,
+                ..
+            }) => Self::Completed {
+                response,
+                fingerprint,
+                completion: Completion {
+                    completed_at,
+                    expires_at,
+                },
+            },
+            Some(record) => Self::InProgress {
+                lease_expires_at: record.lease_expires_at,
+                attempt: record.attempt,
+                fingerprint: record.fingerprint,
+            },
+        }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ProcessedEvent {
     pub event_id: String,

@@ -228,8 +228,12 @@ macro_rules! bounded_duration {
         impl $name {
             pub const BOUNDS: Bounds = Bounds { min: $min, max: $max };
 
+            /// Checks the bounds, then keeps whole microseconds: both stores count time in
+            /// microseconds, so that what a call answers is exactly what is stored.
             pub fn parse(value: Duration) -> Result<Self, Invalid> {
-                Self::BOUNDS.check(value).map(Self)
+                let checked = Self::BOUNDS.check(value)?;
+                let micros = u64::try_from(checked.as_micros()).unwrap_or(u64::MAX);
+                Ok(Self(Duration::from_micros(micros)))
             }
 
             pub fn get(self) -> Duration {
@@ -357,6 +361,12 @@ mod tests {
             LeaseToken::parse(i64::MAX.unsigned_abs()).map(LeaseToken::get),
             Ok(i64::MAX)
         );
+    }
+
+    #[test]
+    fn durations_keep_whole_microseconds() {
+        let parsed = KeyRetention::parse(Duration::new(86_400, 1_500)).expect("in bounds");
+        assert_eq!(parsed.get(), Duration::new(86_400, 1_000));
     }
 
     #[test]

@@ -97,12 +97,7 @@ impl StoreLocation {
             });
         }
         if url.starts_with("sqlite://") {
-            return SqliteStore::path_from_url(url)
-                .map(|path| Self::Sqlite { path })
-                .ok_or_else(|| {
-                    "a sqlite:// URL needs a file path, e.g. sqlite://./data/coordinator.db"
-                        .to_owned()
-                });
+            return SqliteStore::path_from_url(url).map(|path| Self::Sqlite { path });
         }
         Err("must start with postgres:// (PostgreSQL) or sqlite:// (the embedded store)".to_owned())
     }

@@ -164,9 +164,9 @@ where
     }
 }
 
+/// A key's row, as every statement that reads one returns it.
 #[derive(FromRow)]
-struct TryStartRow {
-    newly_claimed: bool,
+struct KeyRow {
     lease_token: i64,
     attempt: i32,
     attempt_id: Option<String>,
@@ -179,26 +179,60 @@ struct TryStartRow {
     expires_at: Instant,
 }
 
+/// The columns of [`KeyRow`], for statements that return one.
+macro_rules! key_columns {
+    ($alias:literal) => {
+        concat!(
+            $alias,
+            "lease_token, ",
+            $alias,
+            "attempt, ",
+            $alias,
+            "attempt_id, ",
+            $alias,
+            "lease_expires_at, ",
+            $alias,
+            "fingerprint, ",
+            $alias,
+            "checkpoint, ",
+            $alias,
+            "response, ",
+            $alias,
+            "completed_at, ",
+            $alias,
+            "retention_us, ",
+            $alias,
+            "expires_at"
+        )
+    };
+}
+
+#[derive(FromRow)]
+struct TryStartRow {
+    newly_claimed: bool,
+    #[sqlx(flatten)]
+    key: KeyRow,
+}
+
 /// Stored attempts start at 1 and grow by one per takeover; the column is an `integer`.
 fn attempt_number(stored: i32) -> u32 {
     u32::try_from(stored).unwrap_or(0)
 }
 
-impl TryStartRow {
-    fn into_record(self) -> (KeyRecord, bool) {
-        let record = KeyRecord {
-            fingerprint: self.fingerprint,
-            lease_token: LeaseToken::from_stored(self.lease_token),
-            attempt: attempt_number(self.attempt),
-            attempt_id: self.attempt_id,
-            lease_expires_at: self.lease_expires_at,
-            checkpoint: self.checkpoint,
-            response: self.response,
-            completed_at: self.completed_at,
-            retention: std::time::Duration::from_micros(self.retention_us.unsigned_abs()),
-            expires_at: self.expires_at,
-        };
-        (record, self.newly_claimed)
+impl From<KeyRow> for KeyRecord {
+    fn from(row: KeyRow) -> Self {
+        Self {
+            fingerprint: row.fingerprint,
+            lease_token: LeaseToken::from_stored(row.lease_token),
+            attempt: attempt_number(row.attempt),
+            attempt_id: row.attempt_id,
+            lease_expires_at: row.lease_expires_at,
+            checkpoint: row.checkpoint,
+            response: row.response,
+            completed_at: row.completed_at,
+            retention: std::time::Duration::from_micros(row.retention_us.unsigned_abs()),
+            expires_at: row.expires_at,
+        }
     }
 }
 
@@ -215,7 +249,8 @@ impl TryStartRow {
 /// The update always happens (even for `none`, as a no-op) so that RETURNING reports the row as
 /// it stands under the lock, never a stale snapshot; the caller got a new claim exactly when the
 /// returned token is the one this statement drew.
-const TRY_START: &str = r#"
+const TRY_START: &str = concat!(
+    r#"
 WITH new_token AS (SELECT nextval('lease_token_seq') AS value),
      claimed AS (SELECT clock_timestamp() AS at)
 INSERT INTO idempotency_keys AS k
@@ -264,10 +299,9 @@ ON CONFLICT (namespace, key) DO UPDATE SET
             WHEN k.lease_expires_at > locked.at THEN 'none'
             ELSE 'takeover'
         END AS action) AS t)
-RETURNING k.lease_token = (SELECT value FROM new_token) AS newly_claimed,
-          k.lease_token, k.attempt, k.attempt_id, k.lease_expires_at, k.fingerprint,
-          k.checkpoint, k.response, k.completed_at, k.retention_us, k.expires_at
-"#;
+RETURNING k.lease_token = (SELECT value FROM new_token) AS newly_claimed, "#,
+    key_columns!("k.")
+);
 
 /// The key's row, locked before anything is judged. Complete, Release and ExtendLease decide on
 /// the row this yields, by the clock read after the lock was granted. (A plain `UPDATE … WHERE
@@ -337,11 +371,11 @@ RETURNING k.lease_expires_at
 "#
 );
 
-const LOOKUP: &str = r#"
-SELECT fingerprint, lease_expires_at, attempt, response, completed_at, expires_at
-FROM idempotency_keys
-WHERE namespace = $1 AND key = $2 AND expires_at > now()
-"#;
+const LOOKUP: &str = concat!(
+    "SELECT ",
+    key_columns!(""),
+    " FROM idempotency_keys WHERE namespace = $1 AND key = $2 AND expires_at > now()"
+);
 
 /// MarkProcessed as one statement. Distinct ids are inserted in sorted order (so concurrent
 /// batches lock rows in the same order and do not deadlock); a live row is kept as it is, an
@@ -444,16 +478,6 @@ impl From<GuardRow> for GuardedKey {
 }
 
 #[derive(FromRow)]
-struct LookupRow {
-    fingerprint: Vec<u8>,
-    lease_expires_at: Instant,
-    attempt: i32,
-    response: Option<Vec<u8>>,
-    completed_at: Option<Instant>,
-    expires_at: Instant,
-}
-
-#[derive(FromRow)]
 struct MarkRow {
     event_id: String,
     processed_at: Instant,
@@ -529,10 +553,9 @@ impl Store for PgStore {
                 .fetch_one(&self.pool)
         })
         .await?;
-        let (record, newly_claimed) = row.into_record();
         Ok(TryStartOutcome::from_record(
-            record,
-            newly_claimed,
+            row.key.into(),
+            row.newly_claimed,
             &command,
         ))
     }
@@ -624,35 +647,14 @@ impl Store for PgStore {
     }
 
     async fn lookup(&self, query: LookupQuery) -> Result<KeyState, StoreError> {
-        let row: Option<LookupRow> = with_retries(|| {
+        let row: Option<KeyRow> = with_retries(|| {
             sqlx::query_as(LOOKUP)
                 .bind(query.namespace.as_str())
                 .bind(query.key.as_str())
                 .fetch_optional(&self.pool)
         })
         .await?;
-        Ok(match row {
-            None => KeyState::Absent,
-            Some(LookupRow {
-                fingerprint,
-                response: Some(response),
-                completed_at: Some(completed_at),
-                expires_at,
-                ..
-            }) => KeyState::Completed {
-                response,
-                fingerprint,
-                completion: Completion {
-                    completed_at,
-                    expires_at,
-                },
-            },
-            Some(row) => KeyState::InProgress {
-                lease_expires_at: row.lease_expires_at,
-                attempt: attempt_number(row.attempt),
-                fingerprint: row.fingerprint,
-            },
-        })
+        Ok(KeyState::of(row.map(KeyRecord::from)))
     }
 
     async fn mark_processed(

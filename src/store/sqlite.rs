@@ -6,12 +6,13 @@
 //!   read, the decision (the domain's own functions, [`claim_action`] and friends) and the write
 //!   are atomic, and concurrent callers are served one after another. Reads (Lookup, health)
 //!   use a pool of their own and never wait for the writer (WAL mode).
-//! - **One clock.** Instants come from SQLite's clock (`unixepoch('subsec')`, millisecond
+//! - **One clock.** Instants come from SQLite's clock (`julianday('now')`, millisecond
 //!   resolution), read inside the write transaction, once the lock is held.
 //! - **Durability.** `synchronous = FULL`: a completion that was acknowledged survives a power
 //!   loss, not only a crash of the process.
 //! - **Bounded waits.** `busy_timeout` and the wait for the writer each take at most half the
-//!   operation timeout.
+//!   operation timeout; a write whose operation has run out of time by its commit is rolled
+//!   back instead, so a timeout leaves nothing written.
 //!
 //! Several processes on one file would each believe they are the only writer of their own
 //! pool; the store is for one instance only (PostgreSQL is the store for replicas).
@@ -53,6 +54,10 @@ pub struct SqliteSettings {
 pub struct SqliteStore {
     writer: SqlitePool,
     readers: SqlitePool,
+    /// One reader of its own for health probes, so that reads keeping the pool busy do not look
+    /// like an unreachable file.
+    probe_reader: SqlitePool,
+    operation_timeout: Duration,
     /// Set once the schema is known to be current, so that an operation on an unmigrated file
     /// is told apart from other failures without reading error texts.
     schema_ready: Arc<AtomicBool>,
@@ -64,10 +69,11 @@ impl std::fmt::Debug for SqliteStore {
     }
 }
 
-/// Now, from SQLite's clock, in whole microseconds (SQLite reads the clock to the millisecond).
+/// Now, from SQLite's clock, in whole microseconds (SQLite reads the clock to the millisecond;
+/// `julianday` works on every SQLite version, unlike `unixepoch('subsec')`).
 macro_rules! now_us {
     () => {
-        "CAST(round(unixepoch('subsec') * 1000) AS INTEGER) * 1000"
+        "(CAST(round((julianday('now') - 2440587.5) * 86400000) AS INTEGER) * 1000)"
     };
 }
 
@@ -93,19 +99,37 @@ impl SqliteStore {
         let readers = SqlitePoolOptions::new()
             .max_connections(settings.pool_size)
             .acquire_timeout(half)
+            .connect_lazy_with(options.clone());
+        let probe_reader = SqlitePoolOptions::new()
+            .max_connections(1)
+            .acquire_timeout(half)
             .connect_lazy_with(options);
         Ok(Self {
             writer,
             readers,
+            probe_reader,
+            operation_timeout: settings.operation_timeout,
             schema_ready: Arc::new(AtomicBool::new(false)),
         })
     }
 
     /// The file a `sqlite://` URL names (`sqlite://./data/x.db`, `sqlite:///var/lib/x.db`).
-    pub fn path_from_url(url: &str) -> Option<PathBuf> {
-        let rest = url.strip_prefix("sqlite://")?;
-        let path = rest.split('?').next().unwrap_or(rest);
-        (!path.is_empty()).then(|| PathBuf::from(path))
+    /// Options after `?` and in-memory databases are refused: the service's settings say how it
+    /// opens the file, and its data must outlive the process.
+    pub fn path_from_url(url: &str) -> Result<PathBuf, String> {
+        let path = url.strip_prefix("sqlite://").unwrap_or(url);
+        if path.is_empty() {
+            return Err(
+                "a sqlite:// URL needs a file path, e.g. sqlite://./data/coordinator.db".into(),
+            );
+        }
+        if path.contains('?') {
+            return Err("a sqlite:// URL takes a file path only, without ?options".into());
+        }
+        if path == ":memory:" || path.starts_with("file:") {
+            return Err("the embedded store needs a file: its data must survive a restart".into());
+        }
+        Ok(PathBuf::from(path))
     }
 
     /// Fails with [`StoreError::NotMigrated`] until the schema has been seen current.
@@ -116,12 +140,51 @@ impl SqliteStore {
         self.probe().await
     }
 
-    async fn begin_write(&self) -> Result<sqlx::Transaction<'static, sqlx::Sqlite>, StoreError> {
+    /// Takes the write lock for one operation, which must commit within the operation timeout.
+    async fn begin_write(&self) -> Result<Write, StoreError> {
+        let deadline = tokio::time::Instant::now() + self.operation_timeout;
         self.ensure_schema().await?;
-        self.writer
+        let tx = self
+            .writer
             .begin_with("BEGIN IMMEDIATE")
             .await
-            .map_err(classify)
+            .map_err(classify)?;
+        Ok(Write {
+            tx,
+            deadline,
+            budget: self.operation_timeout,
+        })
+    }
+
+    /// Deletes at most `limit` rows that `sql` selects as expired, in one statement on the
+    /// writer (so it runs between writes, never inside one).
+    async fn reap(&self, sql: &'static str, limit: u32) -> Result<u64, StoreError> {
+        self.ensure_schema().await?;
+        let deleted = sqlx::query(sql)
+            .bind(i64::from(limit))
+            .execute(&self.writer)
+            .await
+            .map_err(classify)?;
+        Ok(deleted.rows_affected())
+    }
+}
+
+/// A write transaction and the deadline of its operation.
+struct Write {
+    tx: sqlx::Transaction<'static, sqlx::Sqlite>,
+    deadline: tokio::time::Instant,
+    budget: Duration,
+}
+
+impl Write {
+    /// Commits, unless the operation ran out of time on the way: then it rolls back and says
+    /// so, because an answer of UNAVAILABLE must mean that nothing was written.
+    async fn commit(self) -> Result<(), StoreError> {
+        if tokio::time::Instant::now() > self.deadline {
+            self.tx.rollback().await.map_err(classify)?;
+            return Err(StoreError::TimedOut(self.budget));
+        }
+        self.tx.commit().await.map_err(classify)
     }
 }
 
@@ -198,11 +261,19 @@ impl From<KeyRow> for KeyRecord {
     }
 }
 
-const SELECT_KEY: &str = "
-SELECT fingerprint, lease_token, attempt, attempt_id, lease_expires_at, checkpoint, response,
-       completed_at, retention_us, expires_at
-FROM idempotency_keys
-WHERE namespace = ?1 AND key = ?2";
+macro_rules! select_key {
+    () => {
+        "SELECT fingerprint, lease_token, attempt, attempt_id, lease_expires_at, checkpoint,
+                response, completed_at, retention_us, expires_at
+         FROM idempotency_keys
+         WHERE namespace = ?1 AND key = ?2"
+    };
+}
+
+const SELECT_KEY: &str = select_key!();
+
+/// A key's row if it is live by SQLite's clock at the moment of the read.
+const LOOKUP_LIVE_KEY: &str = concat!(select_key!(), " AND expires_at > ", now_us!());
 
 /// Writes a key's whole state, replacing whatever row (live or expired) the key had.
 const UPSERT_KEY: &str = "
@@ -293,6 +364,20 @@ fn plus(instant: Instant, duration: Duration) -> Instant {
         .unwrap_or(DateTime::<Utc>::MAX_UTC)
 }
 
+const REAP_KEYS: &str = concat!(
+    "DELETE FROM idempotency_keys WHERE rowid IN (
+         SELECT rowid FROM idempotency_keys WHERE expires_at <= ",
+    now_us!(),
+    " ORDER BY expires_at LIMIT ?1)"
+);
+
+const REAP_EVENTS: &str = concat!(
+    "DELETE FROM processed_events WHERE (consumer, event_id) IN (
+         SELECT consumer, event_id FROM processed_events WHERE expires_at <= ",
+    now_us!(),
+    " ORDER BY expires_at LIMIT ?1)"
+);
+
 #[derive(FromRow)]
 struct EventRow {
     processed_at: i64,
@@ -301,11 +386,12 @@ struct EventRow {
 
 impl Store for SqliteStore {
     async fn try_start(&self, command: TryStartCommand) -> Result<TryStartOutcome, StoreError> {
-        let mut tx = self.begin_write().await?;
+        let mut write = self.begin_write().await?;
+        let tx = &mut write.tx;
         let namespace = command.namespace.as_str();
         let key = command.key.as_str();
-        let now = now(&mut tx).await?;
-        let existing = select_key(&mut tx, namespace, key).await?;
+        let now = now(tx).await?;
+        let existing = select_key(tx, namespace, key).await?;
         let action = claim_action(existing.as_ref(), now, &command);
         let newly_claimed = matches!(action, ClaimAction::Fresh | ClaimAction::Takeover);
         let record = match (action, existing) {
@@ -314,12 +400,12 @@ impl Store for SqliteStore {
                 let token = held.lease_token;
                 let renewed = claimed_record(Some(held), action, now, &command, token)
                     .ok_or(StoreError::Inconsistent("re-entry produced no key"))?;
-                write_key(&mut tx, namespace, key, &renewed).await?;
+                write_key(tx, namespace, key, &renewed).await?;
                 renewed
             }
             (_, existing) => {
                 let (token,): (i64,) = sqlx::query_as(NEXT_TOKEN)
-                    .fetch_one(&mut *tx)
+                    .fetch_one(&mut **tx)
                     .await
                     .map_err(classify)?;
                 let claimed = claimed_record(
@@ -330,11 +416,11 @@ impl Store for SqliteStore {
                     LeaseToken::from_stored(token),
                 )
                 .ok_or(StoreError::Inconsistent("a claim produced no key"))?;
-                write_key(&mut tx, namespace, key, &claimed).await?;
+                write_key(tx, namespace, key, &claimed).await?;
                 claimed
             }
         };
-        tx.commit().await.map_err(classify)?;
+        write.commit().await?;
         Ok(TryStartOutcome::from_record(
             record,
             newly_claimed,
@@ -346,11 +432,12 @@ impl Store for SqliteStore {
         &self,
         command: CompleteCommand,
     ) -> Result<Result<Completion, Rejection>, StoreError> {
-        let mut tx = self.begin_write().await?;
+        let mut write = self.begin_write().await?;
+        let tx = &mut write.tx;
         let namespace = command.namespace.as_str();
         let key = command.key.as_str();
         let guard = judge(
-            &mut tx,
+            tx,
             namespace,
             key,
             command.lease_token,
@@ -377,16 +464,17 @@ impl Store for SqliteStore {
             expires_at: completion.expires_at,
             ..held
         };
-        write_key(&mut tx, namespace, key, &completed).await?;
-        tx.commit().await.map_err(classify)?;
+        write_key(tx, namespace, key, &completed).await?;
+        write.commit().await?;
         Ok(Ok(completion))
     }
 
     async fn release(&self, command: ReleaseCommand) -> Result<Result<(), Rejection>, StoreError> {
-        let mut tx = self.begin_write().await?;
+        let mut write = self.begin_write().await?;
+        let tx = &mut write.tx;
         let namespace = command.namespace.as_str();
         let key = command.key.as_str();
-        let guard = judge(&mut tx, namespace, key, command.lease_token, None).await?;
+        let guard = judge(tx, namespace, key, command.lease_token, None).await?;
         match guard.verdict {
             Err(rejection) => Ok(Err(rejection)),
             // Without an offered response, a completed key is always ALREADY_COMPLETED.
@@ -395,10 +483,10 @@ impl Store for SqliteStore {
                 sqlx::query("DELETE FROM idempotency_keys WHERE namespace = ?1 AND key = ?2")
                     .bind(namespace)
                     .bind(key)
-                    .execute(&mut *tx)
+                    .execute(&mut **tx)
                     .await
                     .map_err(classify)?;
-                tx.commit().await.map_err(classify)?;
+                write.commit().await?;
                 Ok(Ok(()))
             }
         }
@@ -408,10 +496,11 @@ impl Store for SqliteStore {
         &self,
         command: ExtendLeaseCommand,
     ) -> Result<Result<Instant, Rejection>, StoreError> {
-        let mut tx = self.begin_write().await?;
+        let mut write = self.begin_write().await?;
+        let tx = &mut write.tx;
         let namespace = command.namespace.as_str();
         let key = command.key.as_str();
-        let guard = judge(&mut tx, namespace, key, command.lease_token, None).await?;
+        let guard = judge(tx, namespace, key, command.lease_token, None).await?;
         let held = match (guard.verdict, guard.record) {
             (Err(rejection), _) => return Ok(Err(rejection)),
             (Ok(Some(_)), _) => return Ok(Err(Rejection::AlreadyCompleted)),
@@ -429,53 +518,31 @@ impl Store for SqliteStore {
             },
             ..held
         };
-        write_key(&mut tx, namespace, key, &extended).await?;
-        tx.commit().await.map_err(classify)?;
+        write_key(tx, namespace, key, &extended).await?;
+        write.commit().await?;
         Ok(Ok(lease_expires_at))
     }
 
     async fn lookup(&self, query: LookupQuery) -> Result<KeyState, StoreError> {
         self.ensure_schema().await?;
-        let mut connection = self.readers.acquire().await.map_err(classify)?;
-        let now = now(&mut connection).await?;
-        let record = select_key(
-            &mut connection,
-            query.namespace.as_str(),
-            query.key.as_str(),
-        )
-        .await?
-        .filter(|record| record.is_live(now));
-        Ok(match record {
-            None => KeyState::Absent,
-            Some(KeyRecord {
-                fingerprint,
-                response: Some(response),
-                completed_at: Some(completed_at),
-                expires_at,
-                ..
-            }) => KeyState::Completed {
-                response,
-                fingerprint,
-                completion: Completion {
-                    completed_at,
-                    expires_at,
-                },
-            },
-            Some(record) => KeyState::InProgress {
-                lease_expires_at: record.lease_expires_at,
-                attempt: record.attempt,
-                fingerprint: record.fingerprint,
-            },
-        })
+        // One statement, so that the clock and the row are read in one snapshot.
+        let row: Option<KeyRow> = sqlx::query_as(LOOKUP_LIVE_KEY)
+            .bind(query.namespace.as_str())
+            .bind(query.key.as_str())
+            .fetch_optional(&self.readers)
+            .await
+            .map_err(classify)?;
+        Ok(KeyState::of(row.map(KeyRecord::from)))
     }
 
     async fn mark_processed(
         &self,
         command: MarkProcessedCommand,
     ) -> Result<Vec<ProcessedEvent>, StoreError> {
-        let mut tx = self.begin_write().await?;
+        let mut write = self.begin_write().await?;
+        let tx = &mut write.tx;
         let consumer = command.consumer.as_str();
-        let now = now(&mut tx).await?;
+        let now = now(tx).await?;
         let expires_at = micros(plus(now, command.retention.get()));
         // The first processing of each id, as this call finds or records it.
         let mut first: std::collections::HashMap<&str, Instant> = std::collections::HashMap::new();
@@ -496,7 +563,7 @@ impl Store for SqliteStore {
             )
             .bind(consumer)
             .bind(id)
-            .fetch_optional(&mut *tx)
+            .fetch_optional(&mut **tx)
             .await
             .map_err(classify)?;
             let live = existing.filter(|row| instant(row.expires_at) > now);
@@ -514,7 +581,7 @@ impl Store for SqliteStore {
                     .bind(id)
                     .bind(micros(now))
                     .bind(expires_at)
-                    .execute(&mut *tx)
+                    .execute(&mut **tx)
                     .await
                     .map_err(classify)?;
                     (false, now)
@@ -527,40 +594,16 @@ impl Store for SqliteStore {
                 processed_at,
             });
         }
-        tx.commit().await.map_err(classify)?;
+        write.commit().await?;
         Ok(results)
     }
 
     async fn reap_expired_keys(&self, limit: u32) -> Result<u64, StoreError> {
-        self.ensure_schema().await?;
-        let deleted = sqlx::query(concat!(
-            "DELETE FROM idempotency_keys WHERE rowid IN (
-                 SELECT rowid FROM idempotency_keys
-                 WHERE expires_at <= ",
-            now_us!(),
-            " ORDER BY expires_at LIMIT ?1)"
-        ))
-        .bind(i64::from(limit))
-        .execute(&self.writer)
-        .await
-        .map_err(classify)?;
-        Ok(deleted.rows_affected())
+        self.reap(REAP_KEYS, limit).await
     }
 
     async fn reap_expired_events(&self, limit: u32) -> Result<u64, StoreError> {
-        self.ensure_schema().await?;
-        let deleted = sqlx::query(concat!(
-            "DELETE FROM processed_events WHERE (consumer, event_id) IN (
-                 SELECT consumer, event_id FROM processed_events
-                 WHERE expires_at <= ",
-            now_us!(),
-            " ORDER BY expires_at LIMIT ?1)"
-        ))
-        .bind(i64::from(limit))
-        .execute(&self.writer)
-        .await
-        .map_err(classify)?;
-        Ok(deleted.rows_affected())
+        self.reap(REAP_EVENTS, limit).await
     }
 
     async fn migrate(&self) -> Result<(), StoreError> {
@@ -578,12 +621,13 @@ impl Store for SqliteStore {
     async fn probe(&self) -> Result<(), StoreError> {
         let found: Result<(i64,), sqlx::Error> =
             sqlx::query_as("SELECT coalesce(max(version), 0) FROM _sqlx_migrations WHERE success")
-                .fetch_one(&self.readers)
+                .fetch_one(&self.probe_reader)
                 .await;
         let version = match found {
             Ok((version,)) => version,
-            // A file without the migrations table has simply not been migrated yet.
-            Err(sqlx::Error::Database(db)) if db.code().as_deref() == Some("1") => 0,
+            // A file without the migrations table (result code 1, SQLITE_ERROR), or no file at
+            // all (14, SQLITE_CANTOPEN: readers do not create it), has not been migrated yet.
+            Err(sqlx::Error::Database(db)) if matches!(db.code().as_deref(), Some("1" | "14")) => 0,
             Err(other) => return Err(classify(other)),
         };
         let required = MIGRATOR.iter().map(|m| m.version).max().unwrap_or(0);
@@ -597,6 +641,7 @@ impl Store for SqliteStore {
     }
 
     async fn close(&self) {
+        self.probe_reader.close().await;
         self.readers.close().await;
         self.writer.close().await;
     }

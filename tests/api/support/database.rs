@@ -260,42 +260,45 @@ impl TestDatabase {
         .await
     }
 
-    pub async fn key_lease_token(&self, key: &str) -> u64 {
-        let (token,): (i64,) = match &self.inspector {
+    /// One column of one key's row, the same query in each store's placeholder style.
+    async fn key_column<T>(&self, column: &str, key: &str) -> T
+    where
+        T: for<'r> sqlx::Decode<'r, sqlx::Postgres>
+            + sqlx::Type<sqlx::Postgres>
+            + for<'r> sqlx::Decode<'r, sqlx::Sqlite>
+            + sqlx::Type<sqlx::Sqlite>
+            + Send
+            + Unpin,
+    {
+        let (value,): (T,) = match &self.inspector {
             Inspector::Postgres(pool) => {
-                sqlx::query_as("SELECT lease_token FROM idempotency_keys WHERE key = $1")
-                    .bind(key)
-                    .fetch_one(pool)
-                    .await
+                sqlx::query_as(AssertSqlSafe(format!(
+                    "SELECT {column} FROM idempotency_keys WHERE key = $1"
+                )))
+                .bind(key)
+                .fetch_one(pool)
+                .await
             }
             Inspector::Sqlite(pool) => {
-                sqlx::query_as("SELECT lease_token FROM idempotency_keys WHERE key = ?1")
-                    .bind(key)
-                    .fetch_one(pool)
-                    .await
+                sqlx::query_as(AssertSqlSafe(format!(
+                    "SELECT {column} FROM idempotency_keys WHERE key = ?1"
+                )))
+                .bind(key)
+                .fetch_one(pool)
+                .await
             }
         }
-        .expect("read the token");
+        .unwrap_or_else(|error| panic!("read {column} of {key}: {error}"));
+        value
+    }
+
+    pub async fn key_lease_token(&self, key: &str) -> u64 {
+        let token: i64 = self.key_column("lease_token", key).await;
         u64::try_from(token).expect("positive token")
     }
 
     pub async fn key_checkpoint(&self, key: &str) -> Option<Vec<u8>> {
-        let (checkpoint,): (Option<Vec<u8>>,) = match &self.inspector {
-            Inspector::Postgres(pool) => {
-                sqlx::query_as("SELECT checkpoint FROM idempotency_keys WHERE key = $1")
-                    .bind(key)
-                    .fetch_one(pool)
-                    .await
-            }
-            Inspector::Sqlite(pool) => {
-                sqlx::query_as("SELECT checkpoint FROM idempotency_keys WHERE key = ?1")
-                    .bind(key)
-                    .fetch_one(pool)
-                    .await
-            }
-        }
-        .expect("read the checkpoint");
-        checkpoint
+        self.key_column("checkpoint", key).await
     }
 
     /// Keeps `event_id` for another hour from now.
