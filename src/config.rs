@@ -63,9 +63,9 @@ pub struct DatabaseArgs {
           value_parser = clap::value_parser!(u32).range(1..=1000))]
     pub pool_size: u32,
 
-    /// Budget of one store operation: half waiting for a pooled connection, half for the
-    /// statement (PostgreSQL's statement_timeout). Past it a call fails with UNAVAILABLE /
-    /// STORE_UNAVAILABLE, and nothing was written.
+    /// Every call answers within it. 40% may go to waiting for a pooled connection, 50% to the
+    /// statement (PostgreSQL's statement_timeout, SQLite's busy_timeout); past them a call
+    /// fails with UNAVAILABLE / STORE_UNAVAILABLE, and nothing was written.
     #[arg(long, env = "IDEMPOTENCY_OPERATION_TIMEOUT", default_value = "5s",
           value_parser = parse_duration)]
     pub operation_timeout: Duration,
@@ -220,7 +220,7 @@ impl ServeArgs {
             reaper: ReaperSettings {
                 interval: nonzero("reaper-interval", self.reaper_interval)?,
                 batch_size: self.reaper_batch_size,
-                batch_timeout: operation_timeout + Duration::from_secs(1),
+                batch_timeout: operation_timeout,
             },
             shutdown_grace: self.shutdown_grace,
             operation_timeout,

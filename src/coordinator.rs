@@ -5,11 +5,12 @@
 //! be cut off half-way by either, so every operation runs in its own task (tracked, so shutdown
 //! can wait for it) and is bounded by its own timeout instead.
 //!
-//! That timeout is enforced by the store itself (a bounded wait for a connection, then
-//! PostgreSQL's `statement_timeout`), because only the database can stop a statement without
-//! leaving its outcome in doubt: an UNAVAILABLE after a timeout then means nothing was written.
-//! The task's own deadline, a little later, is a last resort for a connection that stopped
-//! answering altogether, where the outcome of a write cannot be known.
+//! That timeout is enforced by the store itself (see `store::Budget`: a bounded wait for a
+//! connection, then a statement the database ends), because only the database can stop a
+//! statement without leaving its outcome in doubt: an UNAVAILABLE after such a timeout means
+//! nothing was written. The task's own deadline, at the full operation timeout, is reached only
+//! when the connection to the store stopped answering altogether, where the outcome of a write
+//! cannot be known.
 
 use std::future::Future;
 use std::time::Duration;
@@ -34,9 +35,6 @@ pub enum CoordinatorError {
     #[error("the operation's task failed")]
     TaskFailed(#[source] tokio::task::JoinError),
 }
-
-/// How long past the operation timeout a task waits for a store that stopped answering.
-const LAST_RESORT_MARGIN: Duration = Duration::from_secs(1);
 
 #[derive(Clone)]
 pub struct Coordinator<S> {
@@ -109,7 +107,7 @@ impl<S: Store> Coordinator<S> {
         let timeout = self.operation_timeout;
         let work = operation(self.store.clone());
         let task = self.tasks.spawn(async move {
-            match tokio::time::timeout(timeout + LAST_RESORT_MARGIN, work).await {
+            match tokio::time::timeout(timeout, work).await {
                 Ok(result) => result,
                 Err(_elapsed) => Err(StoreError::TimedOut(timeout)),
             }

@@ -78,6 +78,27 @@ pub trait Store: Clone + Send + Sync + 'static {
     fn close(&self) -> impl Future<Output = ()> + Send;
 }
 
+/// How one operation's time (the operation timeout) is shared out, alike in both stores: at
+/// most 40% waiting for a connection, at most 50% for the statement, which the database ends
+/// itself (PostgreSQL's `statement_timeout`, SQLite's `busy_timeout` and a deadline checked
+/// before commit), and the rest for the answer to come back before the coordinator's own
+/// deadline at 100%. That deadline then only fires when the connection itself has stopped
+/// answering; every other timeout is reported by the database, with nothing written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Budget {
+    pub connection_wait: Duration,
+    pub statement: Duration,
+}
+
+impl Budget {
+    pub fn of(operation_timeout: Duration) -> Self {
+        Self {
+            connection_wait: operation_timeout * 2 / 5,
+            statement: operation_timeout / 2,
+        }
+    }
+}
+
 /// Where the data lives.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum StoreLocation {

@@ -16,7 +16,7 @@ use sqlx::migrate::{MigrateDatabase, Migrator};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{FromRow, PgPool, Postgres};
 
-use super::{Store, StoreError};
+use super::{Budget, Store, StoreError};
 use crate::domain::{
     CompleteCommand, Completion, ExtendLeaseCommand, GuardedKey, Instant, KeyRecord, KeyState,
     LeaseToken, LookupQuery, MarkProcessedCommand, ProcessedEvent, Rejection, ReleaseCommand,
@@ -30,10 +30,9 @@ static MIGRATOR: Migrator = sqlx::migrate!("./migrations/postgres");
 pub struct PgSettings {
     pub url: String,
     pub pool_size: u32,
-    /// The budget of one operation: half for waiting for a pooled connection, half for the
-    /// statement, which PostgreSQL itself stops (`statement_timeout`). A statement that has been
-    /// sent is never abandoned before PostgreSQL has ended it, so a timeout means that nothing
-    /// was written.
+    /// The budget of one operation, shared out by [`Budget`]: PostgreSQL itself stops a
+    /// statement that runs too long (`statement_timeout`), so a timeout it reports means that
+    /// nothing was written.
     pub operation_timeout: Duration,
 }
 
@@ -63,22 +62,22 @@ impl PgStore {
     /// Builds the pool without connecting, so the service can start (and report NOT_SERVING)
     /// while the database is still unreachable.
     pub fn connect_lazy(settings: &PgSettings) -> Result<Self, sqlx::Error> {
-        let half = settings.operation_timeout / 2;
+        let budget = Budget::of(settings.operation_timeout);
         let migration_options: PgConnectOptions = settings
             .url
             .parse::<PgConnectOptions>()?
             .application_name("idempotency-coordinator");
-        let statement_timeout_ms = half.as_millis().max(1).to_string();
+        let statement_timeout_ms = budget.statement.as_millis().max(1).to_string();
         let options = migration_options
             .clone()
             .options([("statement_timeout", statement_timeout_ms.as_str())]);
         let pool = PgPoolOptions::new()
             .max_connections(settings.pool_size)
-            .acquire_timeout(half)
+            .acquire_timeout(budget.connection_wait)
             .connect_lazy_with(options.clone());
         let probe_pool = PgPoolOptions::new()
             .max_connections(1)
-            .acquire_timeout(half)
+            .acquire_timeout(budget.connection_wait)
             .connect_lazy_with(options);
         Ok(Self {
             pool,

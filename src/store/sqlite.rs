@@ -10,9 +10,9 @@
 //!   resolution), read inside the write transaction, once the lock is held.
 //! - **Durability.** `synchronous = FULL`: a completion that was acknowledged survives a power
 //!   loss, not only a crash of the process.
-//! - **Bounded waits.** `busy_timeout` and the wait for the writer each take at most half the
-//!   operation timeout; a write whose operation has run out of time by its commit is rolled
-//!   back instead, so a timeout leaves nothing written.
+//! - **Bounded waits**, shared out like PostgreSQL's ([`Budget`]): the wait for the writer,
+//!   then `busy_timeout`; a write whose operation has used up both by its commit is rolled back
+//!   instead, so a timeout leaves nothing written.
 //!
 //! Several processes on one file would each believe they are the only writer of their own
 //! pool; the store is for one instance only (PostgreSQL is the store for replicas).
@@ -27,7 +27,7 @@ use sqlx::migrate::Migrator;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
 use sqlx::{FromRow, SqliteConnection, SqlitePool};
 
-use super::{Store, StoreError};
+use super::{Budget, Store, StoreError};
 use crate::domain::{
     ClaimAction, CompleteCommand, Completion, ExtendLeaseCommand, GuardedKey, Instant, KeyRecord,
     KeyState, LeaseToken, LookupQuery, MarkProcessedCommand, ProcessedEvent, Rejection,
@@ -45,8 +45,7 @@ pub struct SqliteSettings {
     pub path: PathBuf,
     /// Connections for reads; writes always go through the one writer.
     pub pool_size: u32,
-    /// The budget of one operation: half for the writer (or a reader), half for SQLite's
-    /// `busy_timeout`.
+    /// The budget of one operation, shared out by [`Budget`].
     pub operation_timeout: Duration,
 }
 
@@ -86,23 +85,23 @@ impl SqliteStore {
         {
             std::fs::create_dir_all(folder)?;
         }
-        let half = settings.operation_timeout / 2;
+        let budget = Budget::of(settings.operation_timeout);
         let options = SqliteConnectOptions::new()
             .filename(&settings.path)
             .journal_mode(SqliteJournalMode::Wal)
             .synchronous(SqliteSynchronous::Full)
-            .busy_timeout(half);
+            .busy_timeout(budget.statement);
         let writer = SqlitePoolOptions::new()
             .max_connections(1)
-            .acquire_timeout(half)
+            .acquire_timeout(budget.connection_wait)
             .connect_lazy_with(options.clone().create_if_missing(true));
         let readers = SqlitePoolOptions::new()
             .max_connections(settings.pool_size)
-            .acquire_timeout(half)
+            .acquire_timeout(budget.connection_wait)
             .connect_lazy_with(options.clone());
         let probe_reader = SqlitePoolOptions::new()
             .max_connections(1)
-            .acquire_timeout(half)
+            .acquire_timeout(budget.connection_wait)
             .connect_lazy_with(options);
         Ok(Self {
             writer,
@@ -140,9 +139,10 @@ impl SqliteStore {
         self.probe().await
     }
 
-    /// Takes the write lock for one operation, which must commit within the operation timeout.
+    /// Takes the write lock for one operation, which must commit within its budget.
     async fn begin_write(&self) -> Result<Write, StoreError> {
-        let deadline = tokio::time::Instant::now() + self.operation_timeout;
+        let budget = Budget::of(self.operation_timeout);
+        let deadline = tokio::time::Instant::now() + budget.connection_wait + budget.statement;
         self.ensure_schema().await?;
         let tx = self
             .writer
