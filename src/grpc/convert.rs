@@ -327,3 +327,203 @@ pub fn mark_processed_response(results: Vec<ProcessedEvent>) -> pb::MarkProcesse
             .collect(),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    //! Fuzzing the edge: arbitrary requests, biased towards every bound, against an oracle of
+    //! the contract's limits written independently of the validated types. A request is accepted
+    //! exactly when the oracle finds nothing wrong, and otherwise refused with one violation per
+    //! field the oracle rejects, in field order.
+
+    use proptest::prelude::*;
+    use tonic_types::StatusExt;
+
+    use super::*;
+
+    const DAY: i64 = 24 * 3600;
+
+    fn limits() -> Limits {
+        Limits {
+            default_lease_ttl: LeaseTtl::parse(Duration::from_secs(30)).expect("valid"),
+            default_key_retention: KeyRetention::parse(Duration::from_secs(60)).expect("valid"),
+            default_event_retention: EventRetention::parse(Duration::from_secs(60)).expect("valid"),
+            max_response_bytes: 16,
+        }
+    }
+
+    /// Characters that make a string interesting: the scope alphabet, punctuation outside it,
+    /// multi-byte letters, and control characters at both ends of both Cc ranges.
+    fn interesting_char() -> impl Strategy<Value = char> {
+        prop_oneof![
+            4 => prop::sample::select(vec!['a', 'Z', '0', '.', '_', '-', ':']),
+            1 => prop::sample::select(vec![' ', '/', '*', 'é', '🚀', '\u{a0}', '\u{200b}']),
+            1 => prop::sample::select(vec!['\u{0}', '\u{1f}', '\u{7f}', '\u{80}', '\u{9f}']),
+        ]
+    }
+
+    /// Strings of about `len` characters, with lengths clustered around the bounds.
+    fn text(bounds: &'static [usize]) -> impl Strategy<Value = String> {
+        (prop::sample::select(bounds), -1i32..=1)
+            .prop_flat_map(|(len, delta)| {
+                let len = (len as i64 + i64::from(delta)).max(0) as usize;
+                prop::collection::vec(interesting_char(), len..=len)
+            })
+            .prop_map(|chars| chars.into_iter().collect())
+    }
+
+    fn duration() -> impl Strategy<Value = Option<prost_types::Duration>> {
+        let seconds = prop::sample::select(vec![
+            -1,
+            0,
+            1,
+            DAY - 1,
+            DAY,
+            DAY + 1,
+            30 * DAY,
+            30 * DAY + 1,
+            1000 * 365 * DAY,
+        ]);
+        let nanos = prop::sample::select(vec![
+            -1,
+            0,
+            1,
+            99_999_999,
+            100_000_000,
+            999_999_999,
+            1_000_000_000,
+        ]);
+        proptest::option::of(
+            (seconds, nanos).prop_map(|(seconds, nanos)| prost_types::Duration { seconds, nanos }),
+        )
+    }
+
+    // The oracle: the contract's table, spelled out independently.
+    fn scope_ok(s: &str) -> bool {
+        let n = s.chars().count();
+        (1..=64).contains(&n)
+            && s.chars()
+                .all(|c| c.is_ascii_alphanumeric() || ".-_:".contains(c))
+    }
+    fn cc(c: char) -> bool {
+        ('\u{0}'..='\u{1f}').contains(&c) || ('\u{7f}'..='\u{9f}').contains(&c)
+    }
+    fn id_ok(s: &str, max_bytes: usize) -> bool {
+        (1..=max_bytes).contains(&s.len()) && !s.chars().any(cc)
+    }
+    fn duration_ok(d: &Option<prost_types::Duration>, min_nanos: i128, max_nanos: i128) -> bool {
+        let Some(d) = d else { return true };
+        if d.seconds < 0 || d.nanos < 0 || d.nanos > 999_999_999 {
+            return false;
+        }
+        let total = i128::from(d.seconds) * 1_000_000_000 + i128::from(d.nanos);
+        (min_nanos..=max_nanos).contains(&total)
+    }
+    const LEASE: (i128, i128) = (100_000_000, 86_400 * 1_000_000_000);
+    const RETENTION: (i128, i128) = (1_000_000_000, 30 * 86_400 * 1_000_000_000);
+
+    fn violations(status: &Status) -> Vec<String> {
+        status
+            .get_error_details()
+            .bad_request()
+            .map(|b| b.field_violations.iter().map(|v| v.field.clone()).collect())
+            .unwrap_or_default()
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
+
+        #[test]
+        fn try_start_is_refused_exactly_for_the_fields_the_contract_rejects(
+            namespace in text(&[0, 1, 64, 65]),
+            key in text(&[0, 1, 127, 255, 256]),
+            fingerprint in prop::collection::vec(any::<u8>(), 0..=66),
+            lease_ttl in duration(),
+            retention in duration(),
+            attempt_id in text(&[0, 1, 64, 128, 129]),
+        ) {
+            let mut expected = Vec::new();
+            if !scope_ok(&namespace) { expected.push("namespace"); }
+            if !id_ok(&key, 255) { expected.push("key"); }
+            if fingerprint.len() > 64 { expected.push("fingerprint"); }
+            if !duration_ok(&lease_ttl, LEASE.0, LEASE.1) { expected.push("lease_ttl"); }
+            if !duration_ok(&retention, RETENTION.0, RETENTION.1) { expected.push("retention"); }
+            if !attempt_id.is_empty() && !id_ok(&attempt_id, 128) { expected.push("attempt_id"); }
+            let request = pb::TryStartRequest {
+                namespace, key, fingerprint, lease_ttl, retention, attempt_id,
+            };
+            match try_start_command(request, &limits()) {
+                Ok(_) => prop_assert!(expected.is_empty(), "accepted despite {expected:?}"),
+                Err(status) => {
+                    prop_assert_eq!(status.code(), tonic::Code::InvalidArgument);
+                    prop_assert_eq!(violations(&status), expected);
+                }
+            }
+        }
+
+        #[test]
+        fn complete_and_extend_lease_check_tokens_payloads_and_durations(
+            token in prop::sample::select(vec![0, 1, i64::MAX as u64, i64::MAX as u64 + 1, u64::MAX]),
+            response in prop::collection::vec(any::<u8>(), 15..=17),
+            retention in duration(),
+            lease_ttl in duration(),
+            checkpoint in proptest::option::of(
+                prop::sample::select(vec![0usize, 65_536, 65_537])
+                    .prop_map(|n| vec![7u8; n]),
+            ),
+        ) {
+            let token_ok = token != 0 && token <= i64::MAX as u64;
+            let mut expected = Vec::new();
+            if !token_ok { expected.push("lease_token"); }
+            if response.len() > 16 { expected.push("response"); }
+            if !duration_ok(&retention, RETENTION.0, RETENTION.1) { expected.push("retention"); }
+            let request = pb::CompleteRequest {
+                namespace: "ns".into(), key: "k".into(), lease_token: token, response, retention,
+            };
+            match complete_command(request, &limits()) {
+                Ok(_) => prop_assert!(expected.is_empty(), "accepted despite {expected:?}"),
+                Err(status) => prop_assert_eq!(violations(&status), expected),
+            }
+
+            let mut expected = Vec::new();
+            if !token_ok { expected.push("lease_token"); }
+            if !duration_ok(&lease_ttl, LEASE.0, LEASE.1) { expected.push("lease_ttl"); }
+            if checkpoint.as_ref().is_some_and(|c| c.len() > 65_536) { expected.push("checkpoint"); }
+            let request = pb::ExtendLeaseRequest {
+                namespace: "ns".into(), key: "k".into(), lease_token: token, lease_ttl, checkpoint,
+            };
+            match extend_lease_command(request, &limits()) {
+                Ok(_) => prop_assert!(expected.is_empty(), "accepted despite {expected:?}"),
+                Err(status) => prop_assert_eq!(violations(&status), expected),
+            }
+        }
+
+        #[test]
+        fn mark_processed_names_each_bad_event_id(
+            consumer in text(&[0, 1, 64, 65]),
+            ids in prop::collection::vec(text(&[0, 1, 255, 256]), 0..8),
+            extra in prop::sample::select(vec![0usize, 992, 993, 994]),
+            retention in duration(),
+        ) {
+            let mut event_ids = ids;
+            event_ids.extend((0..extra).map(|i| format!("filler-{i}")));
+            let mut expected = Vec::new();
+            if !scope_ok(&consumer) { expected.push("consumer".to_owned()); }
+            if (1..=1000).contains(&event_ids.len()) {
+                for (index, id) in event_ids.iter().enumerate() {
+                    if !id_ok(id, 255) { expected.push(format!("event_ids[{index}]")); }
+                }
+            } else {
+                expected.push("event_ids".to_owned());
+            }
+            if !duration_ok(&retention, RETENTION.0, RETENTION.1) { expected.push("retention".to_owned()); }
+            let request = pb::MarkProcessedRequest { consumer, event_ids, retention };
+            match mark_processed_command(request, &limits()) {
+                Ok(command) => {
+                    prop_assert!(expected.is_empty(), "accepted despite {expected:?}");
+                    prop_assert!(!command.event_ids.is_empty() && command.event_ids.len() <= 1000);
+                }
+                Err(status) => prop_assert_eq!(violations(&status), expected),
+            }
+        }
+    }
+}

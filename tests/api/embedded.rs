@@ -2,21 +2,8 @@
 
 use std::time::Duration;
 
-use idempotency_coordinator::proto::idempotency::v1::idempotency_service_client::IdempotencyServiceClient;
-
 use crate::support::process::ServerProcess;
 use crate::support::*;
-
-async fn serving_client(server: &ServerProcess) -> Client {
-    let health = health_client(server.endpoint()).await.expect("connect");
-    eventually(Duration::from_secs(20), "the binary serves", || {
-        is_serving(&health)
-    })
-    .await;
-    IdempotencyServiceClient::connect(server.endpoint())
-        .await
-        .expect("connect")
-}
 
 /// SQLite only: with no store configured, the binary keeps its data in ./data/coordinator.db
 /// of its working directory; PostgreSQL is never the default.
@@ -26,7 +13,7 @@ async fn with_no_settings_the_data_lives_in_a_local_file_and_survives_a_restart(
     let key = unique_key("survivor");
 
     let mut first = ServerProcess::start_embedded_in(directory.path()).await;
-    let mut client = serving_client(&first).await;
+    let mut client = first.client_when_serving().await;
     let started = claim(&mut client, try_start(&key)).await;
     client
         .complete(complete(&key, started.lease_token, b"kept across restarts"))
@@ -44,7 +31,7 @@ async fn with_no_settings_the_data_lives_in_a_local_file_and_survives_a_restart(
     );
 
     let second = ServerProcess::start_embedded_in(directory.path()).await;
-    let mut client = serving_client(&second).await;
+    let mut client = second.client_when_serving().await;
     let replay = expect_completed(
         client
             .try_start(try_start(&key))

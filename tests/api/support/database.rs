@@ -242,6 +242,16 @@ impl TestDatabase {
         .await
     }
 
+    /// The latest lease expiry of any key.
+    pub async fn latest_lease_expiry(&self) -> DateTime<Utc> {
+        self.instant(
+            "SELECT max(lease_expires_at) FROM idempotency_keys WHERE $1 = $1",
+            "SELECT max(lease_expires_at) FROM idempotency_keys WHERE ?1 = ?1",
+            "",
+        )
+        .await
+    }
+
     pub async fn event_processed_at(&self, event_id: &str) -> DateTime<Utc> {
         self.instant(
             "SELECT processed_at FROM processed_events WHERE event_id = $1",
@@ -299,6 +309,32 @@ impl TestDatabase {
 
     pub async fn key_checkpoint(&self, key: &str) -> Option<Vec<u8>> {
         self.key_column("checkpoint", key).await
+    }
+
+    /// The keys of `namespace` that are completed, in the store as it is (expired or not).
+    pub async fn completed_keys(&self, namespace: &str) -> std::collections::BTreeSet<String> {
+        let rows: Vec<(String,)> = match &self.inspector {
+            Inspector::Postgres(pool) => {
+                sqlx::query_as(
+                    "SELECT key FROM idempotency_keys
+                     WHERE namespace = $1 AND completed_at IS NOT NULL",
+                )
+                .bind(namespace)
+                .fetch_all(pool)
+                .await
+            }
+            Inspector::Sqlite(pool) => {
+                sqlx::query_as(
+                    "SELECT key FROM idempotency_keys
+                     WHERE namespace = ?1 AND completed_at IS NOT NULL",
+                )
+                .bind(namespace)
+                .fetch_all(pool)
+                .await
+            }
+        }
+        .expect("read completed keys");
+        rows.into_iter().map(|(key,)| key).collect()
     }
 
     /// Keeps `event_id` for another hour from now.

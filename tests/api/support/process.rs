@@ -92,6 +92,31 @@ impl ServerProcess {
         format!("http://{}", self.addr)
     }
 
+    /// The process's peak resident memory so far (VmHWM), in KiB.
+    pub fn peak_rss_kib(&self) -> u64 {
+        let pid = self.child.id().expect("process still running");
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("proc status");
+        status
+            .lines()
+            .find_map(|line| line.strip_prefix("VmHWM:"))
+            .and_then(|value| value.trim().trim_end_matches("kB").trim().parse().ok())
+            .expect("VmHWM in /proc/<pid>/status")
+    }
+
+    /// A client, once the process reports SERVING.
+    pub async fn client_when_serving(&self) -> super::Client {
+        let health = super::health_client(self.endpoint())
+            .await
+            .expect("connect");
+        super::eventually(Duration::from_secs(20), "the binary serves", || {
+            super::is_serving(&health)
+        })
+        .await;
+        super::Client::connect(self.endpoint())
+            .await
+            .expect("connect")
+    }
+
     pub fn signal(&self, signal: &str) {
         let pid = self.child.id().expect("process still running");
         let status = std::process::Command::new("kill")
