@@ -1,5 +1,7 @@
 //! Workloads, concurrent callers, and what they measure.
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
@@ -68,7 +70,7 @@ pub struct Report {
 impl Report {
     pub fn header() -> String {
         format!(
-            "{:<19} {:<9} {:>7} {:>10} {:>11} {:>9} {:>9} {:>9} {:>7}",
+            "{:<19} {:<20} {:>7} {:>10} {:>11} {:>9} {:>9} {:>9} {:>7}",
             "workload",
             "store",
             "callers",
@@ -89,12 +91,19 @@ impl Report {
         sorted[rank.clamp(1, sorted.len()) - 1] as f64 / 1000.0
     }
 
+    /// The latency at `fraction` (0.99 for p99), in milliseconds.
+    pub fn percentile(&self, fraction: f64) -> f64 {
+        let mut sorted = self.latencies.clone();
+        sorted.sort_unstable();
+        self.percentile_ms(&sorted, fraction)
+    }
+
     pub fn row(&self, store: &str) -> String {
         let mut sorted = self.latencies.clone();
         sorted.sort_unstable();
         let ops = sorted.len() as f64 / self.elapsed.as_secs_f64();
         format!(
-            "{:<19} {:<9} {:>7} {:>10.0} {:>11.0} {:>9.2} {:>9.2} {:>9.2} {:>7}",
+            "{:<19} {:<20} {:>7} {:>10.0} {:>11.0} {:>9.2} {:>9.2} {:>9.2} {:>7}",
             self.workload.name(),
             store,
             self.callers,
@@ -116,6 +125,16 @@ pub async fn drive(
     callers: usize,
     duration: Duration,
 ) -> anyhow::Result<Report> {
+    drive_until(target, workload, callers, tokio::time::sleep(duration)).await
+}
+
+/// Like [`drive`], until `stop` completes.
+pub async fn drive_until(
+    target: &str,
+    workload: Workload,
+    callers: usize,
+    stop: impl std::future::Future<Output = ()>,
+) -> anyhow::Result<Report> {
     let run = uuid_like();
     let mut clients = Vec::with_capacity(callers);
     for _ in 0..callers {
@@ -133,18 +152,21 @@ pub async fn drive(
     };
 
     let started = Instant::now();
-    let deadline = started + duration;
+    let stopped = Arc::new(AtomicBool::new(false));
     let tasks: Vec<_> = clients
         .into_iter()
         .enumerate()
         .map(|(caller, client)| {
             let run = run.clone();
             let replay_keys = replay_keys.clone();
+            let stopped = stopped.clone();
             tokio::spawn(async move {
-                caller_loop(client, workload, caller, &run, &replay_keys, deadline).await
+                caller_loop(client, workload, caller, &run, &replay_keys, &stopped).await
             })
         })
         .collect();
+    stop.await;
+    stopped.store(true, Ordering::Relaxed);
     let mut latencies = Vec::new();
     let mut errors = 0;
     for task in tasks {
@@ -212,12 +234,12 @@ async fn caller_loop(
     caller: usize,
     run: &str,
     replay_keys: &[String],
-    deadline: Instant,
+    stopped: &AtomicBool,
 ) -> (Vec<u64>, u64) {
     let mut latencies = Vec::new();
     let mut errors = 0;
     let mut sequence: usize = 0;
-    while Instant::now() < deadline {
+    while !stopped.load(Ordering::Relaxed) {
         sequence += 1;
         let began = Instant::now();
         let succeeded = match workload {

@@ -4,8 +4,11 @@
 //! - `run` drives a coordinator that is already running.
 //! - `compare-stores` starts the coordinator binary twice, on the embedded SQLite store and on
 //!   PostgreSQL, and runs the same workloads against each in one run, side by side.
+//! - `reaper-under-load` measures TryStart while the reaper clears a backlog of expired keys,
+//!   against TryStart without a backlog.
 
 mod load;
+mod reaper;
 mod server;
 
 use std::time::Duration;
@@ -49,6 +52,25 @@ enum BenchCommand {
         callers: usize,
         #[arg(long, default_value = "5s", value_parser = humantime::parse_duration)]
         duration: Duration,
+    },
+    /// TryStart latency while the reaper clears a backlog of expired keys, against without.
+    ReaperUnderLoad {
+        #[arg(long, value_enum, default_value = "postgres")]
+        store: reaper::StoreKind,
+        #[arg(long, default_value = "postgres://postgres@127.0.0.1:5432")]
+        postgres_server: String,
+        /// Expired keys in the backlog.
+        #[arg(long, default_value_t = 1_000_000)]
+        rows: u64,
+        #[arg(long, default_value_t = 16)]
+        callers: usize,
+        /// How long to measure TryStart without a backlog.
+        #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
+        baseline: Duration,
+        #[arg(long, default_value_t = 1000)]
+        batch_size: u32,
+        #[arg(long, default_value = "1s", value_parser = humantime::parse_duration)]
+        interval: Duration,
     },
 }
 
@@ -98,6 +120,26 @@ async fn main() -> anyhow::Result<()> {
             postgres.stop().await?;
             server::drop_postgres_database(&postgres_server, &database).await?;
             std::fs::remove_dir_all(&sqlite_dir).context("removing the SQLite folder")?;
+        }
+        BenchCommand::ReaperUnderLoad {
+            store,
+            postgres_server,
+            rows,
+            callers,
+            baseline,
+            batch_size,
+            interval,
+        } => {
+            reaper::run(reaper::Settings {
+                store,
+                postgres_server,
+                rows,
+                callers,
+                baseline,
+                batch_size,
+                interval,
+            })
+            .await?;
         }
     }
     Ok(())

@@ -17,6 +17,11 @@ impl Coordinator {
     /// Starts `idempotency-coordinator` (from the benchmark's own folder) on `database_url` and
     /// waits until it serves.
     pub async fn start(database_url: &str) -> anyhow::Result<Self> {
+        Self::start_with(database_url, &[]).await
+    }
+
+    /// Like [`Coordinator::start`], with extra flags.
+    pub async fn start_with(database_url: &str, flags: &[&str]) -> anyhow::Result<Self> {
         let binary = std::env::current_exe()?.with_file_name("idempotency-coordinator");
         let mut child = Command::new(&binary)
             .args(["serve", "--listen", "127.0.0.1:0", "--log-format", "json"])
@@ -26,6 +31,7 @@ impl Coordinator {
                 "--health-check-interval",
                 "100ms",
             ])
+            .args(flags)
             .env("RUST_LOG", "warn,idempotency_coordinator=info")
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
