@@ -33,15 +33,34 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Serve the gRPC API (the default).
-    Serve(ServeArgs),
+    Serve(Box<ServeArgs>),
     /// Apply the schema migrations and exit.
     Migrate(MigrateArgs),
+    /// Manage callers' bearer tokens.
+    #[command(subcommand)]
+    Token(TokenCommand),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum TokenCommand {
+    /// Make a new token: prints the token (give it to the caller; it is shown only here) and
+    /// the line to add to the tokens file (which holds only the token's hash).
+    New {
+        /// A name for the caller, shown in logs: [A-Za-z0-9._-]+.
+        #[arg(long)]
+        name: String,
+        /// The namespaces and consumers it may use: exact names or prefixes ending in *,
+        /// separated by commas (e.g. payments-*,billing), or * for all.
+        #[arg(long)]
+        scopes: String,
+    },
 }
 
 impl Cli {
     /// The subcommand to run, `serve` when none was given.
     pub fn into_command(self) -> Command {
-        self.command.unwrap_or(Command::Serve(self.serve))
+        self.command
+            .unwrap_or_else(|| Command::Serve(Box::new(self.serve)))
     }
 }
 
@@ -130,6 +149,38 @@ pub struct ServeArgs {
           value_parser = parse_duration)]
     pub shutdown_grace: Duration,
 
+    /// Callers of the API must present a bearer token listed in this file (one
+    /// `name sha256:<hex> scope,scope*` per line; `token new` makes one). Reloaded on SIGHUP.
+    #[arg(long, env = "IDEMPOTENCY_TOKENS_FILE")]
+    pub tokens_file: Option<std::path::PathBuf>,
+
+    /// Requests per second one token may make (bursts of as many); off when absent.
+    #[arg(long, env = "IDEMPOTENCY_RATE_LIMIT",
+          value_parser = clap::value_parser!(u32).range(1..))]
+    pub rate_limit: Option<u32>,
+
+    /// Serve TLS with this certificate chain (PEM); needs --tls-key.
+    #[arg(long, env = "IDEMPOTENCY_TLS_CERT")]
+    pub tls_cert: Option<std::path::PathBuf>,
+
+    /// The private key of --tls-cert (PEM).
+    #[arg(long, env = "IDEMPOTENCY_TLS_KEY")]
+    pub tls_key: Option<std::path::PathBuf>,
+
+    /// Require client certificates signed by this CA (PEM): mutual TLS. Needs --tls-cert.
+    #[arg(long, env = "IDEMPOTENCY_TLS_CLIENT_CA")]
+    pub tls_client_ca: Option<std::path::PathBuf>,
+
+    /// Serve a non-loopback address with neither tokens nor mTLS, on purpose (e.g. behind a
+    /// mesh that authenticates callers). Without it such a start is refused.
+    #[arg(long, env = "IDEMPOTENCY_ALLOW_UNAUTHENTICATED")]
+    pub allow_unauthenticated: bool,
+
+    /// Concurrent calls one connection may have open.
+    #[arg(long, env = "IDEMPOTENCY_MAX_CONCURRENT_STREAMS", default_value_t = 256,
+          value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    pub max_concurrent_streams: u32,
+
     /// Pause between store checks that drive the health status.
     #[arg(long, env = "IDEMPOTENCY_HEALTH_CHECK_INTERVAL", default_value = "2s",
           value_parser = parse_duration)]
@@ -148,6 +199,22 @@ pub struct SettingError {
     pub problem: String,
 }
 
+/// Files for TLS, checked to come in the combinations that make sense.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TlsFiles {
+    pub certificate: std::path::PathBuf,
+    pub private_key: std::path::PathBuf,
+    pub client_ca: Option<std::path::PathBuf>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SecuritySettings {
+    pub tokens_file: Option<std::path::PathBuf>,
+    pub rate_limit: Option<u32>,
+    pub tls: Option<TlsFiles>,
+    pub max_concurrent_streams: u32,
+}
+
 /// Everything `serve` needs, checked.
 #[derive(Debug, Clone)]
 pub struct Settings {
@@ -158,6 +225,7 @@ pub struct Settings {
     pub reaper: ReaperSettings,
     pub shutdown_grace: Duration,
     pub operation_timeout: Duration,
+    pub security: SecuritySettings,
 }
 
 fn nonzero(flag: &'static str, value: Duration) -> Result<Duration, SettingError> {
@@ -190,6 +258,56 @@ impl DatabaseArgs {
 }
 
 impl ServeArgs {
+    fn security(&self) -> Result<SecuritySettings, SettingError> {
+        let tls = match (&self.tls_cert, &self.tls_key) {
+            (Some(certificate), Some(private_key)) => Some(TlsFiles {
+                certificate: certificate.clone(),
+                private_key: private_key.clone(),
+                client_ca: self.tls_client_ca.clone(),
+            }),
+            (None, None) if self.tls_client_ca.is_some() => {
+                return Err(SettingError {
+                    flag: "tls-client-ca",
+                    problem: "needs --tls-cert and --tls-key: client certificates are checked \
+                              in a TLS handshake"
+                        .into(),
+                });
+            }
+            (None, None) => None,
+            (Some(_), None) | (None, Some(_)) => {
+                return Err(SettingError {
+                    flag: "tls-cert",
+                    problem: "--tls-cert and --tls-key go together".into(),
+                });
+            }
+        };
+        if self.rate_limit.is_some() && self.tokens_file.is_none() {
+            return Err(SettingError {
+                flag: "rate-limit",
+                problem: "needs --tokens-file: the limit is per token".into(),
+            });
+        }
+        let authenticated = self.tokens_file.is_some() || self.tls_client_ca.is_some();
+        if !self.listen.ip().is_loopback() && !authenticated && !self.allow_unauthenticated {
+            return Err(SettingError {
+                flag: "allow-unauthenticated",
+                problem: format!(
+                    "listening on {} (not loopback) with neither --tokens-file nor \
+                     --tls-client-ca would let anyone who can connect read and release other \
+                     services' keys; configure one, or pass --allow-unauthenticated if something \
+                     in front (a mesh) authenticates callers",
+                    self.listen
+                ),
+            });
+        }
+        Ok(SecuritySettings {
+            tokens_file: self.tokens_file.clone(),
+            rate_limit: self.rate_limit,
+            tls,
+            max_concurrent_streams: self.max_concurrent_streams,
+        })
+    }
+
     pub fn settings(&self) -> Result<Settings, SettingError> {
         let invalid = |flag: &'static str| {
             move |problem: crate::domain::Invalid| SettingError {
@@ -224,6 +342,7 @@ impl ServeArgs {
             },
             shutdown_grace: self.shutdown_grace,
             operation_timeout,
+            security: self.security()?,
         })
     }
 }
@@ -337,6 +456,69 @@ mod tests {
             let error = settings(&["x", "--database-url", refused]).expect_err(refused);
             assert_eq!(error.flag, "database-url");
         }
+    }
+
+    #[test]
+    fn a_non_loopback_address_needs_tokens_mtls_or_a_deliberate_flag() {
+        let settings = |args: &[&str]| {
+            let Command::Serve(serve) = parse(args).expect("parses").into_command() else {
+                panic!("expected serve");
+            };
+            serve.settings()
+        };
+        let error = settings(&["--listen", "0.0.0.0:50051"]).expect_err("refused");
+        assert_eq!(error.flag, "allow-unauthenticated");
+        assert!(error.to_string().contains("--allow-unauthenticated"));
+        for allowed in [
+            &["--listen", "0.0.0.0:50051", "--tokens-file", "t"][..],
+            &["--listen", "0.0.0.0:50051", "--allow-unauthenticated"][..],
+            &[
+                "--listen",
+                "[::]:50051",
+                "--tls-cert",
+                "c",
+                "--tls-key",
+                "k",
+                "--tls-client-ca",
+                "ca",
+            ][..],
+            &["--listen", "[::1]:50051"][..],
+        ] {
+            settings(allowed).unwrap_or_else(|e| panic!("{allowed:?}: {e}"));
+        }
+        // TLS without client certificates does not authenticate callers.
+        let error = settings(&["--listen", "0.0.0.0:1", "--tls-cert", "c", "--tls-key", "k"])
+            .expect_err("refused");
+        assert_eq!(error.flag, "allow-unauthenticated");
+    }
+
+    #[test]
+    fn security_flags_come_in_sensible_combinations() {
+        let settings = |args: &[&str]| {
+            let Command::Serve(serve) = parse(args).expect("parses").into_command() else {
+                panic!("expected serve");
+            };
+            serve.settings()
+        };
+        assert_eq!(
+            settings(&["--tls-cert", "c"]).expect_err("no key").flag,
+            "tls-cert"
+        );
+        assert_eq!(
+            settings(&["--tls-client-ca", "ca"])
+                .expect_err("no cert")
+                .flag,
+            "tls-client-ca"
+        );
+        assert_eq!(
+            settings(&["--rate-limit", "10"])
+                .expect_err("no tokens")
+                .flag,
+            "rate-limit"
+        );
+        let ok = settings(&["--tokens-file", "t", "--rate-limit", "10"]).expect("valid");
+        assert_eq!(ok.security.rate_limit, Some(10));
+        assert_eq!(ok.security.max_concurrent_streams, 256);
     }
 
     #[test]

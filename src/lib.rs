@@ -4,6 +4,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod auth;
 pub mod config;
 pub mod coordinator;
 pub mod domain;

@@ -4,7 +4,8 @@ use std::process::ExitCode;
 
 use anyhow::Context;
 use clap::Parser;
-use idempotency_coordinator::config::{Cli, Command};
+use idempotency_coordinator::auth;
+use idempotency_coordinator::config::{Cli, Command, TokenCommand};
 use idempotency_coordinator::store::{AnyStore, Store};
 use idempotency_coordinator::{Application, shutdown, telemetry};
 use tokio_util::sync::CancellationToken;
@@ -15,6 +16,7 @@ async fn main() -> ExitCode {
     let log_format = match &command {
         Command::Serve(args) => args.database.log_format,
         Command::Migrate(args) => args.database.log_format,
+        Command::Token(_) => telemetry::LogFormat::Text,
     };
     telemetry::init(log_format);
     match run(command).await {
@@ -30,10 +32,16 @@ async fn run(command: Command) -> anyhow::Result<()> {
     match command {
         Command::Serve(args) => {
             let settings = args.settings()?;
-            let app = Application::build(settings).await?;
-            tracing::info!(address = %app.local_addr(), store = app.store().backend(), "listening");
+            // Signals are handled from before the address is announced: a supervisor that
+            // stops the service as soon as it listens must get a graceful stop, not a kill.
             let shutdown = CancellationToken::new();
             shutdown::cancel_on_signal(shutdown.clone()).context("installing signal handlers")?;
+            let app = Application::build(settings).await?;
+            if let Some(authenticator) = app.authenticator() {
+                shutdown::reload_tokens_on_sighup(authenticator)
+                    .context("installing the SIGHUP handler")?;
+            }
+            tracing::info!(address = %app.local_addr(), store = app.store().backend(), "listening");
             app.run_until_stopped(shutdown).await?;
         }
         Command::Migrate(args) => {
@@ -41,6 +49,13 @@ async fn run(command: Command) -> anyhow::Result<()> {
             store.migrate().await.context("migrating")?;
             tracing::info!("schema migrations applied");
             store.close().await;
+        }
+        Command::Token(TokenCommand::New { name, scopes }) => {
+            let (token, line) = auth::new_token(&name, &scopes).map_err(anyhow::Error::msg)?;
+            println!("# The token, for the caller only (it is not stored anywhere):");
+            println!("{token}");
+            println!("# The line to add to the tokens file:");
+            println!("{line}");
         }
     }
     Ok(())

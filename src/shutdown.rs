@@ -1,4 +1,5 @@
-//! Turns SIGTERM and SIGINT into the one cancellation token that drives shutdown.
+//! Signals: SIGTERM and SIGINT become the one cancellation token that drives shutdown; SIGHUP
+//! reloads the tokens file.
 
 use tokio_util::sync::CancellationToken;
 
@@ -20,6 +21,27 @@ pub fn cancel_on_signal(shutdown: CancellationToken) -> std::io::Result<()> {
         }
         tracing::warn!("second signal received; exiting without waiting for the drain");
         std::process::exit(130);
+    });
+    Ok(())
+}
+
+/// Reloads the tokens file on every SIGHUP. A file that does not parse is reported and the
+/// tokens in force are kept; calls in flight are never dropped.
+pub fn reload_tokens_on_sighup(
+    authenticator: std::sync::Arc<crate::auth::Authenticator>,
+) -> std::io::Result<()> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut hangup = signal(SignalKind::hangup())?;
+    tokio::spawn(async move {
+        while hangup.recv().await.is_some() {
+            match authenticator.reload() {
+                Ok(count) => tracing::info!(tokens = count, "tokens file reloaded"),
+                Err(error) => tracing::error!(
+                    error = %crate::telemetry::error_chain(&error),
+                    "tokens file not reloaded; the tokens in force stay"
+                ),
+            }
+        }
     });
     Ok(())
 }

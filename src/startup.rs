@@ -15,9 +15,10 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::config::Settings;
+use crate::auth::{Authenticator, TokensFileError};
+use crate::config::{SecuritySettings, Settings};
 use crate::coordinator::Coordinator;
-use crate::grpc;
+use crate::grpc::{self, Security, TlsMaterial};
 use crate::health::HealthState;
 use crate::readiness;
 use crate::reaper;
@@ -38,12 +39,21 @@ pub enum StartupError {
     },
     #[error(transparent)]
     Serve(#[from] grpc::ServeError),
+    #[error("the tokens file is not valid")]
+    Tokens(#[from] TokensFileError),
+    #[error("reading {path}")]
+    TlsFile {
+        path: std::path::PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
 }
 
 pub struct Application {
     listener: TcpListener,
     local_addr: SocketAddr,
     store: AnyStore,
+    security: Security,
     /// Every store operation in flight, including those whose callers have hung up.
     store_work: TaskTracker,
     settings: Settings,
@@ -62,10 +72,12 @@ impl Application {
             .await
             .map_err(bind_error)?;
         let local_addr = listener.local_addr().map_err(bind_error)?;
+        let security = security(&settings.security)?;
         Ok(Self {
             listener,
             local_addr,
             store,
+            security,
             store_work: TaskTracker::new(),
             settings,
         })
@@ -80,6 +92,11 @@ impl Application {
         &self.store
     }
 
+    /// The tokens in force, to reload them (on SIGHUP), when the API requires tokens.
+    pub fn authenticator(&self) -> Option<Arc<Authenticator>> {
+        self.security.authenticator.clone()
+    }
+
     /// The store operations in flight (a handle that stays valid while the service runs).
     pub fn store_work(&self) -> TaskTracker {
         self.store_work.clone()
@@ -90,6 +107,7 @@ impl Application {
             listener,
             store,
             store_work,
+            security,
             settings,
             ..
         } = self;
@@ -130,6 +148,7 @@ impl Application {
             listener,
             coordinator,
             settings.limits.clone(),
+            security,
             health.clone(),
             signal,
         );
@@ -170,4 +189,33 @@ impl Application {
         tracing::info!("stopped");
         served.map_err(StartupError::from)
     }
+}
+
+/// Loads the tokens file and reads the TLS files, so that a bad file stops the start.
+fn security(settings: &SecuritySettings) -> Result<Security, StartupError> {
+    let authenticator = settings
+        .tokens_file
+        .as_deref()
+        .map(|path| Authenticator::load(path, settings.rate_limit))
+        .transpose()?
+        .map(Arc::new);
+    let read = |path: &std::path::Path| {
+        std::fs::read(path).map_err(|source| StartupError::TlsFile {
+            path: path.to_owned(),
+            source,
+        })
+    };
+    let tls = match &settings.tls {
+        Some(files) => Some(TlsMaterial {
+            certificate: read(&files.certificate)?,
+            private_key: read(&files.private_key)?,
+            client_ca: files.client_ca.as_deref().map(read).transpose()?,
+        }),
+        None => None,
+    };
+    Ok(Security {
+        authenticator,
+        tls,
+        max_concurrent_streams: settings.max_concurrent_streams,
+    })
 }

@@ -3,16 +3,20 @@
 //! and reflection (v1 and v1alpha, with the `google.protobuf` and `google.rpc` descriptors so
 //! that grpcurl decodes error details).
 
+mod auth_layer;
 mod convert;
 pub mod health;
 mod service;
 pub mod status;
 
 use std::future::Future;
+use std::sync::Arc;
 
 use tokio::net::TcpListener;
-use tonic::transport::Server;
 use tonic::transport::server::TcpIncoming;
+use tonic::transport::{Certificate, Identity, Server, ServerTlsConfig};
+
+use crate::auth::Authenticator;
 
 use crate::coordinator::Coordinator;
 use crate::domain::Limits;
@@ -41,12 +45,31 @@ pub enum ServeError {
     Transport(#[from] tonic::transport::Error),
 }
 
+/// PEM files for TLS, read at start.
+#[derive(Debug, Clone)]
+pub struct TlsMaterial {
+    pub certificate: Vec<u8>,
+    pub private_key: Vec<u8>,
+    /// Client certificates must chain to this CA (mTLS) when given.
+    pub client_ca: Option<Vec<u8>>,
+}
+
+/// Who may connect and call, and how much one connection may ask at once.
+#[derive(Debug, Clone)]
+pub struct Security {
+    /// Callers must present a known bearer token for the API (health and reflection stay open).
+    pub authenticator: Option<Arc<Authenticator>>,
+    pub tls: Option<TlsMaterial>,
+    pub max_concurrent_streams: u32,
+}
+
 /// Serves until `shutdown` completes, then stops accepting, lets calls in flight finish, and
 /// returns once every connection has closed.
 pub async fn serve<S: Store>(
     listener: TcpListener,
     coordinator: Coordinator<S>,
     limits: Limits,
+    security: Security,
     health: HealthState,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), ServeError> {
@@ -59,7 +82,20 @@ pub async fn serve<S: Store>(
     let health = tonic_health::pb::health_server::HealthServer::new(health::HealthApi::new(health));
 
     let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
-    Server::builder()
+    let mut server = Server::builder().max_concurrent_streams(security.max_concurrent_streams);
+    if let Some(tls) = &security.tls {
+        let mut config =
+            ServerTlsConfig::new().identity(Identity::from_pem(&tls.certificate, &tls.private_key));
+        if let Some(ca) = &tls.client_ca {
+            config = config.client_ca_root(Certificate::from_pem(ca));
+        }
+        server = server.tls_config(config)?;
+    }
+    let door = security
+        .authenticator
+        .map(|authenticator| auth_layer::AuthLayer::new(authenticator, decoding_limit));
+    server
+        .layer(tower::util::option_layer(door))
         .add_service(health)
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)

@@ -9,6 +9,7 @@ use std::time::Duration;
 use tonic::{Code, Status};
 use tonic_types::{ErrorDetails, FieldViolation, StatusExt};
 
+use crate::auth::Refusal;
 use crate::coordinator::CoordinatorError;
 use crate::domain::Rejection;
 use crate::telemetry::error_chain;
@@ -50,6 +51,39 @@ pub fn invalid_argument(violations: Vec<(String, String)>) -> Status {
             .collect::<Vec<_>>(),
     );
     Status::with_error_details(Code::InvalidArgument, message, details)
+}
+
+/// A call turned away at the door (see `auth_layer`), with an ErrorInfo like every other error
+/// and RetryInfo when waiting helps.
+pub fn refused(refusal: Refusal) -> Status {
+    match refusal {
+        Refusal::Unauthenticated => {
+            tracing::debug!("call refused: no known token");
+            Status::with_error_details(
+                Code::Unauthenticated,
+                "a valid bearer token is required",
+                error_info("UNAUTHENTICATED"),
+            )
+        }
+        Refusal::PermissionDenied { caller } => {
+            tracing::info!(caller, "call refused: scope not granted to this token");
+            Status::with_error_details(
+                Code::PermissionDenied,
+                "this token may not use this namespace or consumer",
+                error_info("PERMISSION_DENIED"),
+            )
+        }
+        Refusal::RateLimited { caller } => {
+            tracing::debug!(caller, "call refused: over the rate limit");
+            let mut details = error_info("RATE_LIMITED");
+            details.set_retry_info(Some(Duration::from_secs(1)));
+            Status::with_error_details(
+                Code::ResourceExhausted,
+                "this token is over its request rate; retry later",
+                details,
+            )
+        }
+    }
 }
 
 impl From<CoordinatorError> for Status {

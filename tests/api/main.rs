@@ -16,6 +16,7 @@ mod model;
 mod reflection;
 mod release;
 mod retention;
+mod security;
 mod shutdown;
 mod try_start;
 mod validation;

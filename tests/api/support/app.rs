@@ -169,6 +169,14 @@ impl TestApp {
         self.count_rows("idempotency_keys").await + self.count_rows("processed_events").await
     }
 
+    /// How many calls are in the store now, held up by a lock (see `wait_for_blocked`).
+    pub async fn calls_in_store(&self) -> i64 {
+        match self.database.backend {
+            Backend::Postgres => self.database.blocked_postgres_statements().await,
+            Backend::Sqlite => i64::try_from(self.store_work.len()).unwrap_or(i64::MAX),
+        }
+    }
+
     /// Waits until `count` calls are in flight in the store and held up by a lock (see
     /// `TestDatabase::hold_key`). PostgreSQL shows its waiting statements; for SQLite, whose
     /// one writer is held, every store operation in flight is waiting.

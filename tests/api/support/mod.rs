@@ -5,6 +5,7 @@ pub mod app;
 pub mod database;
 pub mod process;
 pub mod proxy;
+pub mod security;
 
 use std::time::Duration;
 

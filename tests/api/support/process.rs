@@ -19,19 +19,32 @@ pub struct ServerProcess {
 impl ServerProcess {
     /// Starts `idempotency-coordinator serve` on a free port and waits for its address.
     pub async fn start(database_url: &str, flags: &[&str]) -> Self {
+        Self::start_with_log_level(database_url, flags, "info").await
+    }
+
+    /// Like [`Self::start`], logging at `level` (`RUST_LOG`).
+    pub async fn start_with_log_level(database_url: &str, flags: &[&str], level: &str) -> Self {
         let mut command = Command::new(env!("CARGO_BIN_EXE_idempotency-coordinator"));
-        command.args(["serve", "--database-url", database_url]);
+        command
+            .args(["serve", "--database-url", database_url])
+            .env("RUST_LOG", level);
         Self::spawn(command, flags).await
     }
 
     /// Starts the binary with no store settings at all, in `directory`, as a newcomer would.
     pub async fn start_embedded_in(directory: &std::path::Path) -> Self {
+        Self::start_embedded_in_with(directory, &[]).await
+    }
+
+    /// Like [`Self::start_embedded_in`], with extra flags.
+    pub async fn start_embedded_in_with(directory: &std::path::Path, flags: &[&str]) -> Self {
         let mut command = Command::new(env!("CARGO_BIN_EXE_idempotency-coordinator"));
         command
             .current_dir(directory)
             .env_remove("DATABASE_URL")
-            .env_remove("IDEMPOTENCY_SQLITE_PATH");
-        Self::spawn(command, &[]).await
+            .env_remove("IDEMPOTENCY_SQLITE_PATH")
+            .env("RUST_LOG", "info");
+        Self::spawn(command, flags).await
     }
 
     async fn spawn(mut command: Command, flags: &[&str]) -> Self {
@@ -39,7 +52,6 @@ impl ServerProcess {
             .args(["--listen", "127.0.0.1:0"])
             .args(["--health-check-interval", "100ms", "--log-format", "text"])
             .args(flags)
-            .env("RUST_LOG", "info")
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .kill_on_drop(true)
@@ -90,6 +102,15 @@ impl ServerProcess {
 
     pub fn endpoint(&self) -> String {
         format!("http://{}", self.addr)
+    }
+
+    /// Everything the process printed so far.
+    pub fn output(&self) -> String {
+        self.output.lock().expect("output").join("\n")
+    }
+
+    pub fn output_contains(&self, text: &str) -> bool {
+        self.output().contains(text)
     }
 
     /// The process's peak resident memory so far (VmHWM), in KiB.

@@ -1,0 +1,409 @@
+//! Who may call, and for which scopes. No I/O beyond reading the tokens file, and no gRPC: the
+//! tower layer in `grpc::auth_layer` asks these questions at the edge.
+//!
+//! The tokens file has one token per line:
+//!
+//! ```text
+//! # name      hash of the token                                                         scopes
+//! payments    sha256:5e884898da28047151d0e56f8dc6292773603d0d6aabbdd62a11ef721d1542d8   payments-*,billing
+//! ```
+//!
+//! Scopes are namespaces (for keys) and consumers (for events) alike: an exact name, a prefix
+//! ending in `*` (`payments-*`), or `*` for every scope. Only the SHA-256 of a token is stored;
+//! `idempotency-coordinator token new` makes a token and prints its line.
+
+use std::collections::{HashMap, HashSet};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::Instant;
+
+use sha2::{Digest, Sha256};
+use subtle::ConstantTimeEq;
+
+use crate::domain::Scope;
+
+/// What every generated token starts with, so that leaked tokens are easy to search for.
+pub const TOKEN_PREFIX: &str = "idc_";
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum ScopePattern {
+    Any,
+    Exact(String),
+    Prefix(String),
+}
+
+impl ScopePattern {
+    fn parse(text: &str) -> Result<Self, String> {
+        if text == "*" {
+            return Ok(Self::Any);
+        }
+        let (name, prefix) = match text.strip_suffix('*') {
+            Some(stem) => (stem, true),
+            None => (text, false),
+        };
+        // A pattern's fixed part must itself be (the start of) a valid scope.
+        Scope::parse(name.to_owned())
+            .map_err(|_| format!("scope pattern {text:?} is not a scope name or prefix*"))?;
+        Ok(if prefix {
+            Self::Prefix(name.to_owned())
+        } else {
+            Self::Exact(name.to_owned())
+        })
+    }
+
+    fn matches(&self, scope: &str) -> bool {
+        match self {
+            Self::Any => true,
+            Self::Exact(name) => scope == name,
+            Self::Prefix(stem) => scope.starts_with(stem.as_str()),
+        }
+    }
+}
+
+/// A caller the tokens file knows.
+#[derive(Debug, Clone)]
+pub struct Caller {
+    pub name: String,
+    hash: [u8; 32],
+    scopes: Vec<ScopePattern>,
+}
+
+impl Caller {
+    /// Whether this caller may use `scope` (a namespace or a consumer).
+    pub fn may_use(&self, scope: &str) -> bool {
+        self.scopes.iter().any(|pattern| pattern.matches(scope))
+    }
+}
+
+/// A problem in the tokens file, with its line.
+#[derive(Debug, thiserror::Error)]
+pub enum TokensFileError {
+    #[error("reading {path}")]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("line {line}: {problem}")]
+    Invalid { line: usize, problem: String },
+}
+
+/// The callers of one version of the tokens file.
+#[derive(Debug, Clone, Default)]
+pub struct TokenSet {
+    callers: Vec<Caller>,
+}
+
+fn hash(token: &str) -> [u8; 32] {
+    Sha256::digest(token.as_bytes()).into()
+}
+
+fn to_hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn from_hex(text: &str) -> Option<[u8; 32]> {
+    if text.len() != 64 || !text.is_ascii() {
+        return None;
+    }
+    let mut out = [0u8; 32];
+    for (i, byte) in out.iter_mut().enumerate() {
+        *byte = u8::from_str_radix(text.get(2 * i..2 * i + 2)?, 16).ok()?;
+    }
+    Some(out)
+}
+
+impl TokenSet {
+    pub fn parse(text: &str) -> Result<Self, TokensFileError> {
+        let mut callers = Vec::new();
+        let mut names = HashSet::new();
+        let mut hashes = HashSet::new();
+        for (index, raw) in text.lines().enumerate() {
+            let line = index + 1;
+            let invalid = |problem: String| TokensFileError::Invalid { line, problem };
+            let content = raw.split('#').next().unwrap_or("").trim();
+            if content.is_empty() {
+                continue;
+            }
+            let fields: Vec<&str> = content.split_whitespace().collect();
+            let [name, hash_field, scopes] = fields[..] else {
+                return Err(invalid(
+                    "expected three fields: name, sha256:<hex>, scopes".into(),
+                ));
+            };
+            if !name
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'))
+            {
+                return Err(invalid(format!(
+                    "token name {name:?} is not [A-Za-z0-9._-]+"
+                )));
+            }
+            let hash = hash_field
+                .strip_prefix("sha256:")
+                .and_then(from_hex)
+                .ok_or_else(|| invalid("the hash must be sha256:<64 hex digits>".into()))?;
+            let scopes = scopes
+                .split(',')
+                .map(ScopePattern::parse)
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(invalid)?;
+            if !names.insert(name.to_owned()) {
+                return Err(invalid(format!("token name {name:?} appears twice")));
+            }
+            if !hashes.insert(hash) {
+                return Err(invalid("the same token appears twice".into()));
+            }
+            callers.push(Caller {
+                name: name.to_owned(),
+                hash,
+                scopes,
+            });
+        }
+        Ok(Self { callers })
+    }
+
+    pub fn load(path: &Path) -> Result<Self, TokensFileError> {
+        let text = std::fs::read_to_string(path).map_err(|source| TokensFileError::Read {
+            path: path.to_owned(),
+            source,
+        })?;
+        Self::parse(&text)
+    }
+
+    pub fn len(&self) -> usize {
+        self.callers.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.callers.is_empty()
+    }
+
+    /// The caller that `presented` belongs to. Every known hash is compared, in constant time,
+    /// whatever matches, so that timing tells nothing about which tokens exist.
+    pub fn authenticate(&self, presented: &str) -> Option<&Caller> {
+        let presented = hash(presented);
+        let mut found = None;
+        for caller in &self.callers {
+            if bool::from(caller.hash.ct_eq(&presented)) {
+                found = Some(caller);
+            }
+        }
+        found
+    }
+}
+
+fn check_name(name: &str) -> Result<(), String> {
+    if name.is_empty()
+        || !name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'))
+    {
+        return Err(format!("token name {name:?} is not [A-Za-z0-9._-]+"));
+    }
+    Ok(())
+}
+
+fn parse_scopes(scopes: &str) -> Result<Vec<ScopePattern>, String> {
+    scopes.split(',').map(ScopePattern::parse).collect()
+}
+
+/// A new token and the line that grants it `scopes` under `name`.
+pub fn new_token(name: &str, scopes: &str) -> Result<(String, String), String> {
+    check_name(name)?;
+    parse_scopes(scopes)?;
+    let mut secret = [0u8; 32];
+    getrandom::fill(&mut secret).map_err(|e| format!("no randomness: {e}"))?;
+    let token = format!("{TOKEN_PREFIX}{}", to_hex(&secret));
+    let line = format!("{name} sha256:{} {scopes}", to_hex(&hash(&token)));
+    Ok((token, line))
+}
+
+/// A token bucket per caller: `rate` requests a second, bursts of up to `rate`.
+#[derive(Debug)]
+struct RateLimiter {
+    rate: f64,
+    buckets: Mutex<HashMap<String, (f64, Instant)>>,
+}
+
+impl RateLimiter {
+    fn admit(&self, caller: &str) -> bool {
+        let now = Instant::now();
+        let Ok(mut buckets) = self.buckets.lock() else {
+            return true;
+        };
+        let (tokens, last) = buckets.entry(caller.to_owned()).or_insert((self.rate, now));
+        let refilled =
+            (*tokens + now.duration_since(*last).as_secs_f64() * self.rate).min(self.rate);
+        *last = now;
+        if refilled >= 1.0 {
+            *tokens = refilled - 1.0;
+            true
+        } else {
+            *tokens = refilled;
+            false
+        }
+    }
+}
+
+/// Why a call was turned away at the door.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Refusal {
+    /// No token, a malformed one, or one the file does not know.
+    Unauthenticated,
+    /// A known caller asking for a scope it was not given.
+    PermissionDenied { caller: String },
+    /// A known caller over its request rate.
+    RateLimited { caller: String },
+}
+
+/// The tokens in force (reloaded on SIGHUP) and the rate limit.
+#[derive(Debug)]
+pub struct Authenticator {
+    path: PathBuf,
+    tokens: RwLock<Arc<TokenSet>>,
+    rate_limit: Option<RateLimiter>,
+}
+
+impl Authenticator {
+    pub fn load(path: &Path, rate_limit: Option<u32>) -> Result<Self, TokensFileError> {
+        let tokens = TokenSet::load(path)?;
+        Ok(Self {
+            path: path.to_owned(),
+            tokens: RwLock::new(Arc::new(tokens)),
+            rate_limit: rate_limit.map(|rate| RateLimiter {
+                rate: f64::from(rate),
+                buckets: Mutex::new(HashMap::new()),
+            }),
+        })
+    }
+
+    /// Reads the tokens file again. On any problem the tokens in force stay as they were.
+    /// Calls in flight are not affected either way: each was admitted by the set it met.
+    pub fn reload(&self) -> Result<usize, TokensFileError> {
+        let tokens = TokenSet::load(&self.path)?;
+        let count = tokens.len();
+        if let Ok(mut current) = self.tokens.write() {
+            *current = Arc::new(tokens);
+        }
+        Ok(count)
+    }
+
+    fn current(&self) -> Arc<TokenSet> {
+        self.tokens
+            .read()
+            .map(|tokens| Arc::clone(&tokens))
+            .unwrap_or_default()
+    }
+
+    /// Who is calling, from the `authorization` header's value (`Bearer <token>`).
+    pub fn authenticate(&self, authorization: Option<&str>) -> Result<Caller, Refusal> {
+        let presented = authorization
+            .and_then(|value| value.strip_prefix("Bearer "))
+            .map(str::trim)
+            .filter(|token| !token.is_empty())
+            .ok_or(Refusal::Unauthenticated)?;
+        self.current()
+            .authenticate(presented)
+            .cloned()
+            .ok_or(Refusal::Unauthenticated)
+    }
+
+    /// Whether `caller` may make a call on `scope` now: the scope granted, the rate not spent.
+    pub fn authorize(&self, caller: &Caller, scope: &str) -> Result<(), Refusal> {
+        if !caller.may_use(scope) {
+            return Err(Refusal::PermissionDenied {
+                caller: caller.name.clone(),
+            });
+        }
+        if let Some(limiter) = &self.rate_limit
+            && !limiter.admit(&caller.name)
+        {
+            return Err(Refusal::RateLimited {
+                caller: caller.name.clone(),
+            });
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn set(text: &str) -> TokenSet {
+        TokenSet::parse(text).expect("valid tokens file")
+    }
+
+    #[test]
+    fn generated_tokens_authenticate_through_their_line() {
+        let (token, line) = new_token("payments", "payments-*,billing").expect("a token");
+        assert!(token.starts_with(TOKEN_PREFIX));
+        assert!(
+            !line.contains(&token),
+            "the line never holds the token itself"
+        );
+        let tokens = set(&format!("# comment\n\n{line}\n"));
+        let caller = tokens.authenticate(&token).expect("known");
+        assert_eq!(caller.name, "payments");
+        assert!(caller.may_use("payments-eu"));
+        assert!(caller.may_use("billing"));
+        assert!(!caller.may_use("billing-2"));
+        assert!(!caller.may_use("shipping"));
+        assert!(tokens.authenticate("idc_wrong").is_none());
+    }
+
+    #[test]
+    fn a_star_allows_every_scope() {
+        let (token, line) = new_token("admin", "*").expect("a token");
+        assert!(
+            set(&line)
+                .authenticate(&token)
+                .expect("known")
+                .may_use("anything")
+        );
+    }
+
+    #[test]
+    fn malformed_lines_are_refused_with_their_number() {
+        for (text, line) in [
+            ("a sha256:00 b", 1),
+            ("\nname md5:abc scope", 2),
+            (
+                "only-two sha256:0000000000000000000000000000000000000000000000000000000000000000",
+                1,
+            ),
+            (
+                "bad/name sha256:0000000000000000000000000000000000000000000000000000000000000000 s",
+                1,
+            ),
+            (
+                "n sha256:0000000000000000000000000000000000000000000000000000000000000000 has*star*",
+                1,
+            ),
+            (
+                "n sha256:0000000000000000000000000000000000000000000000000000000000000000 sp ace",
+                1,
+            ),
+        ] {
+            match TokenSet::parse(text) {
+                Err(TokensFileError::Invalid { line: got, .. }) => assert_eq!(got, line, "{text}"),
+                other => panic!("{text:?} gave {other:?}"),
+            }
+        }
+        let twice = "a sha256:0000000000000000000000000000000000000000000000000000000000000000 s\n\
+                     a sha256:1111111111111111111111111111111111111111111111111111111111111111 s";
+        assert!(TokenSet::parse(twice).is_err(), "a name twice");
+    }
+
+    #[test]
+    fn the_rate_limit_admits_bursts_of_its_rate_then_refuses() {
+        let limiter = RateLimiter {
+            rate: 3.0,
+            buckets: Mutex::new(HashMap::new()),
+        };
+        let admitted = (0..10).filter(|_| limiter.admit("a")).count();
+        assert_eq!(admitted, 3);
+        assert!(limiter.admit("b"), "each caller has a bucket of its own");
+    }
+}

@@ -1,0 +1,162 @@
+//! The door of `idempotency.v1`: a tower layer that admits a call, or turns it away before any
+//! handler runs, so that nothing is read or written for a caller who may not. Health and
+//! reflection pass untouched (orchestrators' probes carry no token).
+//!
+//! Every request of the API carries its scope (`namespace` or `consumer`) in field 1, so the
+//! layer reads the one unary message, takes field 1, and asks [`Authenticator::admit`]. The
+//! message is read only up to the decoding limit: a bigger one is refused from its length
+//! prefix, as the gRPC layer would.
+
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use bytes::{Buf, Bytes, BytesMut};
+use http_body_util::BodyExt;
+use prost::Message;
+use tonic::body::Body;
+use tonic::codegen::http;
+use tonic::{Code, Status};
+use tower::{Layer, Service};
+
+use crate::auth::Authenticator;
+
+/// The path prefix of the calls this layer guards.
+const GUARDED: &str = "/idempotency.v1.IdempotencyService/";
+
+/// Field 1 of any request of the API, read without knowing which request it is.
+#[derive(Clone, PartialEq, Message)]
+struct ScopeField {
+    #[prost(string, tag = "1")]
+    scope: String,
+}
+
+#[derive(Clone)]
+pub struct AuthLayer {
+    authenticator: Arc<Authenticator>,
+    decoding_limit: usize,
+}
+
+impl AuthLayer {
+    pub fn new(authenticator: Arc<Authenticator>, decoding_limit: usize) -> Self {
+        Self {
+            authenticator,
+            decoding_limit,
+        }
+    }
+}
+
+impl<S> Layer<S> for AuthLayer {
+    type Service = AuthService<S>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        AuthService {
+            inner,
+            authenticator: self.authenticator.clone(),
+            decoding_limit: self.decoding_limit,
+        }
+    }
+}
+
+#[derive(Clone)]
+pub struct AuthService<S> {
+    inner: S,
+    authenticator: Arc<Authenticator>,
+    decoding_limit: usize,
+}
+
+type BoxFuture<T> = std::pin::Pin<Box<dyn std::future::Future<Output = T> + Send>>;
+
+fn refuse(status: Status) -> http::Response<Body> {
+    status.into_http()
+}
+
+/// Reads the request's one gRPC message (5-byte prefix, then the message), refusing it from
+/// the prefix when it is over `limit`. Answers the whole body read, to be passed on.
+async fn read_message(body: Body, limit: usize) -> Result<(Bytes, String), Status> {
+    let mut body = body;
+    let mut buffer = BytesMut::new();
+    let mut expected: Option<usize> = None;
+    while expected.is_none_or(|total| buffer.len() < total) {
+        let Some(frame) = body.frame().await else {
+            break;
+        };
+        let frame = frame.map_err(|_| Status::cancelled("the request body ended abruptly"))?;
+        if let Ok(data) = frame.into_data() {
+            buffer.extend_from_slice(&data);
+        }
+        if expected.is_none() && buffer.len() >= 5 {
+            if buffer[0] != 0 {
+                return Err(Status::new(
+                    Code::Unimplemented,
+                    "compressed requests are not supported",
+                ));
+            }
+            let mut prefix = &buffer[1..5];
+            let length = usize::try_from(prefix.get_u32()).unwrap_or(usize::MAX);
+            if length > limit {
+                return Err(Status::out_of_range(format!(
+                    "the message is {length} bytes, the limit is {limit}"
+                )));
+            }
+            expected = Some(5 + length);
+        }
+    }
+    let total = expected.ok_or_else(|| Status::invalid_argument("the request has no message"))?;
+    if buffer.len() < total {
+        return Err(Status::invalid_argument(
+            "the request's message is cut short",
+        ));
+    }
+    let scope = ScopeField::decode(&buffer[5..total])
+        .map_err(|_| Status::invalid_argument("the request could not be decoded"))?
+        .scope;
+    Ok((buffer.freeze(), scope))
+}
+
+impl<S> Service<http::Request<Body>> for AuthService<S>
+where
+    S: Service<http::Request<Body>, Response = http::Response<Body>> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
+{
+    type Response = http::Response<Body>;
+    type Error = S::Error;
+    type Future = BoxFuture<Result<Self::Response, Self::Error>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: http::Request<Body>) -> Self::Future {
+        if !request.uri().path().starts_with(GUARDED) {
+            return Box::pin(self.inner.call(request));
+        }
+        // The inner service was made ready for this call; a fresh clone takes its place.
+        let clone = self.inner.clone();
+        let mut inner = std::mem::replace(&mut self.inner, clone);
+        let authenticator = self.authenticator.clone();
+        let limit = self.decoding_limit;
+        Box::pin(async move {
+            let (parts, body) = request.into_parts();
+            let authorization = parts
+                .headers
+                .get(http::header::AUTHORIZATION)
+                .and_then(|value| value.to_str().ok());
+            // An unknown caller is turned away before its message is even read.
+            let caller = match authenticator.authenticate(authorization) {
+                Ok(caller) => caller,
+                Err(refusal) => return Ok(refuse(super::status::refused(refusal))),
+            };
+            let (message, scope) = match read_message(body, limit).await {
+                Ok(read) => read,
+                Err(status) => return Ok(refuse(status)),
+            };
+            if let Err(refusal) = authenticator.authorize(&caller, &scope) {
+                return Ok(refuse(super::status::refused(refusal)));
+            }
+            let request =
+                http::Request::from_parts(parts, Body::new(http_body_util::Full::new(message)));
+            inner.call(request).await
+        })
+    }
+}

@@ -1,0 +1,181 @@
+//! Tokens, certificates and TLS clients for the security tests, all made in the test.
+
+use idempotency_coordinator::proto::idempotency::v1::idempotency_service_client::IdempotencyServiceClient;
+use rcgen::{
+    BasicConstraints, CertificateParams, CertifiedIssuer, DnType, ExtendedKeyUsagePurpose, IsCa,
+    KeyPair, KeyUsagePurpose,
+};
+use tonic::metadata::{Ascii, MetadataValue};
+use tonic::service::Interceptor;
+use tonic::service::interceptor::InterceptedService;
+use tonic::transport::{Certificate, Channel, ClientTlsConfig, Identity};
+
+/// Adds `authorization: Bearer <token>` to every call (or nothing, for a caller without one).
+#[derive(Clone)]
+pub struct Bearer(Option<MetadataValue<Ascii>>);
+
+impl Bearer {
+    pub fn token(token: &str) -> Self {
+        Self(Some(
+            format!("Bearer {token}")
+                .parse()
+                .expect("an ASCII header value"),
+        ))
+    }
+
+    pub fn raw(header: &str) -> Self {
+        Self(Some(header.parse().expect("an ASCII header value")))
+    }
+
+    pub fn none() -> Self {
+        Self(None)
+    }
+}
+
+impl Interceptor for Bearer {
+    fn call(
+        &mut self,
+        mut request: tonic::Request<()>,
+    ) -> Result<tonic::Request<()>, tonic::Status> {
+        if let Some(value) = &self.0 {
+            request
+                .metadata_mut()
+                .insert("authorization", value.clone());
+        }
+        Ok(request)
+    }
+}
+
+pub type AuthedClient = IdempotencyServiceClient<InterceptedService<Channel, Bearer>>;
+
+pub async fn authed_client(endpoint: String, bearer: Bearer) -> AuthedClient {
+    let channel = Channel::from_shared(endpoint)
+        .expect("endpoint")
+        .connect()
+        .await
+        .expect("connect");
+    IdempotencyServiceClient::with_interceptor(channel, bearer)
+}
+
+/// A tokens file in a temporary folder, rewritten at will.
+pub struct TokensFile {
+    _dir: tempfile::TempDir,
+    pub path: std::path::PathBuf,
+}
+
+impl TokensFile {
+    pub fn new(lines: &[&str]) -> Self {
+        let dir = tempfile::tempdir().expect("a temporary folder");
+        let path = dir.path().join("tokens");
+        let file = Self { _dir: dir, path };
+        file.write(lines);
+        file
+    }
+
+    pub fn write(&self, lines: &[&str]) {
+        // Written aside and renamed, so that a reload never reads half a file.
+        let staging = self.path.with_extension("new");
+        std::fs::write(&staging, lines.join("\n") + "\n").expect("write tokens");
+        std::fs::rename(&staging, &self.path).expect("replace tokens");
+    }
+
+    pub fn flag(&self) -> String {
+        self.path.display().to_string()
+    }
+}
+
+/// A token for `scopes`, and its tokens-file line.
+pub fn token(name: &str, scopes: &str) -> (String, String) {
+    idempotency_coordinator::auth::new_token(name, scopes).expect("a token")
+}
+
+/// A certificate authority made for one test.
+pub struct Pki {
+    issuer: CertifiedIssuer<'static, KeyPair>,
+}
+
+pub struct Issued {
+    pub certificate: String,
+    pub key: String,
+}
+
+impl Pki {
+    pub fn new(name: &str) -> Self {
+        let mut params = CertificateParams::new(Vec::<String>::new()).expect("params");
+        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        params.distinguished_name.push(DnType::CommonName, name);
+        params.key_usages = vec![
+            KeyUsagePurpose::KeyCertSign,
+            KeyUsagePurpose::CrlSign,
+            KeyUsagePurpose::DigitalSignature,
+        ];
+        let key = KeyPair::generate().expect("a key");
+        let issuer = CertifiedIssuer::self_signed(params, key).expect("a CA");
+        Self { issuer }
+    }
+
+    pub fn ca_pem(&self) -> String {
+        self.issuer.pem()
+    }
+
+    fn issue(&self, name: &str, purpose: ExtendedKeyUsagePurpose) -> Issued {
+        let mut params = CertificateParams::new(vec![name.to_owned()]).expect("params");
+        params.distinguished_name.push(DnType::CommonName, name);
+        params.extended_key_usages = vec![purpose];
+        let key = KeyPair::generate().expect("a key");
+        let certificate = params.signed_by(&key, &self.issuer).expect("a certificate");
+        Issued {
+            certificate: certificate.pem(),
+            key: key.serialize_pem(),
+        }
+    }
+
+    /// A server certificate for `localhost`.
+    pub fn server(&self) -> Issued {
+        self.issue("localhost", ExtendedKeyUsagePurpose::ServerAuth)
+    }
+
+    pub fn client(&self, name: &str) -> Issued {
+        self.issue(name, ExtendedKeyUsagePurpose::ClientAuth)
+    }
+}
+
+/// Writes PEM files for the server's TLS flags into `dir`.
+pub fn server_tls_flags(dir: &std::path::Path, pki: &Pki, client_ca: Option<&Pki>) -> Vec<String> {
+    let server = pki.server();
+    let cert = dir.join("server.pem");
+    let key = dir.join("server.key");
+    std::fs::write(&cert, &server.certificate).expect("write cert");
+    std::fs::write(&key, &server.key).expect("write key");
+    let mut flags = vec![
+        "--tls-cert".to_owned(),
+        cert.display().to_string(),
+        "--tls-key".to_owned(),
+        key.display().to_string(),
+    ];
+    if let Some(client_ca) = client_ca {
+        let ca = dir.join("clients-ca.pem");
+        std::fs::write(&ca, client_ca.ca_pem()).expect("write client CA");
+        flags.extend(["--tls-client-ca".to_owned(), ca.display().to_string()]);
+    }
+    flags
+}
+
+/// A TLS channel that trusts `ca` and, for mTLS, shows `identity`.
+pub async fn tls_channel(
+    addr: std::net::SocketAddr,
+    ca: &Pki,
+    identity: Option<&Issued>,
+) -> Result<Channel, tonic::transport::Error> {
+    let mut tls = ClientTlsConfig::new()
+        .ca_certificate(Certificate::from_pem(ca.ca_pem()))
+        .domain_name("localhost");
+    if let Some(identity) = identity {
+        tls = tls.identity(Identity::from_pem(&identity.certificate, &identity.key));
+    }
+    Channel::from_shared(format!("https://{addr}"))
+        .expect("endpoint")
+        .tls_config(tls)?
+        .connect()
+        .await
+}
