@@ -4,8 +4,8 @@
 //! The tokens file has one token per line:
 //!
 //! ```text
-//! # name      hash of the token                                                         scopes
-//! payments    sha256:5e884898da28047151d0e56f8dc6292773603d0d6aabbdd62a11ef721d1542d8   payments-*,billing
+//! # name      hash of the token (64 hex digits, from `token new`)   scopes
+//! payments    sha256:<64 hex digits>                                 payments-*,billing
 //! ```
 //!
 //! Scopes are namespaces (for keys) and consumers (for events) alike: an exact name, a prefix
@@ -86,6 +86,10 @@ pub enum TokensFileError {
     },
     #[error("line {line}: {problem}")]
     Invalid { line: usize, problem: String },
+    /// A file without a single token would lock every caller out; it is taken for a file
+    /// caught half-written, or a mistake.
+    #[error("{path} lists no tokens (write the new file aside, then rename it into place)")]
+    Empty { path: PathBuf },
 }
 
 /// The callers of one version of the tokens file.
@@ -163,12 +167,19 @@ impl TokenSet {
         Ok(Self { callers })
     }
 
+    /// Reads a tokens file, which must list at least one token.
     pub fn load(path: &Path) -> Result<Self, TokensFileError> {
         let text = std::fs::read_to_string(path).map_err(|source| TokensFileError::Read {
             path: path.to_owned(),
             source,
         })?;
-        Self::parse(&text)
+        let tokens = Self::parse(&text)?;
+        if tokens.is_empty() {
+            return Err(TokensFileError::Empty {
+                path: path.to_owned(),
+            });
+        }
+        Ok(tokens)
     }
 
     pub fn len(&self) -> usize {
@@ -229,9 +240,11 @@ struct RateLimiter {
 impl RateLimiter {
     fn admit(&self, caller: &str) -> bool {
         let now = Instant::now();
-        let Ok(mut buckets) = self.buckets.lock() else {
-            return true;
-        };
+        // A panic elsewhere while holding the lock leaves the buckets usable.
+        let mut buckets = self
+            .buckets
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         let (tokens, last) = buckets.entry(caller.to_owned()).or_insert((self.rate, now));
         let refilled =
             (*tokens + now.duration_since(*last).as_secs_f64() * self.rate).min(self.rate);
@@ -283,24 +296,29 @@ impl Authenticator {
     pub fn reload(&self) -> Result<usize, TokensFileError> {
         let tokens = TokenSet::load(&self.path)?;
         let count = tokens.len();
-        if let Ok(mut current) = self.tokens.write() {
-            *current = Arc::new(tokens);
-        }
+        *self
+            .tokens
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Arc::new(tokens);
         Ok(count)
     }
 
     fn current(&self) -> Arc<TokenSet> {
-        self.tokens
-            .read()
-            .map(|tokens| Arc::clone(&tokens))
-            .unwrap_or_default()
+        Arc::clone(
+            &self
+                .tokens
+                .read()
+                .unwrap_or_else(std::sync::PoisonError::into_inner),
+        )
     }
 
-    /// Who is calling, from the `authorization` header's value (`Bearer <token>`).
+    /// Who is calling, from the `authorization` header's value (`Bearer <token>`; the scheme
+    /// is case-insensitive, as HTTP has it).
     pub fn authenticate(&self, authorization: Option<&str>) -> Result<Caller, Refusal> {
         let presented = authorization
-            .and_then(|value| value.strip_prefix("Bearer "))
-            .map(str::trim)
+            .and_then(|value| value.trim().split_once(' '))
+            .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+            .map(|(_, token)| token.trim())
             .filter(|token| !token.is_empty())
             .ok_or(Refusal::Unauthenticated)?;
         self.current()
@@ -309,21 +327,26 @@ impl Authenticator {
             .ok_or(Refusal::Unauthenticated)
     }
 
-    /// Whether `caller` may make a call on `scope` now: the scope granted, the rate not spent.
+    /// Whether `caller` may make one more call now. Counted before the request is read, so
+    /// that every call, refused scopes included, spends the caller's budget.
+    pub fn within_rate(&self, caller: &Caller) -> Result<(), Refusal> {
+        match &self.rate_limit {
+            Some(limiter) if !limiter.admit(&caller.name) => Err(Refusal::RateLimited {
+                caller: caller.name.clone(),
+            }),
+            _ => Ok(()),
+        }
+    }
+
+    /// Whether `caller` was given `scope`.
     pub fn authorize(&self, caller: &Caller, scope: &str) -> Result<(), Refusal> {
-        if !caller.may_use(scope) {
-            return Err(Refusal::PermissionDenied {
+        if caller.may_use(scope) {
+            Ok(())
+        } else {
+            Err(Refusal::PermissionDenied {
                 caller: caller.name.clone(),
-            });
+            })
         }
-        if let Some(limiter) = &self.rate_limit
-            && !limiter.admit(&caller.name)
-        {
-            return Err(Refusal::RateLimited {
-                caller: caller.name.clone(),
-            });
-        }
-        Ok(())
     }
 }
 
@@ -394,6 +417,44 @@ mod tests {
         let twice = "a sha256:0000000000000000000000000000000000000000000000000000000000000000 s\n\
                      a sha256:1111111111111111111111111111111111111111111111111111111111111111 s";
         assert!(TokenSet::parse(twice).is_err(), "a name twice");
+    }
+
+    #[test]
+    fn the_bearer_scheme_is_case_insensitive() {
+        let (token, line) = new_token("payments", "*").expect("a token");
+        let dir = std::env::temp_dir().join(format!("auth-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("a folder");
+        let path = dir.join("tokens");
+        std::fs::write(&path, &line).expect("write");
+        let authenticator = Authenticator::load(&path, None).expect("loads");
+        for header in [
+            format!("Bearer {token}"),
+            format!("bearer  {token} "),
+            format!("BEARER {token}"),
+        ] {
+            assert!(
+                authenticator.authenticate(Some(&header)).is_ok(),
+                "{header}"
+            );
+        }
+        for header in [format!("Basic {token}"), token.clone(), "Bearer".into()] {
+            assert!(
+                authenticator.authenticate(Some(&header)).is_err(),
+                "{header}"
+            );
+        }
+        // An emptied file is refused, and the tokens in force stay.
+        std::fs::write(&path, "# nothing here\n").expect("write");
+        assert!(matches!(
+            authenticator.reload(),
+            Err(TokensFileError::Empty { .. })
+        ));
+        assert!(
+            authenticator
+                .authenticate(Some(&format!("Bearer {token}")))
+                .is_ok()
+        );
+        let _ = std::fs::remove_dir_all(dir);
     }
 
     #[test]

@@ -36,11 +36,9 @@ async fn run(command: Command) -> anyhow::Result<()> {
             // stops the service as soon as it listens must get a graceful stop, not a kill.
             let shutdown = CancellationToken::new();
             shutdown::cancel_on_signal(shutdown.clone()).context("installing signal handlers")?;
+            let reload = shutdown::on_sighup().context("installing the SIGHUP handler")?;
             let app = Application::build(settings).await?;
-            if let Some(authenticator) = app.authenticator() {
-                shutdown::reload_tokens_on_sighup(authenticator)
-                    .context("installing the SIGHUP handler")?;
-            }
+            reload.reload_tokens(app.authenticator());
             tracing::info!(address = %app.local_addr(), store = app.store().backend(), "listening");
             app.run_until_stopped(shutdown).await?;
         }

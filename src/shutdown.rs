@@ -25,23 +25,35 @@ pub fn cancel_on_signal(shutdown: CancellationToken) -> std::io::Result<()> {
     Ok(())
 }
 
-/// Reloads the tokens file on every SIGHUP. A file that does not parse is reported and the
-/// tokens in force are kept; calls in flight are never dropped.
-pub fn reload_tokens_on_sighup(
-    authenticator: std::sync::Arc<crate::auth::Authenticator>,
-) -> std::io::Result<()> {
+/// SIGHUP, caught from the start so that it never ends the process (its default action), as
+/// `systemctl reload` or a log rotation hook would otherwise do.
+pub struct Hangups(tokio::signal::unix::Signal);
+
+pub fn on_sighup() -> std::io::Result<Hangups> {
     use tokio::signal::unix::{SignalKind, signal};
-    let mut hangup = signal(SignalKind::hangup())?;
-    tokio::spawn(async move {
-        while hangup.recv().await.is_some() {
-            match authenticator.reload() {
-                Ok(count) => tracing::info!(tokens = count, "tokens file reloaded"),
-                Err(error) => tracing::error!(
-                    error = %crate::telemetry::error_chain(&error),
-                    "tokens file not reloaded; the tokens in force stay"
-                ),
+    Ok(Hangups(signal(SignalKind::hangup())?))
+}
+
+impl Hangups {
+    /// On every SIGHUP, reloads the tokens file (when the service has one). A file that does
+    /// not load is reported and the tokens in force are kept; calls in flight are never
+    /// dropped.
+    pub fn reload_tokens(self, authenticator: Option<std::sync::Arc<crate::auth::Authenticator>>) {
+        let Self(mut hangups) = self;
+        tokio::spawn(async move {
+            while hangups.recv().await.is_some() {
+                let Some(authenticator) = &authenticator else {
+                    tracing::info!("SIGHUP received; no tokens file to reload");
+                    continue;
+                };
+                match authenticator.reload() {
+                    Ok(count) => tracing::info!(tokens = count, "tokens file reloaded"),
+                    Err(error) => tracing::error!(
+                        error = %crate::telemetry::error_chain(&error),
+                        "tokens file not reloaded; the tokens in force stay"
+                    ),
+                }
             }
-        }
-    });
-    Ok(())
+        });
+    }
 }

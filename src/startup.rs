@@ -72,7 +72,7 @@ impl Application {
             .await
             .map_err(bind_error)?;
         let local_addr = listener.local_addr().map_err(bind_error)?;
-        let security = security(&settings.security)?;
+        let security = security(&settings.security, settings.operation_timeout)?;
         Ok(Self {
             listener,
             local_addr,
@@ -192,7 +192,10 @@ impl Application {
 }
 
 /// Loads the tokens file and reads the TLS files, so that a bad file stops the start.
-fn security(settings: &SecuritySettings) -> Result<Security, StartupError> {
+fn security(
+    settings: &SecuritySettings,
+    operation_timeout: std::time::Duration,
+) -> Result<Security, StartupError> {
     let authenticator = settings
         .tokens_file
         .as_deref()
@@ -217,5 +220,6 @@ fn security(settings: &SecuritySettings) -> Result<Security, StartupError> {
         authenticator,
         tls,
         max_concurrent_streams: settings.max_concurrent_streams,
+        request_read_timeout: operation_timeout,
     })
 }

@@ -9,6 +9,7 @@
 
 use std::sync::Arc;
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 use bytes::{Buf, Bytes, BytesMut};
 use http_body_util::BodyExt;
@@ -34,13 +35,20 @@ struct ScopeField {
 pub struct AuthLayer {
     authenticator: Arc<Authenticator>,
     decoding_limit: usize,
+    read_timeout: Duration,
 }
 
 impl AuthLayer {
-    pub fn new(authenticator: Arc<Authenticator>, decoding_limit: usize) -> Self {
+    /// `read_timeout` bounds the wait for a request's message once its caller is known.
+    pub fn new(
+        authenticator: Arc<Authenticator>,
+        decoding_limit: usize,
+        read_timeout: Duration,
+    ) -> Self {
         Self {
             authenticator,
             decoding_limit,
+            read_timeout,
         }
     }
 }
@@ -53,6 +61,7 @@ impl<S> Layer<S> for AuthLayer {
             inner,
             authenticator: self.authenticator.clone(),
             decoding_limit: self.decoding_limit,
+            read_timeout: self.read_timeout,
         }
     }
 }
@@ -62,6 +71,7 @@ pub struct AuthService<S> {
     inner: S,
     authenticator: Arc<Authenticator>,
     decoding_limit: usize,
+    read_timeout: Duration,
 }
 
 type BoxFuture<T> = std::pin::Pin<Box<dyn std::future::Future<Output = T> + Send>>;
@@ -136,20 +146,33 @@ where
         let mut inner = std::mem::replace(&mut self.inner, clone);
         let authenticator = self.authenticator.clone();
         let limit = self.decoding_limit;
+        let read_timeout = self.read_timeout;
         Box::pin(async move {
             let (parts, body) = request.into_parts();
             let authorization = parts
                 .headers
                 .get(http::header::AUTHORIZATION)
                 .and_then(|value| value.to_str().ok());
-            // An unknown caller is turned away before its message is even read.
-            let caller = match authenticator.authenticate(authorization) {
+            // An unknown caller, or one over its rate, is turned away before its message is
+            // even read.
+            let caller = match authenticator
+                .authenticate(authorization)
+                .and_then(|caller| authenticator.within_rate(&caller).map(|()| caller))
+            {
                 Ok(caller) => caller,
                 Err(refusal) => return Ok(refuse(super::status::refused(refusal))),
             };
-            let (message, scope) = match read_message(body, limit).await {
-                Ok(read) => read,
-                Err(status) => return Ok(refuse(status)),
+            // A caller that sends its message too slowly does not hold a stream (and its
+            // buffer) for ever.
+            let read = tokio::time::timeout(read_timeout, read_message(body, limit)).await;
+            let (message, scope) = match read {
+                Ok(Ok(read)) => read,
+                Ok(Err(status)) => return Ok(refuse(status)),
+                Err(_) => {
+                    return Ok(refuse(Status::deadline_exceeded(
+                        "the request was not received in time",
+                    )));
+                }
             };
             if let Err(refusal) = authenticator.authorize(&caller, &scope) {
                 return Ok(refuse(super::status::refused(refusal)));

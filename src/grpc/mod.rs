@@ -61,7 +61,15 @@ pub struct Security {
     pub authenticator: Option<Arc<Authenticator>>,
     pub tls: Option<TlsMaterial>,
     pub max_concurrent_streams: u32,
+    /// How long a known caller may take to send its request.
+    pub request_read_timeout: std::time::Duration,
 }
+
+/// Pings on idle connections, so that dead peers are noticed and their streams let go.
+const KEEPALIVE_INTERVAL: std::time::Duration = std::time::Duration::from_secs(30);
+const KEEPALIVE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+/// How long a TLS handshake may take.
+const TLS_HANDSHAKE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// Serves until `shutdown` completes, then stops accepting, lets calls in flight finish, and
 /// returns once every connection has closed.
@@ -82,18 +90,22 @@ pub async fn serve<S: Store>(
     let health = tonic_health::pb::health_server::HealthServer::new(health::HealthApi::new(health));
 
     let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
-    let mut server = Server::builder().max_concurrent_streams(security.max_concurrent_streams);
+    let mut server = Server::builder()
+        .max_concurrent_streams(security.max_concurrent_streams)
+        .http2_keepalive_interval(Some(KEEPALIVE_INTERVAL))
+        .http2_keepalive_timeout(Some(KEEPALIVE_TIMEOUT));
     if let Some(tls) = &security.tls {
-        let mut config =
-            ServerTlsConfig::new().identity(Identity::from_pem(&tls.certificate, &tls.private_key));
+        let mut config = ServerTlsConfig::new()
+            .identity(Identity::from_pem(&tls.certificate, &tls.private_key))
+            .timeout(TLS_HANDSHAKE_TIMEOUT);
         if let Some(ca) = &tls.client_ca {
             config = config.client_ca_root(Certificate::from_pem(ca));
         }
         server = server.tls_config(config)?;
     }
-    let door = security
-        .authenticator
-        .map(|authenticator| auth_layer::AuthLayer::new(authenticator, decoding_limit));
+    let door = security.authenticator.map(|authenticator| {
+        auth_layer::AuthLayer::new(authenticator, decoding_limit, security.request_read_timeout)
+    });
     server
         .layer(tower::util::option_layer(door))
         .add_service(health)

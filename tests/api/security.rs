@@ -496,6 +496,75 @@ async fn logs_never_show_tokens_responses_or_fingerprints(backend: Backend) {
     }
 }
 
+/// Encodes a string field the protobuf way (tag, length, bytes).
+fn string_field(number: u8, value: &str) -> Vec<u8> {
+    let mut out = vec![number << 3 | 2, u8::try_from(value.len()).expect("short")];
+    out.extend_from_slice(value.as_bytes());
+    out
+}
+
+async fn the_door_and_the_handler_read_the_same_scope(backend: Backend) {
+    let (secret, line) = token("payments", "allowed");
+    let tokens = TokensFile::new(&[&line]);
+    let app = TestApp::spawn_with(backend, &["--tokens-file", &tokens.flag()]).await;
+    let bearer = format!("Bearer {secret}");
+    let lookup_path = "/idempotency.v1.IdempotencyService/Lookup";
+    // A scope given twice: protobuf's last value wins, for the door as for the handler.
+    let denied_last = [
+        string_field(1, "allowed"),
+        string_field(2, "k"),
+        string_field(1, "denied"),
+    ]
+    .concat();
+    let status = raw_unary(app.endpoint(), lookup_path, denied_last, Some(&bearer))
+        .await
+        .expect_err("the scope that counts is 'denied'");
+    assert_error(&status, Code::PermissionDenied, "PERMISSION_DENIED");
+    let allowed_last = [
+        string_field(1, "denied"),
+        string_field(2, "k"),
+        string_field(1, "allowed"),
+    ]
+    .concat();
+    let answer = raw_unary(app.endpoint(), lookup_path, allowed_last, Some(&bearer))
+        .await
+        .expect("the scope that counts is 'allowed'");
+    let decoded =
+        <pb::LookupResponse as prost::Message>::decode(answer.as_slice()).expect("decodes");
+    assert!(matches!(decoded.state, Some(State::Absent(_))));
+    // A scope field of the wrong wire type is not a scope.
+    let wrong_type = vec![1 << 3, 7, 2 << 3 | 2, 1, b'k'];
+    let status = raw_unary(app.endpoint(), lookup_path, wrong_type, Some(&bearer))
+        .await
+        .expect_err("no string scope");
+    assert!(
+        matches!(
+            status.code(),
+            Code::InvalidArgument | Code::PermissionDenied
+        ),
+        "{status:?}"
+    );
+    assert_eq!(app.total_rows().await, 0);
+}
+
+/// SIGHUP never ends the process, with or without a tokens file (systemctl reload, log
+/// rotation hooks). Store-independent: the embedded store serves.
+#[tokio::test]
+async fn sighup_without_a_tokens_file_leaves_the_service_running() {
+    let directory = tempfile::tempdir().expect("a temporary folder");
+    let mut server = ServerProcess::start_embedded_in(directory.path()).await;
+    let health = health_client(server.endpoint()).await.expect("connect");
+    eventually(Duration::from_secs(20), "serving", || is_serving(&health)).await;
+    server.signal("HUP");
+    eventually(Duration::from_secs(5), "the SIGHUP was handled", || async {
+        server.output_contains("no tokens file to reload")
+    })
+    .await;
+    assert!(is_serving(&health).await, "still serving after SIGHUP");
+    server.signal("TERM");
+    assert_eq!(server.wait(Duration::from_secs(20)).await, Some(0));
+}
+
 /// The real binary refuses a non-loopback address without tokens or mTLS, naming the flag.
 #[tokio::test]
 async fn the_binary_refuses_to_serve_the_network_unauthenticated() {
@@ -532,4 +601,5 @@ for_each_backend!(
     a_connection_may_have_only_so_many_calls_open,
     sighup_reloads_tokens_without_dropping_calls,
     logs_never_show_tokens_responses_or_fingerprints,
+    the_door_and_the_handler_read_the_same_scope,
 );

@@ -262,3 +262,76 @@ pub async fn is_serving(
             == tonic_health::pb::health_check_response::ServingStatus::Serving
     )
 }
+
+/// Sends one already-encoded message to `path` (with an `authorization` header if given), for
+/// requests the generated client cannot produce.
+pub async fn raw_unary(
+    endpoint: String,
+    path: &'static str,
+    message: Vec<u8>,
+    authorization: Option<&str>,
+) -> Result<Vec<u8>, tonic::Status> {
+    use tonic::codegen::http::uri::PathAndQuery;
+
+    #[derive(Clone, Default)]
+    struct RawCodec;
+    #[derive(Default)]
+    struct RawEncoder;
+    #[derive(Default)]
+    struct RawDecoder;
+    impl tonic::codec::Encoder for RawEncoder {
+        type Item = Vec<u8>;
+        type Error = tonic::Status;
+        fn encode(
+            &mut self,
+            item: Vec<u8>,
+            dst: &mut tonic::codec::EncodeBuf<'_>,
+        ) -> Result<(), tonic::Status> {
+            use bytes::BufMut;
+            dst.put_slice(&item);
+            Ok(())
+        }
+    }
+    impl tonic::codec::Decoder for RawDecoder {
+        type Item = Vec<u8>;
+        type Error = tonic::Status;
+        fn decode(
+            &mut self,
+            src: &mut tonic::codec::DecodeBuf<'_>,
+        ) -> Result<Option<Vec<u8>>, tonic::Status> {
+            use bytes::Buf;
+            let mut out = vec![0; src.remaining()];
+            src.copy_to_slice(&mut out);
+            Ok(Some(out))
+        }
+    }
+    impl tonic::codec::Codec for RawCodec {
+        type Encode = Vec<u8>;
+        type Decode = Vec<u8>;
+        type Encoder = RawEncoder;
+        type Decoder = RawDecoder;
+        fn encoder(&mut self) -> RawEncoder {
+            RawEncoder
+        }
+        fn decoder(&mut self) -> RawDecoder {
+            RawDecoder
+        }
+    }
+
+    let channel = tonic::transport::Channel::from_shared(endpoint)
+        .expect("endpoint")
+        .connect()
+        .await
+        .expect("connect");
+    let mut grpc = tonic::client::Grpc::new(channel);
+    grpc.ready().await.expect("ready");
+    let mut request = tonic::Request::new(message);
+    if let Some(value) = authorization {
+        request
+            .metadata_mut()
+            .insert("authorization", value.parse().expect("ASCII"));
+    }
+    grpc.unary(request, PathAndQuery::from_static(path), RawCodec)
+        .await
+        .map(tonic::Response::into_inner)
+}
