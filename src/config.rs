@@ -181,6 +181,23 @@ pub struct ServeArgs {
           value_parser = clap::value_parser!(u32).range(1..=100_000))]
     pub max_concurrent_streams: u32,
 
+    /// Run every TryStart and Complete on its own, instead of gathering concurrent ones into
+    /// shared statements.
+    #[arg(long, env = "IDEMPOTENCY_NO_COALESCE")]
+    pub no_coalesce: bool,
+
+    /// Shared statements of one kind (TryStart, Complete) that may run at once. Fewer means
+    /// bigger batches and more throughput; more means a key held by a slow transaction
+    /// delays fewer calls.
+    #[arg(long, env = "IDEMPOTENCY_COALESCE_EXECUTORS", default_value_t = 2,
+          value_parser = clap::value_parser!(u32).range(1..=1000))]
+    pub coalesce_executors: u32,
+
+    /// The most calls one shared statement carries.
+    #[arg(long, env = "IDEMPOTENCY_COALESCE_MAX_BATCH", default_value_t = 256,
+          value_parser = clap::value_parser!(u32).range(1..=10_000))]
+    pub coalesce_max_batch: u32,
+
     /// Pause between store checks that drive the health status.
     #[arg(long, env = "IDEMPOTENCY_HEALTH_CHECK_INTERVAL", default_value = "2s",
           value_parser = parse_duration)]
@@ -226,6 +243,8 @@ pub struct Settings {
     pub shutdown_grace: Duration,
     pub operation_timeout: Duration,
     pub security: SecuritySettings,
+    /// `None`: every call runs on its own.
+    pub coalescing: Option<crate::coordinator::Coalescing>,
 }
 
 fn nonzero(flag: &'static str, value: Duration) -> Result<Duration, SettingError> {
@@ -343,6 +362,10 @@ impl ServeArgs {
             shutdown_grace: self.shutdown_grace,
             operation_timeout,
             security: self.security()?,
+            coalescing: (!self.no_coalesce).then_some(crate::coordinator::Coalescing {
+                executors: self.coalesce_executors as usize,
+                max_batch: self.coalesce_max_batch as usize,
+            }),
         })
     }
 }

@@ -17,6 +17,7 @@ use std::time::Duration;
 
 use tokio_util::task::TaskTracker;
 
+use crate::coalesce::{Coalescer, CoalescerSettings, InFlight};
 use crate::domain::{
     CompleteCommand, Completion, ExtendLeaseCommand, Instant, KeyState, LookupQuery,
     MarkProcessedCommand, ProcessedEvent, Rejection, ReleaseCommand, TryStartCommand,
@@ -36,20 +37,83 @@ pub enum CoordinatorError {
     TaskFailed(#[source] tokio::task::JoinError),
 }
 
+/// How concurrent TryStarts and Completes are gathered into shared statements.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Coalescing {
+    /// Batches of one kind that may run at once.
+    pub executors: usize,
+    /// The most calls in one batch.
+    pub max_batch: usize,
+}
+
+/// The share of the operation timeout a call may wait for a batch to take it. Batches take
+/// milliseconds, so a longer wait means the store is in trouble: failing fast, with nothing
+/// written, is then the better answer.
+const QUEUE_WAIT_SHARE: u32 = 10;
+
+#[derive(Clone)]
+struct Coalescers {
+    try_start: Coalescer<TryStartCommand, TryStartOutcome>,
+    complete: Coalescer<CompleteCommand, Result<Completion, Rejection>>,
+}
+
 #[derive(Clone)]
 pub struct Coordinator<S> {
     store: S,
     tasks: TaskTracker,
     operation_timeout: Duration,
+    coalescers: Option<Coalescers>,
+    in_flight: InFlight,
 }
 
 impl<S: Store> Coordinator<S> {
-    /// `tasks` tracks every operation in flight so that shutdown can wait for them.
-    pub fn new(store: S, tasks: TaskTracker, operation_timeout: Duration) -> Self {
+    /// `tasks` tracks every operation in flight so that shutdown can wait for them. With
+    /// `coalescing`, concurrent TryStarts and Completes share statements (see `coalesce`).
+    /// `in_flight` counts the calls the store has yet to finish, whether or not their callers
+    /// still wait.
+    pub fn new(
+        store: S,
+        tasks: TaskTracker,
+        in_flight: InFlight,
+        operation_timeout: Duration,
+        coalescing: Option<Coalescing>,
+    ) -> Self {
+        let coalescers = coalescing.map(|coalescing| {
+            let settings = CoalescerSettings {
+                executors: coalescing.executors,
+                max_batch: coalescing.max_batch,
+                wait_budget: operation_timeout / QUEUE_WAIT_SHARE,
+                timeout: operation_timeout,
+            };
+            let for_try_start = store.clone();
+            let for_complete = store.clone();
+            Coalescers {
+                try_start: Coalescer::start(
+                    settings,
+                    tasks.clone(),
+                    in_flight.clone(),
+                    move |commands| {
+                        let store = for_try_start.clone();
+                        async move { store.try_start_batch(commands).await }
+                    },
+                ),
+                complete: Coalescer::start(
+                    settings,
+                    tasks.clone(),
+                    in_flight.clone(),
+                    move |commands| {
+                        let store = for_complete.clone();
+                        async move { store.complete_batch(commands).await }
+                    },
+                ),
+            }
+        });
         Self {
             store,
             tasks,
             operation_timeout,
+            coalescers,
+            in_flight,
         }
     }
 
@@ -57,14 +121,35 @@ impl<S: Store> Coordinator<S> {
         &self,
         command: TryStartCommand,
     ) -> Result<TryStartOutcome, CoordinatorError> {
-        self.run(|store| async move { store.try_start(command).await })
-            .await
+        match &self.coalescers {
+            Some(coalescers) => self.queued(coalescers.try_start.submit(command)).await,
+            None => {
+                self.run(|store| async move { store.try_start(command).await })
+                    .await
+            }
+        }
     }
 
     pub async fn complete(&self, command: CompleteCommand) -> Result<Completion, CoordinatorError> {
-        Ok(self
-            .run(|store| async move { store.complete(command).await })
-            .await??)
+        Ok(match &self.coalescers {
+            Some(coalescers) => self.queued(coalescers.complete.submit(command)).await?,
+            None => {
+                self.run(|store| async move { store.complete(command).await })
+                    .await?
+            }
+        }?)
+    }
+
+    /// Awaits a queued command under the operation timeout. The batch that runs it is a task
+    /// of its own: a caller that leaves only stops waiting.
+    async fn queued<T>(
+        &self,
+        answer: impl Future<Output = Result<T, StoreError>>,
+    ) -> Result<T, CoordinatorError> {
+        match tokio::time::timeout(self.operation_timeout, answer).await {
+            Ok(result) => Ok(result?),
+            Err(_elapsed) => Err(StoreError::TimedOut(self.operation_timeout).into()),
+        }
     }
 
     pub async fn release(&self, command: ReleaseCommand) -> Result<(), CoordinatorError> {
@@ -106,7 +191,9 @@ impl<S: Store> Coordinator<S> {
     {
         let timeout = self.operation_timeout;
         let work = operation(self.store.clone());
+        let in_flight = self.in_flight.enter();
         let task = self.tasks.spawn(async move {
+            let _in_flight = in_flight;
             match tokio::time::timeout(timeout, work).await {
                 Ok(result) => result,
                 Err(_elapsed) => Err(StoreError::TimedOut(timeout)),

@@ -5,6 +5,7 @@
 #![forbid(unsafe_code)]
 
 pub mod auth;
+pub mod coalesce;
 pub mod config;
 pub mod coordinator;
 pub mod domain;

@@ -16,6 +16,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::auth::{Authenticator, TokensFileError};
+use crate::coalesce::InFlight;
 use crate::config::{SecuritySettings, Settings};
 use crate::coordinator::Coordinator;
 use crate::grpc::{self, Security, TlsMaterial};
@@ -54,8 +55,10 @@ pub struct Application {
     local_addr: SocketAddr,
     store: AnyStore,
     security: Security,
-    /// Every store operation in flight, including those whose callers have hung up.
+    /// Every store task in flight, including those whose callers have hung up.
     store_work: TaskTracker,
+    /// The calls the store has yet to finish.
+    in_flight: InFlight,
     settings: Settings,
 }
 
@@ -79,6 +82,7 @@ impl Application {
             store,
             security,
             store_work: TaskTracker::new(),
+            in_flight: InFlight::default(),
             settings,
         })
     }
@@ -97,9 +101,10 @@ impl Application {
         self.security.authenticator.clone()
     }
 
-    /// The store operations in flight (a handle that stays valid while the service runs).
-    pub fn store_work(&self) -> TaskTracker {
-        self.store_work.clone()
+    /// The calls the store has yet to finish, whether or not their callers still wait (a
+    /// handle that stays valid while the service runs).
+    pub fn calls_in_flight(&self) -> InFlight {
+        self.in_flight.clone()
     }
 
     pub async fn run_until_stopped(self, shutdown: CancellationToken) -> Result<(), StartupError> {
@@ -107,6 +112,7 @@ impl Application {
             listener,
             store,
             store_work,
+            in_flight,
             security,
             settings,
             ..
@@ -115,7 +121,9 @@ impl Application {
         let coordinator = Coordinator::new(
             store.clone(),
             store_work.clone(),
+            in_flight,
             settings.operation_timeout,
+            settings.coalescing,
         );
 
         let monitor = tokio::spawn(readiness::monitor(

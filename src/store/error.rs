@@ -22,14 +22,24 @@ pub enum StoreError {
     /// The store answered something the contract rules out.
     #[error("the store is in a state this build does not expect: {0}")]
     Inconsistent(&'static str),
+    /// One failure shared by every command of a batch.
+    #[error(transparent)]
+    Shared(std::sync::Arc<StoreError>),
 }
 
 impl StoreError {
     /// Whether a caller may expect the same call to succeed later.
     pub fn is_transient(&self) -> bool {
-        matches!(
-            self,
-            Self::Unavailable(_) | Self::TimedOut(_) | Self::NotMigrated(_)
-        )
+        match self {
+            Self::Unavailable(_) | Self::TimedOut(_) | Self::NotMigrated(_) => true,
+            Self::Shared(inner) => inner.is_transient(),
+            _ => false,
+        }
+    }
+
+    /// This failure, for each of `count` commands of a batch.
+    pub fn for_each_of(self, count: usize) -> Vec<StoreError> {
+        let shared = std::sync::Arc::new(self);
+        (0..count).map(|_| Self::Shared(shared.clone())).collect()
     }
 }

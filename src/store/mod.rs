@@ -35,6 +35,37 @@ pub trait Store: Clone + Send + Sync + 'static {
         command: CompleteCommand,
     ) -> impl Future<Output = Result<Result<Completion, Rejection>, StoreError>> + Send;
 
+    /// TryStart for several callers at once, one result per command in order, each exactly
+    /// what `try_start` would have answered had the calls come one after another. The default
+    /// runs them one by one; a store overrides it to share round trips and commits.
+    fn try_start_batch(
+        &self,
+        commands: Vec<TryStartCommand>,
+    ) -> impl Future<Output = Vec<Result<TryStartOutcome, StoreError>>> + Send {
+        async move {
+            let mut results = Vec::with_capacity(commands.len());
+            for command in commands {
+                results.push(self.try_start(command).await);
+            }
+            results
+        }
+    }
+
+    /// Complete for several callers at once, like [`Store::try_start_batch`].
+    #[allow(clippy::type_complexity)]
+    fn complete_batch(
+        &self,
+        commands: Vec<CompleteCommand>,
+    ) -> impl Future<Output = Vec<Result<Result<Completion, Rejection>, StoreError>>> + Send {
+        async move {
+            let mut results = Vec::with_capacity(commands.len());
+            for command in commands {
+                results.push(self.complete(command).await);
+            }
+            results
+        }
+    }
+
     fn release(
         &self,
         command: ReleaseCommand,
@@ -198,6 +229,20 @@ impl Store for AnyStore {
         command: CompleteCommand,
     ) -> Result<Result<Completion, Rejection>, StoreError> {
         delegate!(self, store => store.complete(command))
+    }
+
+    async fn try_start_batch(
+        &self,
+        commands: Vec<TryStartCommand>,
+    ) -> Vec<Result<TryStartOutcome, StoreError>> {
+        delegate!(self, store => store.try_start_batch(commands))
+    }
+
+    async fn complete_batch(
+        &self,
+        commands: Vec<CompleteCommand>,
+    ) -> Vec<Result<Result<Completion, Rejection>, StoreError>> {
+        delegate!(self, store => store.complete_batch(commands))
     }
 
     async fn release(&self, command: ReleaseCommand) -> Result<Result<(), Rejection>, StoreError> {

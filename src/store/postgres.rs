@@ -213,6 +213,17 @@ struct TryStartRow {
     key: KeyRow,
 }
 
+/// A row of [`TRY_START_BATCH`]: which key it is, and the key as TryStart left it.
+#[derive(FromRow)]
+struct TryStartBatchRow {
+    namespace: String,
+    #[sqlx(rename = "key")]
+    key_name: String,
+    newly_claimed: bool,
+    #[sqlx(flatten)]
+    key: KeyRow,
+}
+
 /// Stored attempts start at 1 and grow by one per takeover; the column is an `integer`.
 fn attempt_number(stored: i32) -> u32 {
     u32::try_from(stored).unwrap_or(0)
@@ -301,6 +312,102 @@ ON CONFLICT (namespace, key) DO UPDATE SET
 RETURNING k.lease_token = (SELECT value FROM new_token) AS newly_claimed, "#,
     key_columns!("k.")
 );
+
+/// TryStart for many keys in one statement: the same table as [`TRY_START`], row by row. Each
+/// row draws its own token and reads the clock once its own lock is held; the input carries
+/// each call's lease and retention, which the conflict branch looks up by key (keys are
+/// distinct within one statement). Rows are inserted in key order, so that concurrent batches
+/// lock keys in the same order.
+const TRY_START_BATCH: &str = concat!(
+    r#"
+WITH input AS (
+    SELECT * FROM unnest($1::text[], $2::text[], $3::bytea[], $4::bigint[], $5::bigint[],
+                         $6::text[])
+        AS i(namespace, key, fingerprint, lease_us, retention_us, attempt_id)
+),
+drawn AS MATERIALIZED (
+    SELECT i.*, nextval('lease_token_seq') AS token, clock_timestamp() AS at FROM input AS i
+)
+INSERT INTO idempotency_keys AS k
+    (namespace, key, fingerprint, lease_token, attempt, attempt_id, lease_expires_at,
+     checkpoint, response, completed_at, retention_us, expires_at)
+SELECT d.namespace, d.key, d.fingerprint, d.token, 1, d.attempt_id,
+       d.at + d.lease_us * interval '1 microsecond', NULL, NULL, NULL, d.retention_us,
+       d.at + greatest(d.lease_us, d.retention_us) * interval '1 microsecond'
+FROM drawn AS d
+ORDER BY d.namespace, d.key
+ON CONFLICT (namespace, key) DO UPDATE SET
+    (fingerprint, lease_token, attempt, attempt_id, lease_expires_at, checkpoint, response,
+     completed_at, retention_us, expires_at) =
+    (SELECT
+        CASE t.action WHEN 'fresh' THEN excluded.fingerprint ELSE k.fingerprint END,
+        CASE WHEN t.action IN ('fresh', 'takeover') THEN excluded.lease_token
+             ELSE k.lease_token END,
+        CASE t.action WHEN 'fresh' THEN 1 WHEN 'takeover' THEN k.attempt + 1
+             ELSE k.attempt END,
+        CASE WHEN t.action IN ('fresh', 'takeover') THEN excluded.attempt_id
+             ELSE k.attempt_id END,
+        CASE t.action
+             WHEN 'reenter' THEN greatest(k.lease_expires_at, t.lease_end)
+             WHEN 'none' THEN k.lease_expires_at
+             ELSE t.lease_end END,
+        CASE t.action WHEN 'fresh' THEN NULL ELSE k.checkpoint END,
+        CASE t.action WHEN 'fresh' THEN NULL ELSE k.response END,
+        CASE t.action WHEN 'fresh' THEN NULL ELSE k.completed_at END,
+        CASE WHEN t.action IN ('fresh', 'takeover') THEN excluded.retention_us
+             ELSE k.retention_us END,
+        CASE t.action
+             WHEN 'fresh' THEN t.retention_end
+             WHEN 'takeover' THEN greatest(k.expires_at, t.retention_end)
+             WHEN 'reenter' THEN greatest(k.expires_at, t.lease_end)
+             ELSE k.expires_at END
+     FROM (SELECT d.lease_us, d.retention_us FROM drawn AS d
+           WHERE d.namespace = excluded.namespace AND d.key = excluded.key) AS p
+     CROSS JOIN (SELECT clock_timestamp() AS at) AS locked
+     CROSS JOIN LATERAL (SELECT
+        locked.at + p.lease_us * interval '1 microsecond' AS lease_end,
+        locked.at + greatest(p.lease_us, p.retention_us) * interval '1 microsecond'
+            AS retention_end,
+        CASE
+            WHEN k.expires_at <= locked.at THEN 'fresh'
+            WHEN k.fingerprint <> excluded.fingerprint THEN 'none'
+            WHEN k.completed_at IS NOT NULL THEN 'none'
+            WHEN k.attempt_id = excluded.attempt_id THEN 'reenter'
+            WHEN k.lease_expires_at > locked.at THEN 'none'
+            ELSE 'takeover'
+        END AS action) AS t)
+RETURNING k.namespace, k.key,
+          k.lease_token = (SELECT d.token FROM drawn AS d
+                           WHERE d.namespace = k.namespace AND d.key = k.key) AS newly_claimed, "#,
+    key_columns!("k.")
+);
+
+/// Complete for many keys in one statement, like [`COMPLETE`]: the rows are locked (in key
+/// order) before anything is judged, and each is stamped by the clock read under its lock.
+const COMPLETE_BATCH: &str = r#"
+WITH input AS (
+    SELECT * FROM unnest($1::text[], $2::text[], $3::bigint[], $4::bytea[], $5::bigint[])
+        AS i(namespace, key, lease_token, response, retention_us)
+),
+locked AS MATERIALIZED (
+    SELECT k.namespace, k.key, k.lease_token, k.completed_at, k.expires_at, k.retention_us
+    FROM idempotency_keys AS k
+    JOIN input AS i ON k.namespace = i.namespace AND k.key = i.key
+    ORDER BY k.namespace, k.key
+    FOR UPDATE OF k
+)
+UPDATE idempotency_keys AS k
+SET (response, completed_at, checkpoint, retention_us, expires_at) =
+    (SELECT i.response, c.at, NULL::bytea, coalesce(i.retention_us, l.retention_us),
+            c.at + coalesce(i.retention_us, l.retention_us) * interval '1 microsecond'
+     FROM (SELECT clock_timestamp() AS at) AS c)
+FROM locked AS l
+JOIN input AS i ON i.namespace = l.namespace AND i.key = l.key
+WHERE k.namespace = l.namespace AND k.key = l.key
+  AND l.lease_token = i.lease_token AND l.completed_at IS NULL
+  AND l.expires_at > clock_timestamp()
+RETURNING k.namespace, k.key, k.completed_at, k.expires_at
+"#;
 
 /// The key's row, locked before anything is judged. Complete, Release and ExtendLease decide on
 /// the row this yields, by the clock read after the lock was granted. (A plain `UPDATE … WHERE
@@ -589,6 +696,167 @@ impl Store for PgStore {
             Guarded::AlreadyDone(completion) => Ok(completion),
             Guarded::Refused(rejection) => Err(rejection),
         })
+    }
+
+    async fn try_start_batch(
+        &self,
+        commands: Vec<TryStartCommand>,
+    ) -> Vec<Result<TryStartOutcome, StoreError>> {
+        if commands.len() == 1 {
+            // A lone call takes the one-row statement, whose plan is simpler.
+            let mut results = Vec::with_capacity(1);
+            for command in commands {
+                results.push(self.try_start(command).await);
+            }
+            return results;
+        }
+        let count = commands.len();
+        let mut results: Vec<Option<Result<TryStartOutcome, StoreError>>> =
+            (0..count).map(|_| None).collect();
+        let rounds = crate::coalesce::rounds(commands, |c| {
+            (c.namespace.as_str().to_owned(), c.key.as_str().to_owned())
+        });
+        for round in rounds {
+            let namespaces: Vec<&str> = round.iter().map(|(_, c)| c.namespace.as_str()).collect();
+            let keys: Vec<&str> = round.iter().map(|(_, c)| c.key.as_str()).collect();
+            let fingerprints: Vec<&[u8]> = round
+                .iter()
+                .map(|(_, c)| c.fingerprint.as_bytes())
+                .collect();
+            let leases: Vec<i64> = round.iter().map(|(_, c)| c.lease_ttl.as_micros()).collect();
+            let retentions: Vec<i64> = round.iter().map(|(_, c)| c.retention.as_micros()).collect();
+            let attempt_ids: Vec<Option<&str>> = round
+                .iter()
+                .map(|(_, c)| c.attempt_id.as_ref().map(|a| a.as_str()))
+                .collect();
+            let rows: Result<Vec<TryStartBatchRow>, StoreError> = with_retries(|| {
+                sqlx::query_as(TRY_START_BATCH)
+                    .bind(&namespaces)
+                    .bind(&keys)
+                    .bind(&fingerprints)
+                    .bind(&leases)
+                    .bind(&retentions)
+                    .bind(&attempt_ids)
+                    .fetch_all(&self.pool)
+            })
+            .await;
+            match rows {
+                Ok(rows) => {
+                    let mut by_key: std::collections::HashMap<(String, String), TryStartBatchRow> =
+                        rows.into_iter()
+                            .map(|row| ((row.namespace.clone(), row.key_name.clone()), row))
+                            .collect();
+                    for (index, command) in round {
+                        let key = (
+                            command.namespace.as_str().to_owned(),
+                            command.key.as_str().to_owned(),
+                        );
+                        results[index] = Some(match by_key.remove(&key) {
+                            Some(row) => Ok(TryStartOutcome::from_record(
+                                row.key.into(),
+                                row.newly_claimed,
+                                &command,
+                            )),
+                            None => {
+                                Err(StoreError::Inconsistent("a batched claim returned no row"))
+                            }
+                        });
+                    }
+                }
+                Err(error) => {
+                    for ((index, _), error) in round.iter().zip(error.for_each_of(round.len())) {
+                        results[*index] = Some(Err(error));
+                    }
+                }
+            }
+        }
+        results
+            .into_iter()
+            .map(|result| {
+                result.unwrap_or(Err(StoreError::Inconsistent("a batched claim was not run")))
+            })
+            .collect()
+    }
+
+    async fn complete_batch(
+        &self,
+        commands: Vec<CompleteCommand>,
+    ) -> Vec<Result<Result<Completion, Rejection>, StoreError>> {
+        if commands.len() == 1 {
+            let mut results = Vec::with_capacity(1);
+            for command in commands {
+                results.push(self.complete(command).await);
+            }
+            return results;
+        }
+        let count = commands.len();
+        let mut results: Vec<Option<Result<Result<Completion, Rejection>, StoreError>>> =
+            (0..count).map(|_| None).collect();
+        let rounds = crate::coalesce::rounds(commands, |c| {
+            (c.namespace.as_str().to_owned(), c.key.as_str().to_owned())
+        });
+        for round in rounds {
+            let namespaces: Vec<&str> = round.iter().map(|(_, c)| c.namespace.as_str()).collect();
+            let keys: Vec<&str> = round.iter().map(|(_, c)| c.key.as_str()).collect();
+            let tokens: Vec<i64> = round.iter().map(|(_, c)| c.lease_token.get()).collect();
+            let responses: Vec<&[u8]> = round.iter().map(|(_, c)| c.response.as_bytes()).collect();
+            let retentions: Vec<Option<i64>> = round
+                .iter()
+                .map(|(_, c)| c.retention.map(|r| r.as_micros()))
+                .collect();
+            let rows: Result<Vec<(String, String, Instant, Instant)>, StoreError> =
+                with_retries(|| {
+                    sqlx::query_as(COMPLETE_BATCH)
+                        .bind(&namespaces)
+                        .bind(&keys)
+                        .bind(&tokens)
+                        .bind(&responses)
+                        .bind(&retentions)
+                        .fetch_all(&self.pool)
+                })
+                .await;
+            match rows {
+                Ok(rows) => {
+                    let mut applied: std::collections::HashMap<(String, String), Completion> = rows
+                        .into_iter()
+                        .map(|(namespace, key, completed_at, expires_at)| {
+                            (
+                                (namespace, key),
+                                Completion {
+                                    completed_at,
+                                    expires_at,
+                                },
+                            )
+                        })
+                        .collect();
+                    for (index, command) in round {
+                        let key = (
+                            command.namespace.as_str().to_owned(),
+                            command.key.as_str().to_owned(),
+                        );
+                        results[index] = Some(match applied.remove(&key) {
+                            Some(completion) => Ok(Ok(completion)),
+                            // Refused, or repeated: the one-key path says which, and answers
+                            // a repeat with the same response as a success.
+                            None => self.complete(command).await,
+                        });
+                    }
+                }
+                Err(error) => {
+                    for ((index, _), error) in round.iter().zip(error.for_each_of(round.len())) {
+                        results[*index] = Some(Err(error));
+                    }
+                }
+            }
+        }
+        results
+            .into_iter()
+            .map(|result| {
+                result.unwrap_or(Err(StoreError::Inconsistent(
+                    "a batched completion was not run",
+                )))
+            })
+            .collect()
     }
 
     async fn release(&self, command: ReleaseCommand) -> Result<Result<(), Rejection>, StoreError> {

@@ -384,48 +384,115 @@ struct EventRow {
     expires_at: i64,
 }
 
+/// TryStart inside a write transaction, at `now`.
+async fn claim_in(
+    tx: &mut SqliteConnection,
+    now: Instant,
+    command: &TryStartCommand,
+) -> Result<TryStartOutcome, StoreError> {
+    let namespace = command.namespace.as_str();
+    let key = command.key.as_str();
+    let existing = select_key(tx, namespace, key).await?;
+    let action = claim_action(existing.as_ref(), now, command);
+    let newly_claimed = matches!(action, ClaimAction::Fresh | ClaimAction::Takeover);
+    let record = match (action, existing) {
+        (ClaimAction::Answer, Some(unchanged)) => unchanged,
+        (ClaimAction::Reenter, Some(held)) => {
+            let token = held.lease_token;
+            let renewed = claimed_record(Some(held), action, now, command, token)
+                .ok_or(StoreError::Inconsistent("re-entry produced no key"))?;
+            write_key(tx, namespace, key, &renewed).await?;
+            renewed
+        }
+        (_, existing) => {
+            let (token,): (i64,) = sqlx::query_as(NEXT_TOKEN)
+                .fetch_one(&mut *tx)
+                .await
+                .map_err(classify)?;
+            let claimed = claimed_record(
+                existing,
+                action,
+                now,
+                command,
+                LeaseToken::from_stored(token),
+            )
+            .ok_or(StoreError::Inconsistent("a claim produced no key"))?;
+            write_key(tx, namespace, key, &claimed).await?;
+            claimed
+        }
+    };
+    Ok(TryStartOutcome::from_record(record, newly_claimed, command))
+}
+
+/// Complete inside a write transaction: judged, then written if the caller holds the key.
+async fn complete_in(
+    tx: &mut SqliteConnection,
+    command: &CompleteCommand,
+) -> Result<Result<Completion, Rejection>, StoreError> {
+    let namespace = command.namespace.as_str();
+    let key = command.key.as_str();
+    let guard = judge(
+        tx,
+        namespace,
+        key,
+        command.lease_token,
+        Some(command.response.as_bytes()),
+    )
+    .await?;
+    let held = match (guard.verdict, guard.record) {
+        (Err(rejection), _) => return Ok(Err(rejection)),
+        // Repeated by the holder with the same response: the same completion again.
+        (Ok(Some(earlier)), _) => return Ok(Ok(earlier)),
+        (Ok(None), Some(held)) => held,
+        (Ok(None), None) => return Err(StoreError::Inconsistent("a guard passed on no key")),
+    };
+    let retention = command.retention.map_or(held.retention, |r| r.get());
+    let completion = Completion {
+        completed_at: guard.now,
+        expires_at: plus(guard.now, retention),
+    };
+    let completed = KeyRecord {
+        response: Some(command.response.as_bytes().to_vec()),
+        completed_at: Some(completion.completed_at),
+        checkpoint: None,
+        retention,
+        expires_at: completion.expires_at,
+        ..held
+    };
+    write_key(tx, namespace, key, &completed).await?;
+    Ok(Ok(completion))
+}
+
 impl Store for SqliteStore {
     async fn try_start(&self, command: TryStartCommand) -> Result<TryStartOutcome, StoreError> {
         let mut write = self.begin_write().await?;
-        let tx = &mut write.tx;
-        let namespace = command.namespace.as_str();
-        let key = command.key.as_str();
-        let now = now(tx).await?;
-        let existing = select_key(tx, namespace, key).await?;
-        let action = claim_action(existing.as_ref(), now, &command);
-        let newly_claimed = matches!(action, ClaimAction::Fresh | ClaimAction::Takeover);
-        let record = match (action, existing) {
-            (ClaimAction::Answer, Some(unchanged)) => unchanged,
-            (ClaimAction::Reenter, Some(held)) => {
-                let token = held.lease_token;
-                let renewed = claimed_record(Some(held), action, now, &command, token)
-                    .ok_or(StoreError::Inconsistent("re-entry produced no key"))?;
-                write_key(tx, namespace, key, &renewed).await?;
-                renewed
-            }
-            (_, existing) => {
-                let (token,): (i64,) = sqlx::query_as(NEXT_TOKEN)
-                    .fetch_one(&mut **tx)
-                    .await
-                    .map_err(classify)?;
-                let claimed = claimed_record(
-                    existing,
-                    action,
-                    now,
-                    &command,
-                    LeaseToken::from_stored(token),
-                )
-                .ok_or(StoreError::Inconsistent("a claim produced no key"))?;
-                write_key(tx, namespace, key, &claimed).await?;
-                claimed
-            }
-        };
+        let now = now(&mut write.tx).await?;
+        let outcome = claim_in(&mut write.tx, now, &command).await?;
         write.commit().await?;
-        Ok(TryStartOutcome::from_record(
-            record,
-            newly_claimed,
-            &command,
-        ))
+        Ok(outcome)
+    }
+
+    /// The whole batch in one write transaction, one command after another (so duplicates
+    /// resolve as if they came one after another), with one commit: one `fsync` for all.
+    async fn try_start_batch(
+        &self,
+        commands: Vec<TryStartCommand>,
+    ) -> Vec<Result<TryStartOutcome, StoreError>> {
+        let count = commands.len();
+        let applied = async {
+            let mut write = self.begin_write().await?;
+            let now = now(&mut write.tx).await?;
+            let mut outcomes = Vec::with_capacity(count);
+            for command in &commands {
+                outcomes.push(claim_in(&mut write.tx, now, command).await?);
+            }
+            write.commit().await?;
+            Ok::<_, StoreError>(outcomes)
+        };
+        match applied.await {
+            Ok(outcomes) => outcomes.into_iter().map(Ok).collect(),
+            Err(error) => error.for_each_of(count).into_iter().map(Err).collect(),
+        }
     }
 
     async fn complete(
@@ -433,40 +500,30 @@ impl Store for SqliteStore {
         command: CompleteCommand,
     ) -> Result<Result<Completion, Rejection>, StoreError> {
         let mut write = self.begin_write().await?;
-        let tx = &mut write.tx;
-        let namespace = command.namespace.as_str();
-        let key = command.key.as_str();
-        let guard = judge(
-            tx,
-            namespace,
-            key,
-            command.lease_token,
-            Some(command.response.as_bytes()),
-        )
-        .await?;
-        let held = match (guard.verdict, guard.record) {
-            (Err(rejection), _) => return Ok(Err(rejection)),
-            // Repeated by the holder with the same response: the same completion again.
-            (Ok(Some(earlier)), _) => return Ok(Ok(earlier)),
-            (Ok(None), Some(held)) => held,
-            (Ok(None), None) => return Err(StoreError::Inconsistent("a guard passed on no key")),
-        };
-        let retention = command.retention.map_or(held.retention, |r| r.get());
-        let completion = Completion {
-            completed_at: guard.now,
-            expires_at: plus(guard.now, retention),
-        };
-        let completed = KeyRecord {
-            response: Some(command.response.as_bytes().to_vec()),
-            completed_at: Some(completion.completed_at),
-            checkpoint: None,
-            retention,
-            expires_at: completion.expires_at,
-            ..held
-        };
-        write_key(tx, namespace, key, &completed).await?;
+        let answer = complete_in(&mut write.tx, &command).await?;
         write.commit().await?;
-        Ok(Ok(completion))
+        Ok(answer)
+    }
+
+    /// Like [`Self::try_start_batch`]: one transaction, one commit.
+    async fn complete_batch(
+        &self,
+        commands: Vec<CompleteCommand>,
+    ) -> Vec<Result<Result<Completion, Rejection>, StoreError>> {
+        let count = commands.len();
+        let applied = async {
+            let mut write = self.begin_write().await?;
+            let mut answers = Vec::with_capacity(count);
+            for command in &commands {
+                answers.push(complete_in(&mut write.tx, command).await?);
+            }
+            write.commit().await?;
+            Ok::<_, StoreError>(answers)
+        };
+        match applied.await {
+            Ok(answers) => answers.into_iter().map(Ok).collect(),
+            Err(error) => error.for_each_of(count).into_iter().map(Err).collect(),
+        }
     }
 
     async fn release(&self, command: ReleaseCommand) -> Result<Result<(), Rejection>, StoreError> {

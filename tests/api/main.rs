@@ -3,6 +3,7 @@
 
 mod support;
 
+mod coalescing;
 mod complete;
 mod embedded;
 mod extend_lease;

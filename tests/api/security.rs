@@ -358,7 +358,7 @@ async fn a_connection_may_have_only_so_many_calls_open(backend: Backend) {
     // that they are not admitted (nothing to await: the absence of a third call).
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert_eq!(
-        app.calls_in_store().await,
+        app.calls_in_flight(),
         2,
         "two calls at a time on one connection"
     );

@@ -185,7 +185,9 @@ async fn the_drain_ends_when_the_grace_period_does(backend: Backend) {
 #[tokio::test]
 async fn sigterm_answers_every_call_in_flight_and_exits_zero() {
     let database = TestDatabase::create(Backend::Postgres).await;
-    let mut server = ServerProcess::start(&database.url, &[]).await;
+    // From outside the process, calls are seen through their statements, so this test runs
+    // each call as a statement of its own (coalescing would gather them into a few).
+    let mut server = ServerProcess::start(&database.url, &["--no-coalesce"]).await;
     let mut client = idempotency_coordinator::proto::idempotency::v1::idempotency_service_client::IdempotencyServiceClient::connect(server.endpoint())
         .await
         .expect("connect");

@@ -20,9 +20,13 @@ pub enum Workload {
     /// TryStart of keys completed beforehand: the stored response is replayed.
     Replay,
     /// MarkProcessed of one fresh event id per call.
+    #[value(name = "mark-processed-1")]
     MarkProcessed1,
     /// MarkProcessed of 100 fresh event ids per call.
+    #[value(name = "mark-processed-100")]
     MarkProcessed100,
+    /// A health check: the gRPC round trip alone, no store work, for reference.
+    Health,
 }
 
 impl Workload {
@@ -36,18 +40,19 @@ impl Workload {
         ]
     }
 
-    fn name(self) -> &'static str {
+    pub fn name(self) -> &'static str {
         match self {
             Self::TryStart => "try-start",
             Self::Lifecycle => "lifecycle",
             Self::Replay => "replay",
             Self::MarkProcessed1 => "mark-processed-1",
             Self::MarkProcessed100 => "mark-processed-100",
+            Self::Health => "health",
         }
     }
 
     /// Events recorded per operation (MarkProcessed), or keys touched per operation.
-    fn items_per_op(self) -> u64 {
+    pub fn items_per_op(self) -> u64 {
         match self {
             Self::MarkProcessed100 => 100,
             _ => 1,
@@ -68,6 +73,27 @@ pub struct Report {
 }
 
 impl Report {
+    pub fn new(
+        workload: Workload,
+        callers: usize,
+        elapsed: Duration,
+        latencies: Vec<u64>,
+        errors: u64,
+    ) -> Self {
+        Self {
+            workload,
+            callers,
+            elapsed,
+            latencies,
+            errors,
+        }
+    }
+
+    /// Successful operations per second.
+    pub fn ops_per_second(&self) -> f64 {
+        self.latencies.len() as f64 / self.elapsed.as_secs_f64()
+    }
+
     pub fn header() -> String {
         format!(
             "{:<19} {:<20} {:>7} {:>10} {:>11} {:>9} {:>9} {:>9} {:>7}",
@@ -143,10 +169,10 @@ pub async fn drive_until(
             .connect()
             .await
             .with_context(|| format!("connecting to {target}"))?;
-        clients.push(IdempotencyServiceClient::new(channel));
+        clients.push(channel);
     }
     let replay_keys = if workload == Workload::Replay {
-        prepare_replay(&mut clients[0], &run).await?
+        prepare_replay(&mut IdempotencyServiceClient::new(clients[0].clone()), &run).await?
     } else {
         Vec::new()
     };
@@ -184,7 +210,7 @@ pub async fn drive_until(
 }
 
 /// A run id that keeps keys of different runs apart on a shared store.
-fn uuid_like() -> String {
+pub fn uuid_like() -> String {
     let nanos = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_nanos())
@@ -229,13 +255,15 @@ async fn prepare_replay(
 }
 
 async fn caller_loop(
-    mut client: IdempotencyServiceClient<Channel>,
+    channel: Channel,
     workload: Workload,
     caller: usize,
     run: &str,
     replay_keys: &[String],
     stopped: &AtomicBool,
 ) -> (Vec<u64>, u64) {
+    let mut client = IdempotencyServiceClient::new(channel.clone());
+    let mut health = tonic_health::pb::health_client::HealthClient::new(channel);
     let mut latencies = Vec::new();
     let mut errors = 0;
     let mut sequence: usize = 0;
@@ -283,6 +311,12 @@ async fn caller_loop(
                     Ok(Some(Outcome::Completed(_)))
                 )
             }
+            Workload::Health => health
+                .check(tonic_health::pb::HealthCheckRequest {
+                    service: String::new(),
+                })
+                .await
+                .is_ok(),
             Workload::MarkProcessed1 | Workload::MarkProcessed100 => {
                 let batch = workload.items_per_op() as usize;
                 let event_ids = (0..batch)

@@ -7,6 +7,7 @@
 //! - `reaper-under-load` measures TryStart while the reaper clears a backlog of expired keys,
 //!   against TryStart without a backlog.
 
+mod direct;
 mod load;
 mod reaper;
 mod server;
@@ -34,7 +35,7 @@ enum BenchCommand {
     Run {
         #[arg(long, default_value = "http://127.0.0.1:50051")]
         target: String,
-        #[arg(long, value_enum, default_values_t = Workload::all())]
+        #[arg(long, value_enum, value_delimiter = ',', default_values_t = Workload::all())]
         workload: Vec<Workload>,
         #[arg(long, default_value_t = 16)]
         callers: usize,
@@ -46,12 +47,28 @@ enum BenchCommand {
         /// A PostgreSQL server the benchmark may create (and drop) a database on.
         #[arg(long, default_value = "postgres://postgres@127.0.0.1:5432")]
         postgres_server: String,
-        #[arg(long, value_enum, default_values_t = Workload::all())]
+        #[arg(long, value_enum, value_delimiter = ',', default_values_t = Workload::all())]
         workload: Vec<Workload>,
         #[arg(long, default_value_t = 16)]
         callers: usize,
         #[arg(long, default_value = "5s", value_parser = humantime::parse_duration)]
         duration: Duration,
+    },
+    /// The coordinator against the same operations written by hand straight on PostgreSQL
+    /// (one statement per operation, one connection per caller), alternating, in one run.
+    VersusDirect {
+        #[arg(long, default_value = "postgres://postgres@127.0.0.1:5432")]
+        postgres_server: String,
+        #[arg(long, value_enum, value_delimiter = ',', default_values_t = Workload::all())]
+        workload: Vec<Workload>,
+        /// Caller counts to run, e.g. 1,64.
+        #[arg(long, value_delimiter = ',', default_values_t = vec![1, 64])]
+        callers: Vec<usize>,
+        #[arg(long, default_value = "8s", value_parser = humantime::parse_duration)]
+        duration: Duration,
+        /// Extra flags for the coordinator, e.g. "--pool-size 8".
+        #[arg(long, allow_hyphen_values = true, default_value = "")]
+        coordinator_flags: String,
     },
     /// TryStart latency while the reaper clears a backlog of expired keys, against without.
     ReaperUnderLoad {
@@ -120,6 +137,56 @@ async fn main() -> anyhow::Result<()> {
             postgres.stop().await?;
             server::drop_postgres_database(&postgres_server, &database).await?;
             std::fs::remove_dir_all(&sqlite_dir).context("removing the SQLite folder")?;
+        }
+        BenchCommand::VersusDirect {
+            postgres_server,
+            workload,
+            callers,
+            duration,
+            coordinator_flags,
+        } => {
+            let database = format!("idempotency_bench_direct_{}", std::process::id());
+            let url = format!("{postgres_server}/{database}");
+            let flags: Vec<&str> = coordinator_flags.split_whitespace().collect();
+            let coordinator = server::Coordinator::start_with(&url, &flags).await?;
+            let idle_kib = coordinator.memory_kib("VmRSS")?;
+            direct::prepare(&url).await?;
+            println!(
+                "{} per run; coordinator and direct alternate; PostgreSQL at {postgres_server}",
+                humantime::format_duration(duration)
+            );
+            println!("{}   ratio", Report::header());
+            for &count in &callers {
+                for &workload in &workload {
+                    let ours = load::drive(&coordinator.endpoint(), workload, count, duration)
+                        .await
+                        .context("driving the coordinator")?;
+                    let theirs = direct::drive(&url, workload, count, duration, &load::uuid_like())
+                        .await
+                        .context("driving PostgreSQL directly")?;
+                    println!("{}", ours.row("coordinator"));
+                    println!(
+                        "{}   {:.2}x",
+                        theirs.row("direct"),
+                        ours.ops_per_second() / theirs.ops_per_second()
+                    );
+                    if count == 1 {
+                        println!(
+                            "{:<19} p50 coordinator - direct: {:+.3} ms",
+                            "",
+                            ours.percentile(0.5) - theirs.percentile(0.5)
+                        );
+                    }
+                }
+            }
+            let peak_kib = coordinator.memory_kib("VmHWM")?;
+            println!(
+                "coordinator memory: {:.1} MiB idle, {:.1} MiB peak (RSS)",
+                idle_kib as f64 / 1024.0,
+                peak_kib as f64 / 1024.0
+            );
+            coordinator.stop().await?;
+            server::drop_postgres_database(&postgres_server, &database).await?;
         }
         BenchCommand::ReaperUnderLoad {
             store,

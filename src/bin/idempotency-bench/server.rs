@@ -65,6 +65,18 @@ impl Coordinator {
         Ok(Self { child, addr })
     }
 
+    /// A memory figure of the coordinator's process from /proc, in KiB: `VmRSS` (now) or
+    /// `VmHWM` (peak).
+    pub fn memory_kib(&self, field: &str) -> anyhow::Result<u64> {
+        let pid = self.child.id().context("the coordinator has exited")?;
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+        status
+            .lines()
+            .find_map(|line| line.strip_prefix(field)?.strip_prefix(':'))
+            .and_then(|value| value.trim().trim_end_matches("kB").trim().parse().ok())
+            .with_context(|| format!("{field} in /proc/{pid}/status"))
+    }
+
     pub fn endpoint(&self) -> String {
         format!("http://{}", self.addr)
     }

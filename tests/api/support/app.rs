@@ -5,13 +5,13 @@ use std::time::Duration;
 
 use clap::Parser;
 use idempotency_coordinator::Application;
+use idempotency_coordinator::coalesce::InFlight;
 use idempotency_coordinator::config::{Cli, Command};
 use idempotency_coordinator::proto::idempotency::v1::idempotency_service_client::IdempotencyServiceClient;
 use idempotency_coordinator::startup::StartupError;
 use idempotency_coordinator::store::AnyStore;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
-use tokio_util::task::TaskTracker;
 use tonic::transport::Channel;
 use tonic_health::pb::HealthCheckRequest;
 use tonic_health::pb::health_check_response::ServingStatus;
@@ -37,8 +37,8 @@ const TEST_DEFAULTS: &[&str] = &[
 pub struct TestApp {
     pub addr: SocketAddr,
     pub store: AnyStore,
-    /// The store operations in flight inside the server.
-    store_work: TaskTracker,
+    /// The calls in flight inside the server.
+    in_flight: InFlight,
     shutdown: CancellationToken,
     server: Option<JoinHandle<Result<(), StartupError>>>,
     // Dropped last: the database outlives the server and the pool.
@@ -92,13 +92,13 @@ impl TestApp {
             .expect("application builds");
         let addr = app.local_addr();
         let store = app.store().clone();
-        let store_work = app.store_work();
+        let in_flight = app.calls_in_flight();
         let shutdown = CancellationToken::new();
         let server = tokio::spawn(app.run_until_stopped(shutdown.clone()));
         Self {
             addr,
             store,
-            store_work,
+            in_flight,
             shutdown,
             server: Some(server),
             database,
@@ -169,27 +169,22 @@ impl TestApp {
         self.count_rows("idempotency_keys").await + self.count_rows("processed_events").await
     }
 
-    /// How many calls are in the store now, held up by a lock (see `wait_for_blocked`).
-    pub async fn calls_in_store(&self) -> i64 {
-        match self.database.backend {
-            Backend::Postgres => self.database.blocked_postgres_statements().await,
-            Backend::Sqlite => i64::try_from(self.store_work.len()).unwrap_or(i64::MAX),
-        }
+    /// How many calls the server has yet to finish (see `wait_for_blocked`).
+    pub fn calls_in_flight(&self) -> usize {
+        self.in_flight.count()
     }
 
-    /// Waits until `count` calls are in flight in the store and held up by a lock (see
-    /// `TestDatabase::hold_key`). PostgreSQL shows its waiting statements; for SQLite, whose
-    /// one writer is held, every store operation in flight is waiting.
-    pub async fn wait_for_blocked(&self, count: i64) {
-        let count_usize = usize::try_from(count).expect("a small count");
+    /// Waits until `count` calls are in flight in the server, held up in the store by a lock
+    /// taken from outside (see `TestDatabase::hold_key`). For PostgreSQL it also waits until
+    /// the store shows a statement waiting for that lock.
+    pub async fn wait_for_blocked(&self, count: usize) {
         super::eventually(
             Duration::from_secs(10),
             "calls are waiting for the lock",
             || async {
-                match self.database.backend {
-                    Backend::Postgres => self.database.blocked_postgres_statements().await >= count,
-                    Backend::Sqlite => self.store_work.len() >= count_usize,
-                }
+                self.calls_in_flight() >= count
+                    && (self.database.backend == Backend::Sqlite
+                        || self.database.blocked_postgres_statements().await >= 1)
             },
         )
         .await;

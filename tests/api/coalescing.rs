@@ -1,0 +1,137 @@
+//! Concurrent calls share statements (coalescing is on by default); each caller must still get
+//! exactly its own answer, with duplicates of a key resolved as if they came one after another.
+
+use std::collections::HashMap;
+
+use idempotency_coordinator::proto::idempotency::v1::{
+    TryStartRequest, lookup_response::State, try_start_response::Outcome,
+};
+use tonic::Code;
+
+use crate::support::*;
+
+async fn concurrent_calls_each_get_their_own_answer(backend: Backend) {
+    const KEYS: usize = 100;
+    let app = TestApp::spawn(backend).await;
+    let client = app.client().await;
+
+    // Two callers per key, with different requests: one claim, one mismatch, per key.
+    let claims = (0..2 * KEYS).map(|call| {
+        let mut client = client.clone();
+        let key = format!("shared-{}", call % KEYS);
+        let fingerprint = format!("request-{}", call / KEYS).into_bytes();
+        tokio::spawn(async move {
+            let request = TryStartRequest {
+                fingerprint: fingerprint.clone(),
+                attempt_id: format!("attempt-{call}"),
+                ..try_start(&key)
+            };
+            let answer = client.try_start(request).await.expect("TryStart");
+            (key, fingerprint, outcome(answer.into_inner()))
+        })
+    });
+    let mut winners: HashMap<String, (Vec<u8>, u64)> = HashMap::new();
+    let mut mismatches = 0;
+    for claim in futures::future::join_all(claims).await {
+        let (key, fingerprint, outcome) = claim.expect("task");
+        match outcome {
+            Outcome::Started(started) => {
+                assert_eq!(started.attempt, 1);
+                let previous = winners.insert(key.clone(), (fingerprint, started.lease_token));
+                assert!(previous.is_none(), "{key} has two winners");
+            }
+            Outcome::FingerprintMismatch(_) => mismatches += 1,
+            other => panic!("{key}: unexpected {other:?}"),
+        }
+    }
+    assert_eq!((winners.len(), mismatches), (KEYS, KEYS));
+
+    // Every winner completes with its own token, all at once, among callers with a wrong one.
+    let completions = winners.iter().flat_map(|(key, (fingerprint, token))| {
+        let right = {
+            let mut client = client.clone();
+            let (key, fingerprint, token) = (key.clone(), fingerprint.clone(), *token);
+            tokio::spawn(async move {
+                let answer = client.complete(complete(&key, token, &fingerprint)).await;
+                (key, true, answer.map(drop))
+            })
+        };
+        let wrong = {
+            let mut client = client.clone();
+            let (key, token) = (key.clone(), *token);
+            tokio::spawn(async move {
+                let answer = client
+                    .complete(complete(&key, token + 1_000_000, b"x"))
+                    .await;
+                (key, false, answer.map(drop))
+            })
+        };
+        [right, wrong]
+    });
+    for completion in futures::future::join_all(completions).await {
+        let (key, right, answer) = completion.expect("task");
+        if right {
+            answer.unwrap_or_else(|status| panic!("{key}: its holder's Complete: {status:?}"));
+        } else {
+            let status = answer.expect_err("a token that is not the holder's");
+            assert_error(&status, Code::Aborted, "LEASE_LOST");
+        }
+    }
+
+    // Each key holds its own winner's response: no answer went to another caller.
+    let mut client = client.clone();
+    for (key, (fingerprint, _)) in &winners {
+        match state(
+            client
+                .lookup(lookup(key))
+                .await
+                .expect("Lookup")
+                .into_inner(),
+        ) {
+            State::Completed(done) => {
+                assert_eq!(&done.response, fingerprint, "{key}");
+                assert_eq!(&done.fingerprint, fingerprint, "{key}");
+            }
+            other => panic!("{key}: {other:?}"),
+        }
+    }
+}
+
+async fn duplicates_of_a_key_in_one_burst_behave_as_if_one_after_another(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+    let client = app.client().await;
+    let key = unique_key("burst");
+    // Fifty claims of one key with the same attempt_id: one claim, and 49 re-entries that get
+    // the very same token (never a takeover, never in_progress).
+    let calls = (0..50).map(|_| {
+        let mut client = client.clone();
+        let request = TryStartRequest {
+            attempt_id: "same-attempt".into(),
+            ..try_start(&key)
+        };
+        tokio::spawn(async move {
+            expect_started(
+                client
+                    .try_start(request)
+                    .await
+                    .expect("TryStart")
+                    .into_inner(),
+            )
+        })
+    });
+    let claims: Vec<_> = futures::future::join_all(calls)
+        .await
+        .into_iter()
+        .map(|claim| claim.expect("task"))
+        .collect();
+    assert!(
+        claims
+            .iter()
+            .all(|c| c.lease_token == claims[0].lease_token && c.attempt == 1)
+    );
+}
+
+for_each_backend!(
+    concurrent_calls_each_get_their_own_answer,
+    duplicates_of_a_key_in_one_burst_behave_as_if_one_after_another,
+);
