@@ -55,7 +55,11 @@ const QUEUE_WAIT_SHARE: u32 = 10;
 struct Coalescers {
     try_start: Coalescer<TryStartCommand, TryStartOutcome>,
     complete: Coalescer<CompleteCommand, Result<Completion, Rejection>>,
+    mark_processed: Coalescer<MarkProcessedCommand, Vec<ProcessedEvent>>,
 }
+
+/// A MarkProcessed call carries up to 1000 ids, so its batches hold fewer calls.
+const MARK_BATCH_DIVISOR: usize = 8;
 
 #[derive(Clone)]
 pub struct Coordinator<S> {
@@ -87,6 +91,11 @@ impl<S: Store> Coordinator<S> {
             };
             let for_try_start = store.clone();
             let for_complete = store.clone();
+            let for_marks = store.clone();
+            let mark_settings = CoalescerSettings {
+                max_batch: (coalescing.max_batch / MARK_BATCH_DIVISOR).max(1),
+                ..settings
+            };
             Coalescers {
                 try_start: Coalescer::start(
                     settings,
@@ -104,6 +113,15 @@ impl<S: Store> Coordinator<S> {
                     move |commands| {
                         let store = for_complete.clone();
                         async move { store.complete_batch(commands).await }
+                    },
+                ),
+                mark_processed: Coalescer::start(
+                    mark_settings,
+                    tasks.clone(),
+                    in_flight.clone(),
+                    move |commands| {
+                        let store = for_marks.clone();
+                        async move { store.mark_processed_batch(commands).await }
                     },
                 ),
             }
@@ -177,8 +195,13 @@ impl<S: Store> Coordinator<S> {
         &self,
         command: MarkProcessedCommand,
     ) -> Result<Vec<ProcessedEvent>, CoordinatorError> {
-        self.run(|store| async move { store.mark_processed(command).await })
-            .await
+        match &self.coalescers {
+            Some(coalescers) => self.queued(coalescers.mark_processed.submit(command)).await,
+            None => {
+                self.run(|store| async move { store.mark_processed(command).await })
+                    .await
+            }
+        }
     }
 
     /// Spawns `operation` as a tracked task and awaits it. If the caller goes away, only this

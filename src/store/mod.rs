@@ -51,6 +51,21 @@ pub trait Store: Clone + Send + Sync + 'static {
         }
     }
 
+    /// MarkProcessed for several callers at once, like [`Store::try_start_batch`]: an event id
+    /// in two calls is new for the first and already processed for the second.
+    fn mark_processed_batch(
+        &self,
+        commands: Vec<MarkProcessedCommand>,
+    ) -> impl Future<Output = Vec<Result<Vec<ProcessedEvent>, StoreError>>> + Send {
+        async move {
+            let mut results = Vec::with_capacity(commands.len());
+            for command in commands {
+                results.push(self.mark_processed(command).await);
+            }
+            results
+        }
+    }
+
     /// Complete for several callers at once, like [`Store::try_start_batch`].
     #[allow(clippy::type_complexity)]
     fn complete_batch(
@@ -243,6 +258,13 @@ impl Store for AnyStore {
         commands: Vec<CompleteCommand>,
     ) -> Vec<Result<Result<Completion, Rejection>, StoreError>> {
         delegate!(self, store => store.complete_batch(commands))
+    }
+
+    async fn mark_processed_batch(
+        &self,
+        commands: Vec<MarkProcessedCommand>,
+    ) -> Vec<Result<Vec<ProcessedEvent>, StoreError>> {
+        delegate!(self, store => store.mark_processed_batch(commands))
     }
 
     async fn release(&self, command: ReleaseCommand) -> Result<Result<(), Rejection>, StoreError> {

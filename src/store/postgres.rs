@@ -947,6 +947,75 @@ impl Store for PgStore {
             .collect())
     }
 
+    /// Calls of one consumer and retention share one statement: their ids in call order, so
+    /// that an id two calls carry is new for the first and already processed for the second,
+    /// exactly as one after another; the rows are then handed back call by call.
+    async fn mark_processed_batch(
+        &self,
+        commands: Vec<MarkProcessedCommand>,
+    ) -> Vec<Result<Vec<ProcessedEvent>, StoreError>> {
+        let count = commands.len();
+        let mut results: Vec<Option<Result<Vec<ProcessedEvent>, StoreError>>> =
+            (0..count).map(|_| None).collect();
+        let mut groups: Vec<((String, i64), Vec<usize>)> = Vec::new();
+        for (index, command) in commands.iter().enumerate() {
+            let group = (
+                command.consumer.as_str().to_owned(),
+                command.retention.as_micros(),
+            );
+            match groups.iter_mut().find(|(key, _)| *key == group) {
+                Some((_, members)) => members.push(index),
+                None => groups.push((group, vec![index])),
+            }
+        }
+        for ((consumer, retention), members) in groups {
+            let ids: Vec<&str> = members
+                .iter()
+                .flat_map(|&index| commands[index].event_ids.iter().map(|id| id.as_str()))
+                .collect();
+            let rows: Result<Vec<MarkRow>, StoreError> = with_retries(|| {
+                sqlx::query_as(MARK_PROCESSED)
+                    .bind(consumer.as_str())
+                    .bind(&ids)
+                    .bind(retention)
+                    .fetch_all(&self.pool)
+            })
+            .await;
+            match rows {
+                Ok(rows) if rows.len() == ids.len() => {
+                    let mut rows = rows.into_iter().map(|row| ProcessedEvent {
+                        event_id: row.event_id,
+                        already_processed: row.already_processed,
+                        processed_at: row.processed_at,
+                    });
+                    for &index in &members {
+                        let own: Vec<ProcessedEvent> = rows
+                            .by_ref()
+                            .take(commands[index].event_ids.len())
+                            .collect();
+                        results[index] = Some(Ok(own));
+                    }
+                }
+                Ok(_) => {
+                    for &index in &members {
+                        results[index] = Some(Err(StoreError::Inconsistent(
+                            "a batch of marks returned a row count unlike its ids",
+                        )));
+                    }
+                }
+                Err(error) => {
+                    for (&index, error) in members.iter().zip(error.for_each_of(members.len())) {
+                        results[index] = Some(Err(error));
+                    }
+                }
+            }
+        }
+        results
+            .into_iter()
+            .map(|result| result.unwrap_or(Err(StoreError::Inconsistent("a mark was not run"))))
+            .collect()
+    }
+
     async fn reap_expired_keys(&self, limit: u32) -> Result<u64, StoreError> {
         let (deleted,): (i64,) = with_retries(|| {
             sqlx::query_as(REAP_KEYS)

@@ -463,6 +463,67 @@ async fn complete_in(
     Ok(Ok(completion))
 }
 
+/// MarkProcessed inside a write transaction, at `now`.
+async fn mark_in(
+    tx: &mut SqliteConnection,
+    now: Instant,
+    command: &MarkProcessedCommand,
+) -> Result<Vec<ProcessedEvent>, StoreError> {
+    let consumer = command.consumer.as_str();
+    let expires_at = micros(plus(now, command.retention.get()));
+    // The first processing of each id, as this call finds or records it.
+    let mut first: std::collections::HashMap<&str, Instant> = std::collections::HashMap::new();
+    let mut results = Vec::with_capacity(command.event_ids.len());
+    for event_id in &command.event_ids {
+        let id = event_id.as_str();
+        if let Some(processed_at) = first.get(id) {
+            results.push(ProcessedEvent {
+                event_id: id.to_owned(),
+                already_processed: true,
+                processed_at: *processed_at,
+            });
+            continue;
+        }
+        let existing: Option<EventRow> = sqlx::query_as(
+            "SELECT processed_at, expires_at FROM processed_events
+                 WHERE consumer = ?1 AND event_id = ?2",
+        )
+        .bind(consumer)
+        .bind(id)
+        .fetch_optional(&mut *tx)
+        .await
+        .map_err(classify)?;
+        let live = existing.filter(|row| instant(row.expires_at) > now);
+        let (already_processed, processed_at) = match live {
+            Some(row) => (true, instant(row.processed_at)),
+            None => {
+                sqlx::query(
+                    "INSERT INTO processed_events (consumer, event_id, processed_at, expires_at)
+                         VALUES (?1, ?2, ?3, ?4)
+                         ON CONFLICT (consumer, event_id) DO UPDATE SET
+                             processed_at = excluded.processed_at,
+                             expires_at = excluded.expires_at",
+                )
+                .bind(consumer)
+                .bind(id)
+                .bind(micros(now))
+                .bind(expires_at)
+                .execute(&mut *tx)
+                .await
+                .map_err(classify)?;
+                (false, now)
+            }
+        };
+        first.insert(id, processed_at);
+        results.push(ProcessedEvent {
+            event_id: id.to_owned(),
+            already_processed,
+            processed_at,
+        });
+    }
+    Ok(results)
+}
+
 impl Store for SqliteStore {
     async fn try_start(&self, command: TryStartCommand) -> Result<TryStartOutcome, StoreError> {
         let mut write = self.begin_write().await?;
@@ -597,62 +658,32 @@ impl Store for SqliteStore {
         command: MarkProcessedCommand,
     ) -> Result<Vec<ProcessedEvent>, StoreError> {
         let mut write = self.begin_write().await?;
-        let tx = &mut write.tx;
-        let consumer = command.consumer.as_str();
-        let now = now(tx).await?;
-        let expires_at = micros(plus(now, command.retention.get()));
-        // The first processing of each id, as this call finds or records it.
-        let mut first: std::collections::HashMap<&str, Instant> = std::collections::HashMap::new();
-        let mut results = Vec::with_capacity(command.event_ids.len());
-        for event_id in &command.event_ids {
-            let id = event_id.as_str();
-            if let Some(processed_at) = first.get(id) {
-                results.push(ProcessedEvent {
-                    event_id: id.to_owned(),
-                    already_processed: true,
-                    processed_at: *processed_at,
-                });
-                continue;
-            }
-            let existing: Option<EventRow> = sqlx::query_as(
-                "SELECT processed_at, expires_at FROM processed_events
-                 WHERE consumer = ?1 AND event_id = ?2",
-            )
-            .bind(consumer)
-            .bind(id)
-            .fetch_optional(&mut **tx)
-            .await
-            .map_err(classify)?;
-            let live = existing.filter(|row| instant(row.expires_at) > now);
-            let (already_processed, processed_at) = match live {
-                Some(row) => (true, instant(row.processed_at)),
-                None => {
-                    sqlx::query(
-                        "INSERT INTO processed_events (consumer, event_id, processed_at, expires_at)
-                         VALUES (?1, ?2, ?3, ?4)
-                         ON CONFLICT (consumer, event_id) DO UPDATE SET
-                             processed_at = excluded.processed_at,
-                             expires_at = excluded.expires_at",
-                    )
-                    .bind(consumer)
-                    .bind(id)
-                    .bind(micros(now))
-                    .bind(expires_at)
-                    .execute(&mut **tx)
-                    .await
-                    .map_err(classify)?;
-                    (false, now)
-                }
-            };
-            first.insert(id, processed_at);
-            results.push(ProcessedEvent {
-                event_id: id.to_owned(),
-                already_processed,
-                processed_at,
-            });
-        }
+        let now = now(&mut write.tx).await?;
+        let results = mark_in(&mut write.tx, now, &command).await?;
         write.commit().await?;
         Ok(results)
+    }
+
+    /// Like [`Self::try_start_batch`]: one transaction, one commit.
+    async fn mark_processed_batch(
+        &self,
+        commands: Vec<MarkProcessedCommand>,
+    ) -> Vec<Result<Vec<ProcessedEvent>, StoreError>> {
+        let count = commands.len();
+        let applied = async {
+            let mut write = self.begin_write().await?;
+            let now = now(&mut write.tx).await?;
+            let mut all = Vec::with_capacity(count);
+            for command in &commands {
+                all.push(mark_in(&mut write.tx, now, command).await?);
+            }
+            write.commit().await?;
+            Ok::<_, StoreError>(all)
+        };
+        match applied.await {
+            Ok(all) => all.into_iter().map(Ok).collect(),
+            Err(error) => error.for_each_of(count).into_iter().map(Err).collect(),
+        }
     }
 
     async fn reap_expired_keys(&self, limit: u32) -> Result<u64, StoreError> {
