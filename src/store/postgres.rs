@@ -246,6 +246,57 @@ impl From<KeyRow> for KeyRecord {
     }
 }
 
+/// The heart of TryStart's conflict branch, shared by the one-row and the batch statements:
+/// the key's new columns for each `t.action`, given `t.lease_end` and `t.retention_end`
+/// (computed by each statement from its own inputs) and the decision below.
+macro_rules! claim_assignments {
+    () => {
+        r#"
+    (fingerprint, lease_token, attempt, attempt_id, lease_expires_at, checkpoint, response,
+     completed_at, retention_us, expires_at) =
+    (SELECT
+        CASE t.action WHEN 'fresh' THEN excluded.fingerprint ELSE k.fingerprint END,
+        CASE WHEN t.action IN ('fresh', 'takeover') THEN excluded.lease_token
+             ELSE k.lease_token END,
+        CASE t.action WHEN 'fresh' THEN 1 WHEN 'takeover' THEN k.attempt + 1
+             ELSE k.attempt END,
+        CASE WHEN t.action IN ('fresh', 'takeover') THEN excluded.attempt_id
+             ELSE k.attempt_id END,
+        CASE t.action
+             WHEN 'reenter' THEN greatest(k.lease_expires_at, t.lease_end)
+             WHEN 'none' THEN k.lease_expires_at
+             ELSE t.lease_end END,
+        CASE t.action WHEN 'fresh' THEN NULL ELSE k.checkpoint END,
+        CASE t.action WHEN 'fresh' THEN NULL ELSE k.response END,
+        CASE t.action WHEN 'fresh' THEN NULL ELSE k.completed_at END,
+        CASE WHEN t.action IN ('fresh', 'takeover') THEN excluded.retention_us
+             ELSE k.retention_us END,
+        CASE t.action
+             WHEN 'fresh' THEN t.retention_end
+             WHEN 'takeover' THEN greatest(k.expires_at, t.retention_end)
+             WHEN 'reenter' THEN greatest(k.expires_at, t.lease_end)
+             ELSE k.expires_at END
+"#
+    };
+}
+
+/// The contract's TryStart order on the locked row `k`, by the clock read under the lock
+/// (`locked.at`); the closing of the sub-selects that [`claim_assignments!`] opens.
+macro_rules! claim_action {
+    () => {
+        r#"
+        CASE
+            WHEN k.expires_at <= locked.at THEN 'fresh'
+            WHEN k.fingerprint <> excluded.fingerprint THEN 'none'
+            WHEN k.completed_at IS NOT NULL THEN 'none'
+            WHEN k.attempt_id = excluded.attempt_id THEN 'reenter'
+            WHEN k.lease_expires_at > locked.at THEN 'none'
+            ELSE 'takeover'
+        END AS action) AS t)
+"#
+    };
+}
+
 /// TryStart as one statement. The proposed row always carries a freshly drawn token; on
 /// conflict, `action` applies the contract's order to the existing row, as it stands once its
 /// lock is held and by the clock read at that moment (`t.at`). It is the table of
@@ -272,43 +323,16 @@ SELECT $1, $2, $3, new_token.value, 1, $6,
        claimed.at + greatest($4, $5) * interval '1 microsecond'
 FROM new_token CROSS JOIN claimed
 ON CONFLICT (namespace, key) DO UPDATE SET
-    (fingerprint, lease_token, attempt, attempt_id, lease_expires_at, checkpoint, response,
-     completed_at, retention_us, expires_at) =
-    (SELECT
-        CASE t.action WHEN 'fresh' THEN excluded.fingerprint ELSE k.fingerprint END,
-        CASE WHEN t.action IN ('fresh', 'takeover') THEN excluded.lease_token
-             ELSE k.lease_token END,
-        CASE t.action WHEN 'fresh' THEN 1 WHEN 'takeover' THEN k.attempt + 1
-             ELSE k.attempt END,
-        CASE WHEN t.action IN ('fresh', 'takeover') THEN excluded.attempt_id
-             ELSE k.attempt_id END,
-        CASE t.action
-             WHEN 'reenter' THEN greatest(k.lease_expires_at, t.lease_end)
-             WHEN 'none' THEN k.lease_expires_at
-             ELSE t.lease_end END,
-        CASE t.action WHEN 'fresh' THEN NULL ELSE k.checkpoint END,
-        CASE t.action WHEN 'fresh' THEN NULL ELSE k.response END,
-        CASE t.action WHEN 'fresh' THEN NULL ELSE k.completed_at END,
-        CASE WHEN t.action IN ('fresh', 'takeover') THEN excluded.retention_us
-             ELSE k.retention_us END,
-        CASE t.action
-             WHEN 'fresh' THEN t.retention_end
-             WHEN 'takeover' THEN greatest(k.expires_at, t.retention_end)
-             WHEN 'reenter' THEN greatest(k.expires_at, t.lease_end)
-             ELSE k.expires_at END
-     FROM (SELECT clock_timestamp() AS at) AS locked
+"#,
+    claim_assignments!(),
+    r#"     FROM (SELECT clock_timestamp() AS at) AS locked
      CROSS JOIN LATERAL (SELECT
         locked.at AS at,
         locked.at + $4 * interval '1 microsecond' AS lease_end,
         locked.at + greatest($4, $5) * interval '1 microsecond' AS retention_end,
-        CASE
-            WHEN k.expires_at <= locked.at THEN 'fresh'
-            WHEN k.fingerprint <> excluded.fingerprint THEN 'none'
-            WHEN k.completed_at IS NOT NULL THEN 'none'
-            WHEN k.attempt_id = excluded.attempt_id THEN 'reenter'
-            WHEN k.lease_expires_at > locked.at THEN 'none'
-            ELSE 'takeover'
-        END AS action) AS t)
+"#,
+    claim_action!(),
+    r#"
 RETURNING k.lease_token = (SELECT value FROM new_token) AS newly_claimed, "#,
     key_columns!("k.")
 );
@@ -337,45 +361,18 @@ SELECT d.namespace, d.key, d.fingerprint, d.token, 1, d.attempt_id,
 FROM drawn AS d
 ORDER BY d.namespace, d.key
 ON CONFLICT (namespace, key) DO UPDATE SET
-    (fingerprint, lease_token, attempt, attempt_id, lease_expires_at, checkpoint, response,
-     completed_at, retention_us, expires_at) =
-    (SELECT
-        CASE t.action WHEN 'fresh' THEN excluded.fingerprint ELSE k.fingerprint END,
-        CASE WHEN t.action IN ('fresh', 'takeover') THEN excluded.lease_token
-             ELSE k.lease_token END,
-        CASE t.action WHEN 'fresh' THEN 1 WHEN 'takeover' THEN k.attempt + 1
-             ELSE k.attempt END,
-        CASE WHEN t.action IN ('fresh', 'takeover') THEN excluded.attempt_id
-             ELSE k.attempt_id END,
-        CASE t.action
-             WHEN 'reenter' THEN greatest(k.lease_expires_at, t.lease_end)
-             WHEN 'none' THEN k.lease_expires_at
-             ELSE t.lease_end END,
-        CASE t.action WHEN 'fresh' THEN NULL ELSE k.checkpoint END,
-        CASE t.action WHEN 'fresh' THEN NULL ELSE k.response END,
-        CASE t.action WHEN 'fresh' THEN NULL ELSE k.completed_at END,
-        CASE WHEN t.action IN ('fresh', 'takeover') THEN excluded.retention_us
-             ELSE k.retention_us END,
-        CASE t.action
-             WHEN 'fresh' THEN t.retention_end
-             WHEN 'takeover' THEN greatest(k.expires_at, t.retention_end)
-             WHEN 'reenter' THEN greatest(k.expires_at, t.lease_end)
-             ELSE k.expires_at END
-     FROM (SELECT d.lease_us, d.retention_us FROM drawn AS d
+"#,
+    claim_assignments!(),
+    r#"     FROM (SELECT d.lease_us, d.retention_us FROM drawn AS d
            WHERE d.namespace = excluded.namespace AND d.key = excluded.key) AS p
      CROSS JOIN (SELECT clock_timestamp() AS at) AS locked
      CROSS JOIN LATERAL (SELECT
         locked.at + p.lease_us * interval '1 microsecond' AS lease_end,
         locked.at + greatest(p.lease_us, p.retention_us) * interval '1 microsecond'
             AS retention_end,
-        CASE
-            WHEN k.expires_at <= locked.at THEN 'fresh'
-            WHEN k.fingerprint <> excluded.fingerprint THEN 'none'
-            WHEN k.completed_at IS NOT NULL THEN 'none'
-            WHEN k.attempt_id = excluded.attempt_id THEN 'reenter'
-            WHEN k.lease_expires_at > locked.at THEN 'none'
-            ELSE 'takeover'
-        END AS action) AS t)
+"#,
+    claim_action!(),
+    r#"
 RETURNING k.namespace, k.key,
           k.lease_token = (SELECT d.token FROM drawn AS d
                            WHERE d.namespace = k.namespace AND d.key = k.key) AS newly_claimed, "#,

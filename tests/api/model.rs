@@ -134,6 +134,27 @@ fn reason(status: &tonic::Status) -> (Code, String) {
     (status.code(), reason)
 }
 
+/// Compares a guarded write's answer with the model's expectation: the expected refusal (code
+/// and reason), or success, whose message is handed back.
+fn compare<T: std::fmt::Debug>(
+    rpc: &str,
+    expected: Option<(Code, &'static str)>,
+    answer: Result<tonic::Response<T>, tonic::Status>,
+) -> Result<Option<T>, TestCaseError> {
+    match (expected, answer) {
+        (Some(refusal), Err(status)) => {
+            check(reason(&status) == (refusal.0, refusal.1.into()), || {
+                format!("{rpc} refused with {status:?}, expected {refusal:?}")
+            })?;
+            Ok(None)
+        }
+        (None, Ok(response)) => Ok(Some(response.into_inner())),
+        (expected, got) => Err(TestCaseError::fail(format!(
+            "{rpc} expected {expected:?}, got {got:?}"
+        ))),
+    }
+}
+
 impl Model {
     fn new() -> Self {
         Self {
@@ -311,39 +332,25 @@ async fn apply(
                 }
                 _ => None,
             });
-            match (expected, answer) {
-                (Some(refusal), Err(status)) => {
-                    check(reason(&status) == (refusal.0, refusal.1.into()), || {
-                        format!("Complete refused with {status:?}, expected {refusal:?}")
-                    })?;
-                }
-                (None, Ok(done)) => {
-                    let done = done.into_inner();
-                    match &model.keys[key] {
-                        KeyModel::Completed {
-                            completed_at,
-                            expires_at,
-                            ..
-                        } => check(
-                            done.completed_at == *completed_at && done.expires_at == *expires_at,
-                            || format!("a repeated Complete answered {done:?}"),
-                        )?,
-                        KeyModel::InProgress { fingerprint, .. } => {
-                            model.keys[key] = KeyModel::Completed {
-                                fingerprint: *fingerprint,
-                                response,
-                                completed_at: done.completed_at,
-                                expires_at: done.expires_at,
-                            };
-                        }
-                        KeyModel::Absent => unreachable!("absent keys are refused"),
+            if let Some(done) = compare("Complete", expected, answer)? {
+                match &model.keys[key] {
+                    KeyModel::Completed {
+                        completed_at,
+                        expires_at,
+                        ..
+                    } => check(
+                        done.completed_at == *completed_at && done.expires_at == *expires_at,
+                        || format!("a repeated Complete answered {done:?}"),
+                    )?,
+                    KeyModel::InProgress { fingerprint, .. } => {
+                        model.keys[key] = KeyModel::Completed {
+                            fingerprint: *fingerprint,
+                            response,
+                            completed_at: done.completed_at,
+                            expires_at: done.expires_at,
+                        };
                     }
-                }
-                (expected, got) => {
-                    return Err(TestCaseError::fail(format!(
-                        "Complete on {:?} expected {expected:?}, got {got:?}",
-                        model.keys[key]
-                    )));
+                    KeyModel::Absent => unreachable!("absent keys are refused"),
                 }
             }
         }
@@ -360,18 +367,8 @@ async fn apply(
                 KeyModel::Completed { .. } => Some((Code::FailedPrecondition, "ALREADY_COMPLETED")),
                 _ => None,
             });
-            match (expected, answer) {
-                (Some(refusal), Err(status)) => {
-                    check(reason(&status) == (refusal.0, refusal.1.into()), || {
-                        format!("Release refused with {status:?}, expected {refusal:?}")
-                    })?;
-                }
-                (None, Ok(_)) => model.keys[key] = KeyModel::Absent,
-                (expected, got) => {
-                    return Err(TestCaseError::fail(format!(
-                        "Release expected {expected:?}, got {got:?}"
-                    )));
-                }
+            if compare("Release", expected, answer)?.is_some() {
+                model.keys[key] = KeyModel::Absent;
             }
         }
         Op::ExtendLease {
@@ -393,30 +390,17 @@ async fn apply(
                 KeyModel::Completed { .. } => Some((Code::FailedPrecondition, "ALREADY_COMPLETED")),
                 _ => None,
             });
-            match (expected, answer) {
-                (Some(refusal), Err(status)) => {
-                    check(reason(&status) == (refusal.0, refusal.1.into()), || {
-                        format!("ExtendLease refused with {status:?}, expected {refusal:?}")
-                    })?;
+            if let Some(extended) = compare("ExtendLease", expected, answer)?
+                && let KeyModel::InProgress {
+                    checkpoint: held,
+                    lease_expires_at,
+                    ..
+                } = &mut model.keys[key]
+            {
+                if checkpoint.is_some() {
+                    *held = checkpoint;
                 }
-                (None, Ok(extended)) => {
-                    if let KeyModel::InProgress {
-                        checkpoint: held,
-                        lease_expires_at,
-                        ..
-                    } = &mut model.keys[key]
-                    {
-                        if checkpoint.is_some() {
-                            *held = checkpoint;
-                        }
-                        *lease_expires_at = extended.into_inner().lease_expires_at;
-                    }
-                }
-                (expected, got) => {
-                    return Err(TestCaseError::fail(format!(
-                        "ExtendLease expected {expected:?}, got {got:?}"
-                    )));
-                }
+                *lease_expires_at = extended.lease_expires_at;
             }
         }
         Op::Lookup { key } => {
