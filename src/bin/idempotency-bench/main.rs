@@ -31,10 +31,14 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum BenchCommand {
-    /// Drive a running coordinator.
+    /// Drive a running coordinator, or, with --direct, PostgreSQL by hand.
     Run {
         #[arg(long, default_value = "http://127.0.0.1:50051")]
         target: String,
+        /// Instead of the coordinator, perform the same operations by hand on this PostgreSQL
+        /// database (one statement per operation, one connection per caller): the baseline.
+        #[arg(long)]
+        direct: Option<String>,
         #[arg(long, value_enum, value_delimiter = ',', default_values_t = Workload::all())]
         workload: Vec<Workload>,
         #[arg(long, default_value_t = 16)]
@@ -96,16 +100,30 @@ async fn main() -> anyhow::Result<()> {
     match Cli::parse().command {
         BenchCommand::Run {
             target,
+            direct,
             workload,
             callers,
             duration,
         } => {
+            if let Some(url) = &direct {
+                direct::prepare(url).await?;
+            }
             println!("{}", Report::header());
             for workload in workload {
-                let report = load::drive(&target, workload, callers, duration)
-                    .await
-                    .with_context(|| format!("driving {target}"))?;
-                println!("{}", report.row("target"));
+                let report = match &direct {
+                    Some(url) => {
+                        direct::drive(url, workload, callers, duration, &load::uuid_like())
+                            .await
+                            .context("driving PostgreSQL directly")?
+                    }
+                    None => load::drive(&target, workload, callers, duration)
+                        .await
+                        .with_context(|| format!("driving {target}"))?,
+                };
+                println!(
+                    "{}",
+                    report.row(if direct.is_some() { "direct" } else { "target" })
+                );
             }
         }
         BenchCommand::CompareStores {
