@@ -6,10 +6,24 @@
 //! its own: there is no timer. Under load, batches grow exactly as long as the store is busy,
 //! which is when sharing a round trip and a commit pays.
 //!
-//! A command that waited longer than its budget for an executor is answered "timed out" without
-//! being run, so a caller that was told UNAVAILABLE never finds its command applied later.
+//! A batch runs in rounds, so that no statement carries two commands for the same key: the
+//! first command for each key in the first round, the second in the next, and so on, which
+//! resolves duplicates as if the calls had come one after another.
+//!
+//! Deadlines. Each command may start its statement only within its queue budget (a tenth of the
+//! operation timeout) of being submitted; the store's own limits (`store::Budget`) then end that
+//! statement, committed or not, within the rest of the operation timeout. Before each round,
+//! commands past their queue budget are answered "timed out" without being run, so a caller told
+//! UNAVAILABLE for a timeout finds nothing of its command applied. The one exception is the one
+//! no service can avoid: a round whose store stops answering altogether is abandoned once
+//! nobody waits for it any more, and then its outcome is unknown.
+//!
+//! The queue is bounded: when it is full, a call is refused at once (UNAVAILABLE, nothing
+//! written) instead of joining a line that could not be served in time.
 
+use std::collections::HashMap;
 use std::future::Future;
+use std::hash::Hash;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
@@ -45,17 +59,33 @@ impl Drop for InFlightGuard {
     }
 }
 
+/// A command that can share a batch with others.
+pub trait Coalescible: Send + 'static {
+    type Key: Eq + Hash;
+
+    /// Commands with the same key never share a statement: they run in successive rounds.
+    /// `None`: the command may share a statement with any other.
+    fn conflict_key(&self) -> Option<Self::Key>;
+
+    /// How much of a batch's capacity ([`CoalescerSettings::max_batch`]) the command takes.
+    fn weight(&self) -> usize {
+        1
+    }
+}
+
 struct Pending<C, R> {
     command: C,
-    /// The command is run only if an executor takes it before then.
+    /// The command's statement may start only before then.
     run_before: Instant,
+    /// Its caller stops waiting then.
+    answer_by: Instant,
     reply: oneshot::Sender<Result<R, StoreError>>,
     _in_flight: InFlightGuard,
 }
 
 /// The queue of one kind of command.
 pub struct Coalescer<C, R> {
-    queue: mpsc::UnboundedSender<Pending<C, R>>,
+    queue: mpsc::Sender<Pending<C, R>>,
     wait_budget: Duration,
     timeout: Duration,
     in_flight: InFlight,
@@ -77,21 +107,26 @@ impl<C, R> Clone for Coalescer<C, R> {
 pub struct CoalescerSettings {
     /// Batches that may run at once (each holds a store connection while it runs).
     pub executors: usize,
-    /// The most commands in one batch.
+    /// The most weight (see [`Coalescible::weight`]) in one batch; a heavier command still
+    /// runs, alone.
     pub max_batch: usize,
-    /// How long a command may wait for an executor before it is answered "timed out".
+    /// The most commands waiting for a batch; more are refused at once.
+    pub queue_capacity: usize,
+    /// How long a command may wait before its statement starts; past it, it is answered
+    /// "timed out" without being run.
     pub wait_budget: Duration,
-    /// Reported with that answer: the operation timeout.
+    /// The operation timeout: reported with that answer, and how long a caller waits.
     pub timeout: Duration,
 }
 
 impl<C, R> Coalescer<C, R>
 where
-    C: Send + 'static,
+    C: Coalescible,
     R: Send + 'static,
 {
-    /// Starts the dispatcher. `execute` runs one batch and answers one result per command, in
-    /// order. Batches run as tasks of `tasks`, so that shutdown waits for them.
+    /// Starts the dispatcher. `execute` runs one round (no two commands share a conflict key)
+    /// and answers one result per command, in order. Batches run as tasks of `tasks`, so that
+    /// shutdown waits for them.
     pub fn start<F, Fut>(
         settings: CoalescerSettings,
         tasks: TaskTracker,
@@ -102,47 +137,42 @@ where
         F: Fn(Vec<C>) -> Fut + Send + Sync + 'static,
         Fut: Future<Output = Vec<Result<R, StoreError>>> + Send + 'static,
     {
-        let (queue, mut waiting) = mpsc::unbounded_channel::<Pending<C, R>>();
+        let (queue, mut waiting) = mpsc::channel::<Pending<C, R>>(settings.queue_capacity.max(1));
         let executors = Arc::new(Semaphore::new(settings.executors.max(1)));
         let execute = Arc::new(execute);
         let timeout = settings.timeout;
         let max_batch = settings.max_batch.max(1);
         tokio::spawn(async move {
-            while let Some(first) = waiting.recv().await {
+            // A command taken from the queue that did not fit the batch before it.
+            let mut carried: Option<Pending<C, R>> = None;
+            loop {
+                let first = match carried.take() {
+                    Some(pending) => pending,
+                    None => match waiting.recv().await {
+                        Some(pending) => pending,
+                        None => return,
+                    },
+                };
                 let Ok(permit) = executors.clone().acquire_owned().await else {
                     return;
                 };
+                let mut weight = first.command.weight();
                 let mut batch = vec![first];
-                while batch.len() < max_batch {
-                    match waiting.try_recv() {
-                        Ok(next) => batch.push(next),
-                        Err(_) => break,
+                while weight < max_batch {
+                    let Ok(next) = waiting.try_recv() else {
+                        break;
+                    };
+                    let next_weight = next.command.weight();
+                    if weight + next_weight > max_batch {
+                        carried = Some(next);
+                        break;
                     }
+                    weight += next_weight;
+                    batch.push(next);
                 }
                 let execute = execute.clone();
                 tasks.spawn(async move {
-                    let now = Instant::now();
-                    let (late, due): (Vec<_>, Vec<_>) =
-                        batch.into_iter().partition(|p| p.run_before < now);
-                    for pending in late {
-                        let _ = pending.reply.send(Err(StoreError::TimedOut(timeout)));
-                    }
-                    if due.is_empty() {
-                        return;
-                    }
-                    let (commands, waiting): (Vec<_>, Vec<_>) = due
-                        .into_iter()
-                        .map(|p| (p.command, (p.reply, p._in_flight)))
-                        .unzip();
-                    let results = execute(commands).await;
-                    let mut results = results.into_iter();
-                    for (reply, in_flight) in waiting {
-                        let result = results.next().unwrap_or(Err(StoreError::Inconsistent(
-                            "a batch answered fewer results than it had commands",
-                        )));
-                        let _ = reply.send(result);
-                        drop(in_flight);
-                    }
+                    run_batch(batch, execute.as_ref(), timeout).await;
                     drop(permit);
                 });
             }
@@ -158,37 +188,91 @@ where
     /// Queues `command` and waits for its own result.
     pub async fn submit(&self, command: C) -> Result<R, StoreError> {
         let (reply, answer) = oneshot::channel();
+        let submitted = Instant::now();
         let pending = Pending {
             command,
-            run_before: Instant::now() + self.wait_budget,
+            run_before: submitted + self.wait_budget,
+            answer_by: submitted + self.timeout,
             reply,
             _in_flight: self.in_flight.enter(),
         };
-        self.queue
-            .send(pending)
-            .map_err(|_| StoreError::Inconsistent("the coalescer has stopped"))?;
+        self.queue.try_send(pending).map_err(|error| match error {
+            mpsc::error::TrySendError::Full(_) => StoreError::Busy,
+            mpsc::error::TrySendError::Closed(_) => {
+                StoreError::Inconsistent("the coalescer has stopped")
+            }
+        })?;
         answer
             .await
             .unwrap_or(Err(StoreError::TimedOut(self.timeout)))
     }
 }
 
+/// Runs a batch round by round, answering each command as soon as its round is done.
+async fn run_batch<C, R, F, Fut>(batch: Vec<Pending<C, R>>, execute: &F, timeout: Duration)
+where
+    C: Coalescible,
+    F: Fn(Vec<C>) -> Fut,
+    Fut: Future<Output = Vec<Result<R, StoreError>>>,
+{
+    for round in rounds(batch, |pending| pending.command.conflict_key()) {
+        let now = Instant::now();
+        let (late, due): (Vec<_>, Vec<_>) = round
+            .into_iter()
+            .map(|(_, pending)| pending)
+            .partition(|pending| pending.run_before < now);
+        for pending in late {
+            let _ = pending.reply.send(Err(StoreError::TimedOut(timeout)));
+        }
+        let Some(nobody_waits_after) = due.iter().map(|pending| pending.answer_by).max() else {
+            continue;
+        };
+        let (commands, waiters): (Vec<_>, Vec<_>) = due
+            .into_iter()
+            .map(|pending| (pending.command, (pending.reply, pending._in_flight)))
+            .unzip();
+        let results = match tokio::time::timeout_at(nobody_waits_after, execute(commands)).await {
+            Ok(results) => results,
+            // The store stopped answering (its own limits would have ended the statement
+            // sooner): the outcome is unknown, and the callers have been told so already.
+            Err(_elapsed) => (0..waiters.len())
+                .map(|_| Err(StoreError::TimedOut(timeout)))
+                .collect(),
+        };
+        let mut results = results.into_iter();
+        for (reply, in_flight) in waiters {
+            let result = results.next().unwrap_or(Err(StoreError::Inconsistent(
+                "a batch answered fewer results than it had commands",
+            )));
+            let _ = reply.send(result);
+            drop(in_flight);
+        }
+    }
+}
+
 /// Splits `items` into rounds in which no two share a key, keeping their order: the first
-/// occurrence of every key in the first round, the second in the next, and so on. Running the
-/// rounds one after another resolves duplicates as if the calls had come one after another.
-pub fn rounds<T, K: Eq + std::hash::Hash>(
+/// occurrence of every key in the first round, the second in the next, and so on; items
+/// without a key go in the first round. Running the rounds one after another resolves
+/// duplicates as if the calls had come one after another.
+pub fn rounds<T, K: Eq + Hash>(
     items: Vec<T>,
-    key: impl Fn(&T) -> K,
+    key: impl Fn(&T) -> Option<K>,
 ) -> Vec<Vec<(usize, T)>> {
-    let mut seen: std::collections::HashMap<K, usize> = std::collections::HashMap::new();
+    let mut seen: HashMap<K, usize> = HashMap::new();
     let mut rounds: Vec<Vec<(usize, T)>> = Vec::new();
     for (index, item) in items.into_iter().enumerate() {
-        let occurrence = seen.entry(key(&item)).or_insert(0);
-        if rounds.len() <= *occurrence {
-            rounds.push(Vec::new());
+        let round = match key(&item) {
+            Some(key) => {
+                let occurrence = seen.entry(key).or_insert(0);
+                *occurrence += 1;
+                *occurrence - 1
+            }
+            None => 0,
+        };
+        if rounds.len() <= round {
+            rounds.resize_with(round + 1, Vec::new);
         }
-        rounds[*occurrence].push((index, item));
-        *occurrence += 1;
+        rounds[round].push((index, item));
     }
     rounds
 }
@@ -196,113 +280,293 @@ pub fn rounds<T, K: Eq + std::hash::Hash>(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::Mutex;
+
+    /// A test command: its key (if any), the value it answers doubled, and its weight.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    struct Command {
+        key: Option<u32>,
+        value: u32,
+        weight: usize,
+    }
+
+    impl Command {
+        fn keyed(key: u32) -> Self {
+            Self {
+                key: Some(key),
+                value: key,
+                weight: 1,
+            }
+        }
+    }
+
+    impl Coalescible for Command {
+        type Key = u32;
+        fn conflict_key(&self) -> Option<u32> {
+            self.key
+        }
+        fn weight(&self) -> usize {
+            self.weight
+        }
+    }
+
+    fn settings(executors: usize, max_batch: usize, wait_budget: Duration) -> CoalescerSettings {
+        CoalescerSettings {
+            executors,
+            max_batch,
+            queue_capacity: 1000,
+            wait_budget,
+            timeout: Duration::from_secs(5),
+        }
+    }
+
+    /// The rounds an executor was given, in order.
+    type Seen = Arc<Mutex<Vec<Vec<Command>>>>;
+
+    /// A coalescer whose executor records each round it is given, then sleeps for `pause`.
+    fn recording(settings: CoalescerSettings, pause: Duration) -> (Coalescer<Command, u32>, Seen) {
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let recorded = seen.clone();
+        let coalescer = Coalescer::start(
+            settings,
+            TaskTracker::new(),
+            InFlight::default(),
+            move |commands: Vec<Command>| {
+                let recorded = recorded.clone();
+                async move {
+                    recorded.lock().expect("rounds").push(commands.clone());
+                    tokio::time::sleep(pause).await;
+                    commands.into_iter().map(|c| Ok(c.value * 2)).collect()
+                }
+            },
+        );
+        (coalescer, seen)
+    }
+
+    fn spawn_submit(
+        coalescer: &Coalescer<Command, u32>,
+        command: Command,
+    ) -> tokio::task::JoinHandle<Result<u32, StoreError>> {
+        let coalescer = coalescer.clone();
+        tokio::spawn(async move { coalescer.submit(command).await })
+    }
 
     #[test]
     fn rounds_keep_order_and_separate_duplicates() {
-        let split = rounds(vec!["a", "b", "a", "c", "a", "b"], |k| *k);
-        let keys: Vec<Vec<(usize, &str)>> = split;
+        let split = rounds(
+            vec![Some("a"), Some("b"), Some("a"), None, Some("a"), Some("b")],
+            |k| *k,
+        );
         assert_eq!(
-            keys,
+            split,
             vec![
-                vec![(0, "a"), (1, "b"), (3, "c")],
-                vec![(2, "a"), (5, "b")],
-                vec![(4, "a")],
+                vec![(0, Some("a")), (1, Some("b")), (3, None)],
+                vec![(2, Some("a")), (5, Some("b"))],
+                vec![(4, Some("a"))],
             ]
         );
     }
 
     #[tokio::test]
     async fn a_lone_command_runs_at_once_and_a_crowd_shares_batches() {
-        let sizes = Arc::new(std::sync::Mutex::new(Vec::new()));
-        let recorded = sizes.clone();
-        let coalescer = Coalescer::start(
-            CoalescerSettings {
-                executors: 1,
-                max_batch: 100,
-                wait_budget: Duration::from_secs(5),
-                timeout: Duration::from_secs(5),
-            },
-            TaskTracker::new(),
-            InFlight::default(),
-            move |commands: Vec<u32>| {
-                let recorded = recorded.clone();
-                async move {
-                    recorded.lock().expect("sizes").push(commands.len());
-                    tokio::time::sleep(Duration::from_millis(20)).await;
-                    commands.into_iter().map(|c| Ok(c * 2)).collect()
-                }
-            },
+        let (coalescer, seen) = recording(
+            settings(1, 100, Duration::from_secs(5)),
+            Duration::from_millis(20),
         );
-        assert_eq!(coalescer.submit(21).await.expect("answered"), 42);
         assert_eq!(
-            *sizes.lock().expect("sizes"),
-            vec![1],
+            coalescer
+                .submit(Command::keyed(21))
+                .await
+                .expect("answered"),
+            42
+        );
+        assert_eq!(
+            seen.lock().expect("rounds").len(),
+            1,
             "a lone command is not held back"
         );
 
-        let answers = futures_join(&coalescer, 50).await;
-        assert_eq!(
-            answers,
-            (0..50).map(|c| c * 2).collect::<Vec<_>>(),
-            "each gets its own"
-        );
-        let batches = sizes.lock().expect("sizes").clone();
-        assert!(
-            batches.len() < 10,
-            "fifty commands shared batches: {batches:?}"
-        );
+        let handles: Vec<_> = (0..50)
+            .map(|c| spawn_submit(&coalescer, Command::keyed(c)))
+            .collect();
+        for (c, handle) in (0..50).zip(handles) {
+            assert_eq!(handle.await.expect("task").expect("answered"), c * 2);
+        }
+        let rounds = seen.lock().expect("rounds").len();
+        assert!(rounds < 10, "fifty commands shared rounds: {rounds}");
     }
 
-    async fn futures_join(coalescer: &Coalescer<u32, u32>, count: u32) -> Vec<u32> {
-        let handles: Vec<_> = (0..count)
-            .map(|c| {
-                let coalescer = coalescer.clone();
-                tokio::spawn(async move { coalescer.submit(c).await.expect("answered") })
-            })
-            .collect();
-        let mut answers = Vec::new();
-        for handle in handles {
-            answers.push(handle.await.expect("task"));
+    #[tokio::test]
+    async fn duplicates_of_a_key_run_in_successive_rounds() {
+        let (coalescer, seen) = recording(
+            settings(1, 100, Duration::from_secs(5)),
+            Duration::from_millis(50),
+        );
+        // The first keeps the executor busy while the rest queue into one batch.
+        let blocker = spawn_submit(&coalescer, Command::keyed(99));
+        while seen.lock().expect("rounds").is_empty() {
+            tokio::task::yield_now().await;
         }
-        answers
+        let handles: Vec<_> = [1, 2, 1, 1, 3]
+            .into_iter()
+            .map(|key| spawn_submit(&coalescer, Command::keyed(key)))
+            .collect();
+        for handle in handles {
+            handle.await.expect("task").expect("answered");
+        }
+        blocker.await.expect("task").expect("answered");
+        let keys: Vec<Vec<Option<u32>>> = seen
+            .lock()
+            .expect("rounds")
+            .iter()
+            .map(|round| round.iter().map(|c| c.key).collect())
+            .collect();
+        assert_eq!(
+            keys,
+            vec![
+                vec![Some(99)],
+                vec![Some(1), Some(2), Some(3)],
+                vec![Some(1)],
+                vec![Some(1)]
+            ]
+        );
     }
 
     #[tokio::test]
     async fn a_command_that_waited_past_its_budget_is_not_run() {
-        let ran = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-        let counted = ran.clone();
-        let coalescer = Coalescer::start(
-            CoalescerSettings {
-                executors: 1,
-                max_batch: 1,
-                wait_budget: Duration::from_millis(50),
-                timeout: Duration::from_secs(1),
-            },
-            TaskTracker::new(),
-            InFlight::default(),
-            move |commands: Vec<u32>| {
-                let counted = counted.clone();
-                async move {
-                    counted.fetch_add(commands.len(), std::sync::atomic::Ordering::SeqCst);
-                    tokio::time::sleep(Duration::from_millis(200)).await;
-                    commands.into_iter().map(Ok).collect()
-                }
-            },
+        let (coalescer, seen) = recording(
+            settings(1, 1, Duration::from_millis(50)),
+            Duration::from_millis(200),
         );
-        let first = tokio::spawn({
-            let coalescer = coalescer.clone();
-            async move { coalescer.submit(1).await }
-        });
-        while ran.load(std::sync::atomic::Ordering::SeqCst) == 0 {
-            tokio::time::sleep(Duration::from_millis(1)).await;
+        let first = spawn_submit(&coalescer, Command::keyed(1));
+        while seen.lock().expect("rounds").is_empty() {
+            tokio::task::yield_now().await;
         }
-        let second = coalescer.submit(2).await;
+        let second = coalescer.submit(Command::keyed(2)).await;
         assert!(matches!(second, Err(StoreError::TimedOut(_))), "{second:?}");
-        assert_eq!(first.await.expect("task").expect("ran"), 1);
+        assert_eq!(first.await.expect("task").expect("ran"), 2);
         assert_eq!(
-            ran.load(std::sync::atomic::Ordering::SeqCst),
+            seen.lock().expect("rounds").len(),
             1,
             "the late one never ran"
         );
+    }
+
+    #[tokio::test]
+    async fn a_later_round_runs_only_commands_still_within_their_budget() {
+        // Each round takes longer than the queue budget: by the time the second round of a
+        // batch would start, its command is past its budget and must not run.
+        let (coalescer, seen) = recording(
+            settings(1, 100, Duration::from_millis(100)),
+            Duration::from_millis(150),
+        );
+        let blocker = spawn_submit(&coalescer, Command::keyed(99));
+        while seen.lock().expect("rounds").is_empty() {
+            tokio::task::yield_now().await;
+        }
+        let once = spawn_submit(&coalescer, Command::keyed(1));
+        let twice = spawn_submit(&coalescer, Command::keyed(1));
+        blocker.await.expect("task").expect("answered");
+        // The blocker held the executor past the budget of both: neither runs.
+        assert!(matches!(
+            once.await.expect("task"),
+            Err(StoreError::TimedOut(_))
+        ));
+        assert!(matches!(
+            twice.await.expect("task"),
+            Err(StoreError::TimedOut(_))
+        ));
+
+        let first = spawn_submit(&coalescer, Command::keyed(7));
+        let second = spawn_submit(&coalescer, Command::keyed(7));
+        assert_eq!(first.await.expect("task").expect("ran"), 14);
+        let second = second.await.expect("task");
+        assert!(
+            matches!(second, Err(StoreError::TimedOut(_))),
+            "the duplicate's round would start after its budget: {second:?}"
+        );
+        let ran: Vec<Vec<Option<u32>>> = seen
+            .lock()
+            .expect("rounds")
+            .iter()
+            .map(|round| round.iter().map(|c| c.key).collect())
+            .collect();
+        assert_eq!(ran, vec![vec![Some(99)], vec![Some(7)]]);
+    }
+
+    #[tokio::test]
+    async fn batches_close_at_their_weight_and_a_heavy_command_runs_alone() {
+        let (coalescer, seen) = recording(
+            settings(1, 10, Duration::from_secs(5)),
+            Duration::from_millis(50),
+        );
+        let blocker = spawn_submit(&coalescer, Command::keyed(99));
+        while seen.lock().expect("rounds").is_empty() {
+            tokio::task::yield_now().await;
+        }
+        let weights = [4, 4, 4, 30, 1];
+        let handles: Vec<_> = weights
+            .iter()
+            .enumerate()
+            .map(|(value, &weight)| {
+                spawn_submit(
+                    &coalescer,
+                    Command {
+                        key: None,
+                        value: value as u32,
+                        weight,
+                    },
+                )
+            })
+            .collect();
+        for (value, handle) in handles.into_iter().enumerate() {
+            assert_eq!(handle.await.expect("task").expect("ran"), value as u32 * 2);
+        }
+        blocker.await.expect("task").expect("answered");
+        let batches: Vec<Vec<usize>> = seen
+            .lock()
+            .expect("rounds")
+            .iter()
+            .skip(1)
+            .map(|round| round.iter().map(|c| c.weight).collect())
+            .collect();
+        assert_eq!(batches, vec![vec![4, 4], vec![4], vec![30], vec![1]]);
+    }
+
+    #[tokio::test]
+    async fn a_full_queue_refuses_at_once_without_running() {
+        let (coalescer, seen) = recording(
+            CoalescerSettings {
+                queue_capacity: 2,
+                ..settings(1, 1, Duration::from_secs(5))
+            },
+            Duration::from_millis(200),
+        );
+        let running = spawn_submit(&coalescer, Command::keyed(1));
+        while seen.lock().expect("rounds").is_empty() {
+            tokio::task::yield_now().await;
+        }
+        // The dispatcher may hold one command while it waits for the executor; two fill the
+        // queue; the fourth finds it full.
+        let queued: Vec<_> = (2..6)
+            .map(|key| spawn_submit(&coalescer, Command::keyed(key)))
+            .collect();
+        let mut refused = 0;
+        let mut answered = 0;
+        for handle in queued {
+            match handle.await.expect("task") {
+                Err(StoreError::Busy) => refused += 1,
+                Ok(_) => answered += 1,
+                Err(other) => panic!("unexpected: {other:?}"),
+            }
+        }
+        running.await.expect("task").expect("ran");
+        let overflow = coalescer.submit(Command::keyed(9)).await;
+        assert_eq!(overflow.expect("an empty queue takes it again"), 18);
+        assert_eq!(answered + refused, 4);
+        assert!(refused >= 1, "at most three fit: {answered} answered");
+        assert!(answered >= 2, "the queue holds two: {answered} answered");
+        let ran = seen.lock().expect("rounds").len();
+        assert_eq!(ran, 1 + answered + 1, "refused commands never ran");
     }
 }

@@ -181,19 +181,20 @@ pub struct ServeArgs {
           value_parser = clap::value_parser!(u32).range(1..=100_000))]
     pub max_concurrent_streams: u32,
 
-    /// Run every TryStart and Complete on its own, instead of gathering concurrent ones into
-    /// shared statements.
+    /// Run every TryStart, Complete and MarkProcessed on its own, instead of gathering
+    /// concurrent ones into shared statements.
     #[arg(long, env = "IDEMPOTENCY_NO_COALESCE")]
     pub no_coalesce: bool,
 
-    /// Shared statements of one kind (TryStart, Complete) that may run at once. Fewer means
+    /// Shared statements of one kind (TryStart, Complete, MarkProcessed) that may run at once. Fewer means
     /// bigger batches and more throughput; more means a key held by a slow transaction
     /// delays fewer calls.
     #[arg(long, env = "IDEMPOTENCY_COALESCE_EXECUTORS", default_value_t = 2,
           value_parser = clap::value_parser!(u32).range(1..=1000))]
     pub coalesce_executors: u32,
 
-    /// The most calls one shared statement carries.
+    /// The most calls one shared statement carries (for MarkProcessed, sixteen times as many
+    /// event ids).
     #[arg(long, env = "IDEMPOTENCY_COALESCE_MAX_BATCH", default_value_t = 256,
           value_parser = clap::value_parser!(u32).range(1..=10_000))]
     pub coalesce_max_batch: u32,

@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use tokio_util::task::TaskTracker;
 
-use crate::coalesce::{Coalescer, CoalescerSettings, InFlight};
+use crate::coalesce::{Coalescer, CoalescerSettings, Coalescible, InFlight};
 use crate::domain::{
     CompleteCommand, Completion, ExtendLeaseCommand, Instant, KeyState, LookupQuery,
     MarkProcessedCommand, ProcessedEvent, Rejection, ReleaseCommand, TryStartCommand,
@@ -37,7 +37,7 @@ pub enum CoordinatorError {
     TaskFailed(#[source] tokio::task::JoinError),
 }
 
-/// How concurrent TryStarts and Completes are gathered into shared statements.
+/// How concurrent TryStarts, Completes and MarkProcesseds are gathered into shared statements.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Coalescing {
     /// Batches of one kind that may run at once.
@@ -46,9 +46,10 @@ pub struct Coalescing {
     pub max_batch: usize,
 }
 
-/// The share of the operation timeout a call may wait for a batch to take it. Batches take
-/// milliseconds, so a longer wait means the store is in trouble: failing fast, with nothing
-/// written, is then the better answer.
+/// The share of the operation timeout a call may wait before its statement starts (in its
+/// batch's first round or a later one). Batches take milliseconds, so a longer wait means the
+/// store is in trouble: failing fast, with nothing written, is then the better answer. The rest
+/// of the timeout is the store's (`store::Budget`: 40% connection wait, 50% statement).
 const QUEUE_WAIT_SHARE: u32 = 10;
 
 #[derive(Clone)]
@@ -58,8 +59,48 @@ struct Coalescers {
     mark_processed: Coalescer<MarkProcessedCommand, Vec<ProcessedEvent>>,
 }
 
-/// A MarkProcessed call carries up to 1000 ids, so its batches hold fewer calls.
-const MARK_BATCH_DIVISOR: usize = 8;
+/// A MarkProcessed batch is bounded by its ids, this many per call of a TryStart batch (4096
+/// ids by default): a call carries up to 1000.
+const MARK_IDS_PER_BATCH_SLOT: usize = 16;
+
+/// How many calls of one kind may wait for a batch, per call a batch can carry. Past that, the
+/// wait would outlast the queue budget anyway: refusing at once is kinder.
+const QUEUED_BATCHES: usize = 16;
+
+/// MarkProcessed calls are heavier (up to 1000 ids), so fewer of them may wait.
+const MARK_QUEUE_DIVISOR: usize = 8;
+
+impl Coalescible for TryStartCommand {
+    type Key = (String, String);
+    fn conflict_key(&self) -> Option<Self::Key> {
+        Some((
+            self.namespace.as_str().to_owned(),
+            self.key.as_str().to_owned(),
+        ))
+    }
+}
+
+impl Coalescible for CompleteCommand {
+    type Key = (String, String);
+    fn conflict_key(&self) -> Option<Self::Key> {
+        Some((
+            self.namespace.as_str().to_owned(),
+            self.key.as_str().to_owned(),
+        ))
+    }
+}
+
+/// Marks of one id by several calls may share a statement: the statement takes the ids in call
+/// order, so the first call records the id and the later ones find it processed.
+impl Coalescible for MarkProcessedCommand {
+    type Key = ();
+    fn conflict_key(&self) -> Option<()> {
+        None
+    }
+    fn weight(&self) -> usize {
+        self.event_ids.len()
+    }
+}
 
 #[derive(Clone)]
 pub struct Coordinator<S> {
@@ -72,7 +113,8 @@ pub struct Coordinator<S> {
 
 impl<S: Store> Coordinator<S> {
     /// `tasks` tracks every operation in flight so that shutdown can wait for them. With
-    /// `coalescing`, concurrent TryStarts and Completes share statements (see `coalesce`).
+    /// `coalescing`, concurrent TryStarts, Completes and MarkProcesseds share statements (see
+    /// `coalesce`).
     /// `in_flight` counts the calls the store has yet to finish, whether or not their callers
     /// still wait.
     pub fn new(
@@ -83,9 +125,15 @@ impl<S: Store> Coordinator<S> {
         coalescing: Option<Coalescing>,
     ) -> Self {
         let coalescers = coalescing.map(|coalescing| {
+            let queue_capacity = coalescing
+                .executors
+                .max(1)
+                .saturating_mul(coalescing.max_batch.max(1))
+                .saturating_mul(QUEUED_BATCHES);
             let settings = CoalescerSettings {
                 executors: coalescing.executors,
                 max_batch: coalescing.max_batch,
+                queue_capacity,
                 wait_budget: operation_timeout / QUEUE_WAIT_SHARE,
                 timeout: operation_timeout,
             };
@@ -93,7 +141,8 @@ impl<S: Store> Coordinator<S> {
             let for_complete = store.clone();
             let for_marks = store.clone();
             let mark_settings = CoalescerSettings {
-                max_batch: (coalescing.max_batch / MARK_BATCH_DIVISOR).max(1),
+                max_batch: coalescing.max_batch.saturating_mul(MARK_IDS_PER_BATCH_SLOT),
+                queue_capacity: (queue_capacity / MARK_QUEUE_DIVISOR).max(1),
                 ..settings
             };
             Coalescers {

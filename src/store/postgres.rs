@@ -9,6 +9,7 @@
 //! that expired, and that others saw absent, while it waited. Plain reads (Lookup) use `now()`,
 //! the instant of their snapshot.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -17,10 +18,11 @@ use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{FromRow, PgPool, Postgres};
 
 use super::{Budget, Store, StoreError};
+use crate::coalesce::{Coalescible, rounds};
 use crate::domain::{
-    CompleteCommand, Completion, ExtendLeaseCommand, GuardedKey, Instant, KeyRecord, KeyState,
+    CompleteCommand, Completion, ExtendLeaseCommand, GuardedKey, Instant, Key, KeyRecord, KeyState,
     LeaseToken, LookupQuery, MarkProcessedCommand, ProcessedEvent, Rejection, ReleaseCommand,
-    TryStartCommand, TryStartOutcome, classify_refusal,
+    Scope, TryStartCommand, TryStartOutcome, classify_refusal,
 };
 
 static MIGRATOR: Migrator = sqlx::migrate!("./migrations/postgres");
@@ -248,16 +250,22 @@ impl From<KeyRow> for KeyRecord {
 
 /// The heart of TryStart's conflict branch, shared by the one-row and the batch statements:
 /// the key's new columns for each `t.action`, given `t.lease_end` and `t.retention_end`
-/// (computed by each statement from its own inputs) and the decision below.
+/// (computed by each statement from its own inputs) and the decision below. A new claim draws
+/// its fencing token here, under the row's lock, so that it is greater than the token of
+/// whoever held the key before, however long the statement waited for the lock; it records
+/// the statement's ticket (`excluded.claim_ticket`), by which the statement recognises its
+/// claim.
 macro_rules! claim_assignments {
     () => {
         r#"
-    (fingerprint, lease_token, attempt, attempt_id, lease_expires_at, checkpoint, response,
-     completed_at, retention_us, expires_at) =
+    (fingerprint, lease_token, claim_ticket, attempt, attempt_id, lease_expires_at, checkpoint,
+     response, completed_at, retention_us, expires_at) =
     (SELECT
         CASE t.action WHEN 'fresh' THEN excluded.fingerprint ELSE k.fingerprint END,
-        CASE WHEN t.action IN ('fresh', 'takeover') THEN excluded.lease_token
+        CASE WHEN t.action IN ('fresh', 'takeover') THEN nextval('lease_token_seq')
              ELSE k.lease_token END,
+        CASE WHEN t.action IN ('fresh', 'takeover') THEN excluded.claim_ticket
+             ELSE k.claim_ticket END,
         CASE t.action WHEN 'fresh' THEN 1 WHEN 'takeover' THEN k.attempt + 1
              ELSE k.attempt END,
         CASE WHEN t.action IN ('fresh', 'takeover') THEN excluded.attempt_id
@@ -309,15 +317,16 @@ macro_rules! claim_action {
 ///
 /// The update always happens (even for `none`, as a no-op) so that RETURNING reports the row as
 /// it stands under the lock, never a stale snapshot; the caller got a new claim exactly when the
-/// returned token is the one this statement drew.
+/// row carries the ticket this statement drew (a fresh insert uses it as its token too: no lock
+/// was waited for).
 const TRY_START: &str = concat!(
     r#"
 WITH new_token AS (SELECT nextval('lease_token_seq') AS value),
      claimed AS (SELECT clock_timestamp() AS at)
 INSERT INTO idempotency_keys AS k
-    (namespace, key, fingerprint, lease_token, attempt, attempt_id, lease_expires_at,
-     checkpoint, response, completed_at, retention_us, expires_at)
-SELECT $1, $2, $3, new_token.value, 1, $6,
+    (namespace, key, fingerprint, lease_token, claim_ticket, attempt, attempt_id,
+     lease_expires_at, checkpoint, response, completed_at, retention_us, expires_at)
+SELECT $1, $2, $3, new_token.value, new_token.value, 1, $6,
        claimed.at + $4 * interval '1 microsecond',
        NULL, NULL, NULL, $5,
        claimed.at + greatest($4, $5) * interval '1 microsecond'
@@ -333,15 +342,15 @@ ON CONFLICT (namespace, key) DO UPDATE SET
 "#,
     claim_action!(),
     r#"
-RETURNING k.lease_token = (SELECT value FROM new_token) AS newly_claimed, "#,
+RETURNING coalesce(k.claim_ticket = (SELECT value FROM new_token), false) AS newly_claimed, "#,
     key_columns!("k.")
 );
 
-/// TryStart for many keys in one statement: the same table as [`TRY_START`], row by row. Each
-/// row draws its own token and reads the clock once its own lock is held; the input carries
-/// each call's lease and retention, which the conflict branch looks up by key (keys are
-/// distinct within one statement). Rows are inserted in key order, so that concurrent batches
-/// lock keys in the same order.
+/// TryStart for many keys in one statement: the same table as [`TRY_START`], row by row. The
+/// keys that exist are locked first, in key order (the order every batch locks in); only then
+/// are tickets drawn and the clock read, so that a fresh claim's lease starts when it is made,
+/// not when the statement began. The input carries each call's lease and retention, which the
+/// conflict branch looks up by key (keys are distinct within one statement).
 const TRY_START_BATCH: &str = concat!(
     r#"
 WITH input AS (
@@ -349,17 +358,25 @@ WITH input AS (
                          $6::text[])
         AS i(namespace, key, fingerprint, lease_us, retention_us, attempt_id)
 ),
+locked AS MATERIALIZED (
+    SELECT k.namespace
+    FROM idempotency_keys AS k
+    JOIN input AS i ON k.namespace = i.namespace AND k.key = i.key
+    ORDER BY k.namespace COLLATE "C", k.key COLLATE "C"
+    FOR UPDATE OF k
+),
 drawn AS MATERIALIZED (
-    SELECT i.*, nextval('lease_token_seq') AS token, clock_timestamp() AS at FROM input AS i
+    SELECT i.*, nextval('lease_token_seq') AS ticket, clock_timestamp() AS at
+    FROM input AS i CROSS JOIN (SELECT count(*) FROM locked) AS every_lock_held
 )
 INSERT INTO idempotency_keys AS k
-    (namespace, key, fingerprint, lease_token, attempt, attempt_id, lease_expires_at,
-     checkpoint, response, completed_at, retention_us, expires_at)
-SELECT d.namespace, d.key, d.fingerprint, d.token, 1, d.attempt_id,
+    (namespace, key, fingerprint, lease_token, claim_ticket, attempt, attempt_id,
+     lease_expires_at, checkpoint, response, completed_at, retention_us, expires_at)
+SELECT d.namespace, d.key, d.fingerprint, d.ticket, d.ticket, 1, d.attempt_id,
        d.at + d.lease_us * interval '1 microsecond', NULL, NULL, NULL, d.retention_us,
        d.at + greatest(d.lease_us, d.retention_us) * interval '1 microsecond'
 FROM drawn AS d
-ORDER BY d.namespace, d.key
+ORDER BY d.namespace COLLATE "C", d.key COLLATE "C"
 ON CONFLICT (namespace, key) DO UPDATE SET
 "#,
     claim_assignments!(),
@@ -374,8 +391,9 @@ ON CONFLICT (namespace, key) DO UPDATE SET
     claim_action!(),
     r#"
 RETURNING k.namespace, k.key,
-          k.lease_token = (SELECT d.token FROM drawn AS d
-                           WHERE d.namespace = k.namespace AND d.key = k.key) AS newly_claimed, "#,
+          coalesce(k.claim_ticket = (SELECT d.ticket FROM drawn AS d
+                                     WHERE d.namespace = k.namespace AND d.key = k.key),
+                   false) AS newly_claimed, "#,
     key_columns!("k.")
 );
 
@@ -390,7 +408,7 @@ locked AS MATERIALIZED (
     SELECT k.namespace, k.key, k.lease_token, k.completed_at, k.expires_at, k.retention_us
     FROM idempotency_keys AS k
     JOIN input AS i ON k.namespace = i.namespace AND k.key = i.key
-    ORDER BY k.namespace, k.key
+    ORDER BY k.namespace COLLATE "C", k.key COLLATE "C"
     FOR UPDATE OF k
 )
 UPDATE idempotency_keys AS k
@@ -447,6 +465,16 @@ FROM idempotency_keys
 WHERE namespace = $1 AND key = $2 AND expires_at > now()
 "#;
 
+/// [`GUARD_STATE`] for the refusals of a batch of Completes, by position in the input.
+const GUARD_STATE_BATCH: &str = r#"
+SELECT r.position, k.lease_token, k.completed_at, k.expires_at,
+       coalesce(k.response = r.response, false) AS same_response
+FROM unnest($1::text[], $2::text[], $3::bytea[]) WITH ORDINALITY
+    AS r(namespace, key, response, position)
+JOIN idempotency_keys AS k
+    ON k.namespace = r.namespace AND k.key = r.key AND k.expires_at > now()
+"#;
+
 const RELEASE: &str = concat!(
     locked_key!(),
     r#"DELETE FROM idempotency_keys AS k
@@ -480,11 +508,14 @@ const LOOKUP: &str = concat!(
     " FROM idempotency_keys WHERE namespace = $1 AND key = $2 AND expires_at > now()"
 );
 
-/// MarkProcessed as one statement. Distinct ids are inserted in sorted order (so concurrent
-/// batches lock rows in the same order and do not deadlock); a live row is kept as it is, an
-/// expired one is recorded anew. The update always happens so that RETURNING reports every id
-/// with the row as it stands under its lock. `mark_batch` tells rows this call recorded from
-/// rows it found; within the call, only an id's first position counts as new.
+/// MarkProcessed as one statement, for one call or for many: row `i` of the input is event
+/// `$2[i]` of consumer `$1[i]`, to be kept for `$3[i]`, and the rows come in call order. Each
+/// distinct (consumer, id) is inserted once, with its first occurrence's retention, in sorted
+/// order (so concurrent statements lock rows in the same order and do not deadlock); a live row
+/// is kept as it is, an expired one is recorded anew. The update always happens so that
+/// RETURNING reports every id with the row as it stands under its lock. `mark_batch` tells
+/// rows this statement recorded from rows it found; within the statement, only an id's first
+/// position counts as new, exactly as if the calls had come one after another.
 ///
 /// Unlike the key statements, expiry is judged by `now()`: a row live at that instant is left
 /// untouched and reported as processed, which was true then, so waiting for its lock changes
@@ -492,14 +523,22 @@ const LOOKUP: &str = concat!(
 const MARK_PROCESSED: &str = r#"
 WITH batch AS (SELECT nextval('mark_batch_seq') AS id),
 requested AS (
-    SELECT r.event_id COLLATE "C" AS event_id, r.position
-    FROM unnest($2::text[]) WITH ORDINALITY AS r(event_id, position)
+    SELECT r.consumer COLLATE "C" AS consumer, r.event_id COLLATE "C" AS event_id,
+           r.retention_us, r.position
+    FROM unnest($1::text[], $2::text[], $3::bigint[]) WITH ORDINALITY
+        AS r(consumer, event_id, retention_us, position)
+),
+first_requests AS (
+    SELECT DISTINCT ON (consumer, event_id) consumer, event_id, retention_us
+    FROM requested
+    ORDER BY consumer, event_id, position
 ),
 recorded AS (
     INSERT INTO processed_events AS e (consumer, event_id, processed_at, expires_at, mark_batch)
-    SELECT $1, d.event_id, now(), now() + $3 * interval '1 microsecond', batch.id
-    FROM (SELECT DISTINCT event_id FROM requested) AS d CROSS JOIN batch
-    ORDER BY d.event_id
+    SELECT f.consumer, f.event_id, now(), now() + f.retention_us * interval '1 microsecond',
+           batch.id
+    FROM first_requests AS f CROSS JOIN batch
+    ORDER BY f.consumer, f.event_id
     ON CONFLICT (consumer, event_id) DO UPDATE SET
         processed_at = CASE WHEN e.expires_at <= now() THEN excluded.processed_at
                             ELSE e.processed_at END,
@@ -507,15 +546,16 @@ recorded AS (
                           ELSE e.expires_at END,
         mark_batch = CASE WHEN e.expires_at <= now() THEN excluded.mark_batch
                           ELSE e.mark_batch END
-    RETURNING e.event_id, e.processed_at, e.mark_batch = (SELECT id FROM batch) AS recorded_now
+    RETURNING e.consumer, e.event_id, e.processed_at,
+              e.mark_batch = (SELECT id FROM batch) AS recorded_now
 )
 SELECT r.event_id,
        rec.processed_at,
        NOT (rec.recorded_now
-            AND r.position = min(r.position) OVER (PARTITION BY r.event_id))
+            AND r.position = min(r.position) OVER (PARTITION BY r.consumer, r.event_id))
            AS already_processed
 FROM requested AS r
-JOIN recorded AS rec ON rec.event_id = r.event_id
+JOIN recorded AS rec ON rec.consumer = r.consumer AND rec.event_id = r.event_id
 ORDER BY r.position
 "#;
 
@@ -580,6 +620,14 @@ impl From<GuardRow> for GuardedKey {
     }
 }
 
+/// A row of [`GUARD_STATE_BATCH`]: the input's position (from 1), and the key.
+#[derive(FromRow)]
+struct PositionedGuardRow {
+    position: i64,
+    #[sqlx(flatten)]
+    key: GuardRow,
+}
+
 #[derive(FromRow)]
 struct MarkRow {
     event_id: String,
@@ -641,6 +689,63 @@ impl PgStore {
             "a guarded write kept refusing the current holder of an in-progress key",
         ))
     }
+
+    /// The keys of refused Completes as they stand now, by position in `refused`: one read.
+    async fn explain_refused_completions(
+        &self,
+        refused: &[(usize, CompleteCommand)],
+    ) -> Result<HashMap<usize, GuardRow>, StoreError> {
+        let namespaces: Vec<&str> = refused.iter().map(|(_, c)| c.namespace.as_str()).collect();
+        let keys: Vec<&str> = refused.iter().map(|(_, c)| c.key.as_str()).collect();
+        let responses: Vec<&[u8]> = refused.iter().map(|(_, c)| c.response.as_bytes()).collect();
+        let rows: Vec<PositionedGuardRow> = with_retries(|| {
+            sqlx::query_as(GUARD_STATE_BATCH)
+                .bind(&namespaces)
+                .bind(&keys)
+                .bind(&responses)
+                .fetch_all(&self.pool)
+        })
+        .await?;
+        let mut found = HashMap::with_capacity(rows.len());
+        for row in rows {
+            let position = usize::try_from(row.position - 1)
+                .map_err(|_| StoreError::Inconsistent("a read returned a position out of range"))?;
+            found.insert(position, row.key);
+        }
+        Ok(found)
+    }
+}
+
+/// One empty slot per command of a batch.
+fn unanswered<T>(count: usize) -> Vec<Option<Result<T, StoreError>>> {
+    (0..count).map(|_| None).collect()
+}
+
+/// Fills the slots, reporting `missing` for any left empty (a bug).
+fn answered<T>(
+    results: Vec<Option<Result<T, StoreError>>>,
+    missing: &'static str,
+) -> Vec<Result<T, StoreError>> {
+    results
+        .into_iter()
+        .map(|result| result.unwrap_or(Err(StoreError::Inconsistent(missing))))
+        .collect()
+}
+
+/// Answers every command of `members` with `error`.
+fn answer_all<T, C>(
+    results: &mut [Option<Result<T, StoreError>>],
+    members: &[(usize, C)],
+    error: StoreError,
+) {
+    for ((index, _), error) in members.iter().zip(error.for_each_of(members.len())) {
+        results[*index] = Some(Err(error));
+    }
+}
+
+/// A key's identity, as the batch statements return it.
+fn key_of(namespace: &Scope, key: &Key) -> (String, String) {
+    (namespace.as_str().to_owned(), key.as_str().to_owned())
 }
 
 impl Store for PgStore {
@@ -695,6 +800,8 @@ impl Store for PgStore {
         })
     }
 
+    /// One statement per round of distinct keys; the coalescer sends one round at a time, so
+    /// that it can check each call's deadline before its statement starts.
     async fn try_start_batch(
         &self,
         commands: Vec<TryStartCommand>,
@@ -707,13 +814,8 @@ impl Store for PgStore {
             }
             return results;
         }
-        let count = commands.len();
-        let mut results: Vec<Option<Result<TryStartOutcome, StoreError>>> =
-            (0..count).map(|_| None).collect();
-        let rounds = crate::coalesce::rounds(commands, |c| {
-            (c.namespace.as_str().to_owned(), c.key.as_str().to_owned())
-        });
-        for round in rounds {
+        let mut results = unanswered(commands.len());
+        for round in rounds(commands, Coalescible::conflict_key) {
             let namespaces: Vec<&str> = round.iter().map(|(_, c)| c.namespace.as_str()).collect();
             let keys: Vec<&str> = round.iter().map(|(_, c)| c.key.as_str()).collect();
             let fingerprints: Vec<&[u8]> = round
@@ -737,44 +839,36 @@ impl Store for PgStore {
                     .fetch_all(&self.pool)
             })
             .await;
-            match rows {
-                Ok(rows) => {
-                    let mut by_key: std::collections::HashMap<(String, String), TryStartBatchRow> =
-                        rows.into_iter()
-                            .map(|row| ((row.namespace.clone(), row.key_name.clone()), row))
-                            .collect();
-                    for (index, command) in round {
-                        let key = (
-                            command.namespace.as_str().to_owned(),
-                            command.key.as_str().to_owned(),
-                        );
-                        results[index] = Some(match by_key.remove(&key) {
-                            Some(row) => Ok(TryStartOutcome::from_record(
-                                row.key.into(),
-                                row.newly_claimed,
-                                &command,
-                            )),
-                            None => {
-                                Err(StoreError::Inconsistent("a batched claim returned no row"))
-                            }
-                        });
-                    }
-                }
+            let rows = match rows {
+                Ok(rows) => rows,
                 Err(error) => {
-                    for ((index, _), error) in round.iter().zip(error.for_each_of(round.len())) {
-                        results[*index] = Some(Err(error));
-                    }
+                    answer_all(&mut results, &round, error);
+                    continue;
                 }
+            };
+            let mut by_key: HashMap<(String, String), TryStartBatchRow> = rows
+                .into_iter()
+                .map(|row| ((row.namespace.clone(), row.key_name.clone()), row))
+                .collect();
+            for (index, command) in round {
+                results[index] = Some(
+                    match by_key.remove(&key_of(&command.namespace, &command.key)) {
+                        Some(row) => Ok(TryStartOutcome::from_record(
+                            row.key.into(),
+                            row.newly_claimed,
+                            &command,
+                        )),
+                        None => Err(StoreError::Inconsistent("a batched claim returned no row")),
+                    },
+                );
             }
         }
-        results
-            .into_iter()
-            .map(|result| {
-                result.unwrap_or(Err(StoreError::Inconsistent("a batched claim was not run")))
-            })
-            .collect()
+        answered(results, "a batched claim was not run")
     }
 
+    /// One statement per round, like [`Self::try_start_batch`]; the refusals are then explained
+    /// by one read, which writes nothing, so however long it takes, a caller told UNAVAILABLE
+    /// meanwhile has nothing of its call applied.
     async fn complete_batch(
         &self,
         commands: Vec<CompleteCommand>,
@@ -786,13 +880,8 @@ impl Store for PgStore {
             }
             return results;
         }
-        let count = commands.len();
-        let mut results: Vec<Option<Result<Result<Completion, Rejection>, StoreError>>> =
-            (0..count).map(|_| None).collect();
-        let rounds = crate::coalesce::rounds(commands, |c| {
-            (c.namespace.as_str().to_owned(), c.key.as_str().to_owned())
-        });
-        for round in rounds {
+        let mut results = unanswered(commands.len());
+        for round in rounds(commands, Coalescible::conflict_key) {
             let namespaces: Vec<&str> = round.iter().map(|(_, c)| c.namespace.as_str()).collect();
             let keys: Vec<&str> = round.iter().map(|(_, c)| c.key.as_str()).collect();
             let tokens: Vec<i64> = round.iter().map(|(_, c)| c.lease_token.get()).collect();
@@ -812,48 +901,51 @@ impl Store for PgStore {
                         .fetch_all(&self.pool)
                 })
                 .await;
-            match rows {
-                Ok(rows) => {
-                    let mut applied: std::collections::HashMap<(String, String), Completion> = rows
-                        .into_iter()
-                        .map(|(namespace, key, completed_at, expires_at)| {
-                            (
-                                (namespace, key),
-                                Completion {
-                                    completed_at,
-                                    expires_at,
-                                },
-                            )
-                        })
-                        .collect();
-                    for (index, command) in round {
-                        let key = (
-                            command.namespace.as_str().to_owned(),
-                            command.key.as_str().to_owned(),
-                        );
-                        results[index] = Some(match applied.remove(&key) {
-                            Some(completion) => Ok(Ok(completion)),
-                            // Refused, or repeated: the one-key path says which, and answers
-                            // a repeat with the same response as a success.
-                            None => self.complete(command).await,
+            let rows = match rows {
+                Ok(rows) => rows,
+                Err(error) => {
+                    answer_all(&mut results, &round, error);
+                    continue;
+                }
+            };
+            let mut applied: HashMap<(String, String), Completion> = rows
+                .into_iter()
+                .map(|(namespace, key, completed_at, expires_at)| {
+                    let completion = Completion {
+                        completed_at,
+                        expires_at,
+                    };
+                    ((namespace, key), completion)
+                })
+                .collect();
+            let mut refused = Vec::new();
+            for (index, command) in round {
+                match applied.remove(&key_of(&command.namespace, &command.key)) {
+                    Some(completion) => results[index] = Some(Ok(Ok(completion))),
+                    None => refused.push((index, command)),
+                }
+            }
+            if refused.is_empty() {
+                continue;
+            }
+            match self.explain_refused_completions(&refused).await {
+                Ok(mut found) => {
+                    for (position, (index, command)) in refused.into_iter().enumerate() {
+                        let key = found.remove(&position).map(GuardedKey::from);
+                        results[index] = Some(match classify_refusal(key, command.lease_token) {
+                            Err(rejection) => Ok(Err(rejection)),
+                            Ok(Some(completion)) => Ok(Ok(completion)),
+                            // The statement judged the row under its lock, and tokens are
+                            // never reused: only a token guessed before it was handed out
+                            // gets here. The one-key path settles it.
+                            Ok(None) => self.complete(command).await,
                         });
                     }
                 }
-                Err(error) => {
-                    for ((index, _), error) in round.iter().zip(error.for_each_of(round.len())) {
-                        results[*index] = Some(Err(error));
-                    }
-                }
+                Err(error) => answer_all(&mut results, &refused, error),
             }
         }
-        results
-            .into_iter()
-            .map(|result| {
-                result.unwrap_or(Err(StoreError::Inconsistent(
-                    "a batched completion was not run",
-                )))
-            })
-            .collect()
+        answered(results, "a batched completion was not run")
     }
 
     async fn release(&self, command: ReleaseCommand) -> Result<Result<(), Rejection>, StoreError> {
@@ -925,92 +1017,64 @@ impl Store for PgStore {
         &self,
         command: MarkProcessedCommand,
     ) -> Result<Vec<ProcessedEvent>, StoreError> {
-        let ids: Vec<&str> = command.event_ids.iter().map(|id| id.as_str()).collect();
-        let rows: Vec<MarkRow> = with_retries(|| {
-            sqlx::query_as(MARK_PROCESSED)
-                .bind(command.consumer.as_str())
-                .bind(&ids)
-                .bind(command.retention.as_micros())
-                .fetch_all(&self.pool)
-        })
-        .await?;
-        Ok(rows
-            .into_iter()
-            .map(|row| ProcessedEvent {
-                event_id: row.event_id,
-                already_processed: row.already_processed,
-                processed_at: row.processed_at,
-            })
-            .collect())
+        let mut results = self.mark_processed_batch(vec![command]).await;
+        results
+            .pop()
+            .unwrap_or(Err(StoreError::Inconsistent("a mark was not run")))
     }
 
-    /// Calls of one consumer and retention share one statement: their ids in call order, so
-    /// that an id two calls carry is new for the first and already processed for the second,
-    /// exactly as one after another; the rows are then handed back call by call.
+    /// Every call in one statement: their ids in call order, so that an id two calls carry is
+    /// new for the first and already processed for the second, exactly as one after another;
+    /// the rows are then handed back call by call.
     async fn mark_processed_batch(
         &self,
         commands: Vec<MarkProcessedCommand>,
     ) -> Vec<Result<Vec<ProcessedEvent>, StoreError>> {
-        let count = commands.len();
-        let mut results: Vec<Option<Result<Vec<ProcessedEvent>, StoreError>>> =
-            (0..count).map(|_| None).collect();
-        let mut groups: Vec<((String, i64), Vec<usize>)> = Vec::new();
-        for (index, command) in commands.iter().enumerate() {
-            let group = (
-                command.consumer.as_str().to_owned(),
-                command.retention.as_micros(),
-            );
-            match groups.iter_mut().find(|(key, _)| *key == group) {
-                Some((_, members)) => members.push(index),
-                None => groups.push((group, vec![index])),
+        let total: usize = commands.iter().map(|c| c.event_ids.len()).sum();
+        let mut consumers: Vec<&str> = Vec::with_capacity(total);
+        let mut ids: Vec<&str> = Vec::with_capacity(total);
+        let mut retentions: Vec<i64> = Vec::with_capacity(total);
+        for command in &commands {
+            for id in &command.event_ids {
+                consumers.push(command.consumer.as_str());
+                ids.push(id.as_str());
+                retentions.push(command.retention.as_micros());
             }
         }
-        for ((consumer, retention), members) in groups {
-            let ids: Vec<&str> = members
+        let rows: Result<Vec<MarkRow>, StoreError> = with_retries(|| {
+            sqlx::query_as(MARK_PROCESSED)
+                .bind(&consumers)
+                .bind(&ids)
+                .bind(&retentions)
+                .fetch_all(&self.pool)
+        })
+        .await;
+        match rows {
+            Ok(rows) if rows.len() == total => {
+                let mut rows = rows.into_iter().map(|row| ProcessedEvent {
+                    event_id: row.event_id,
+                    already_processed: row.already_processed,
+                    processed_at: row.processed_at,
+                });
+                commands
+                    .iter()
+                    .map(|command| Ok(rows.by_ref().take(command.event_ids.len()).collect()))
+                    .collect()
+            }
+            Ok(_) => commands
                 .iter()
-                .flat_map(|&index| commands[index].event_ids.iter().map(|id| id.as_str()))
-                .collect();
-            let rows: Result<Vec<MarkRow>, StoreError> = with_retries(|| {
-                sqlx::query_as(MARK_PROCESSED)
-                    .bind(consumer.as_str())
-                    .bind(&ids)
-                    .bind(retention)
-                    .fetch_all(&self.pool)
-            })
-            .await;
-            match rows {
-                Ok(rows) if rows.len() == ids.len() => {
-                    let mut rows = rows.into_iter().map(|row| ProcessedEvent {
-                        event_id: row.event_id,
-                        already_processed: row.already_processed,
-                        processed_at: row.processed_at,
-                    });
-                    for &index in &members {
-                        let own: Vec<ProcessedEvent> = rows
-                            .by_ref()
-                            .take(commands[index].event_ids.len())
-                            .collect();
-                        results[index] = Some(Ok(own));
-                    }
-                }
-                Ok(_) => {
-                    for &index in &members {
-                        results[index] = Some(Err(StoreError::Inconsistent(
-                            "a batch of marks returned a row count unlike its ids",
-                        )));
-                    }
-                }
-                Err(error) => {
-                    for (&index, error) in members.iter().zip(error.for_each_of(members.len())) {
-                        results[index] = Some(Err(error));
-                    }
-                }
-            }
+                .map(|_| {
+                    Err(StoreError::Inconsistent(
+                        "a statement of marks returned a row count unlike its ids",
+                    ))
+                })
+                .collect(),
+            Err(error) => error
+                .for_each_of(commands.len())
+                .into_iter()
+                .map(Err)
+                .collect(),
         }
-        results
-            .into_iter()
-            .map(|result| result.unwrap_or(Err(StoreError::Inconsistent("a mark was not run"))))
-            .collect()
     }
 
     async fn reap_expired_keys(&self, limit: u32) -> Result<u64, StoreError> {

@@ -3,9 +3,13 @@
 
 use std::collections::HashMap;
 
+use idempotency_coordinator::domain::{
+    AttemptId, Fingerprint, Key, KeyRetention, LeaseTtl, Scope, TryStartCommand, TryStartOutcome,
+};
 use idempotency_coordinator::proto::idempotency::v1::{
     TryStartRequest, lookup_response::State, try_start_response::Outcome,
 };
+use idempotency_coordinator::store::Store;
 use tonic::Code;
 
 use crate::support::*;
@@ -129,6 +133,107 @@ async fn duplicates_of_a_key_in_one_burst_behave_as_if_one_after_another(backend
             .iter()
             .all(|c| c.lease_token == claims[0].lease_token && c.attempt == 1)
     );
+}
+
+/// A claim that waited for a key's row must draw its token once it holds the row: had it drawn
+/// it when it began, a claim committed meanwhile (here, by "another replica") would hold a newer
+/// token than the one handed out after it, and fencing downstream would fail both ways.
+#[tokio::test]
+async fn a_claim_that_waited_for_the_row_gets_a_token_above_the_one_claimed_meanwhile() {
+    let app = TestApp::spawn(Backend::Postgres).await;
+    let mut client = app.client().await;
+    let key = unique_key("waited");
+    let first = claim(&mut client, try_start(&key)).await;
+
+    let hold = app.database.hold_key(&key).await;
+    let waiting = {
+        let mut client = client.clone();
+        let request = TryStartRequest {
+            attempt_id: "waiting-attempt".into(),
+            ..try_start(&key)
+        };
+        tokio::spawn(async move { client.try_start(request).await })
+    };
+    app.wait_for_blocked(1).await;
+    let meanwhile = hold.claim_with_expired_lease_and_commit(&key).await;
+    assert!(meanwhile > first.lease_token);
+
+    let taken_over = expect_started(waiting.await.expect("task").expect("TryStart").into_inner());
+    assert_eq!(
+        taken_over.attempt, 3,
+        "a takeover of the claim made meanwhile"
+    );
+    assert!(
+        taken_over.lease_token > meanwhile,
+        "token {} was handed out after {meanwhile}",
+        taken_over.lease_token
+    );
+}
+
+/// The same for a shared statement, which also claims keys nobody held: each of its claims
+/// draws its token, and starts its lease, only once every row it waits for is its own.
+#[tokio::test]
+async fn a_shared_claim_statement_draws_tokens_and_starts_leases_once_its_rows_are_held() {
+    let app = TestApp::spawn(Backend::Postgres).await;
+    let mut client = app.client().await;
+    let held = unique_key("held");
+    let fresh = unique_key("fresh");
+    claim(&mut client, try_start(&held)).await;
+
+    let hold = app.database.hold_key(&held).await;
+    let batch = {
+        let store = app.store.clone();
+        let commands = vec![
+            store_try_start(&held, "batch-attempt"),
+            store_try_start(&fresh, "batch-attempt"),
+        ];
+        tokio::spawn(async move { store.try_start_batch(commands).await })
+    };
+    eventually(
+        std::time::Duration::from_secs(10),
+        "the shared statement waits for the held row",
+        || async { app.database.blocked_postgres_statements().await >= 1 },
+    )
+    .await;
+    let before_release = app.db_now().await;
+    let meanwhile = hold.claim_with_expired_lease_and_commit(&held).await;
+
+    let mut outcomes = batch.await.expect("task").into_iter();
+    let (Some(Ok(held_outcome)), Some(Ok(fresh_outcome))) = (outcomes.next(), outcomes.next())
+    else {
+        panic!("two answers expected");
+    };
+    for (name, outcome) in [("held", held_outcome), ("fresh", fresh_outcome)] {
+        let TryStartOutcome::Started(started) = outcome else {
+            panic!("{name}: {outcome:?}");
+        };
+        assert!(
+            started.lease_token.get() > meanwhile as i64,
+            "{name}: token {} was handed out after {meanwhile}",
+            started.lease_token.get()
+        );
+        let lease_began = started.lease_expires_at - chrono::Duration::seconds(30);
+        assert!(
+            lease_began > before_release,
+            "{name}: its lease began at {lease_began}, while the row was still held at \
+             {before_release}"
+        );
+    }
+}
+
+fn store_try_start(key: &str, attempt_id: &str) -> TryStartCommand {
+    TryStartCommand {
+        namespace: Scope::parse(NAMESPACE.into()).expect("namespace"),
+        key: Key::parse(key.into()).expect("key"),
+        fingerprint: Fingerprint::parse(FINGERPRINT.to_vec()).expect("fingerprint"),
+        lease_ttl: LeaseTtl::parse(std::time::Duration::from_secs(30)).expect("lease"),
+        retention: KeyRetention::parse(std::time::Duration::from_secs(3600)).expect("retention"),
+        attempt_id: Some(
+            AttemptId::parse(attempt_id.into())
+                .expect("attempt id")
+                .expect("non-empty"),
+        ),
+    }
 }
 
 for_each_backend!(

@@ -1,6 +1,10 @@
+use idempotency_coordinator::domain::{
+    CompleteCommand, Key, LeaseToken, Rejection, ResponseBody, Scope,
+};
 use idempotency_coordinator::proto::idempotency::v1::{
     CompleteRequest, TryStartRequest, lookup_response::State,
 };
+use idempotency_coordinator::store::Store;
 use tonic::Code;
 
 use crate::support::*;
@@ -462,7 +466,60 @@ async fn a_write_that_waited_while_the_key_expired_is_key_not_found(backend: Bac
     }
 }
 
+/// Completes sharing one batch, most of them refused for different reasons: each gets the
+/// answer it would have got alone, and only the holder's own completion is written.
+async fn a_shared_batch_of_completes_answers_each_as_if_alone(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+    let mut client = app.client().await;
+    let [open, done, other] = ["open", "done", "other"].map(unique_key);
+    let open_claim = claim(&mut client, try_start(&open)).await;
+    let done_claim = claim(&mut client, try_start(&done)).await;
+    client
+        .complete(complete(&done, done_claim.lease_token, b"first"))
+        .await
+        .expect("Complete");
+    let other_claim = claim(&mut client, try_start(&other)).await;
+
+    let command = |key: &str, token: u64, response: &[u8]| CompleteCommand {
+        namespace: Scope::parse(NAMESPACE.into()).expect("namespace"),
+        key: Key::parse(key.into()).expect("key"),
+        lease_token: LeaseToken::parse(token).expect("token"),
+        response: ResponseBody::parse(response.to_vec(), 1 << 20).expect("response"),
+        retention: None,
+    };
+    let answers = app
+        .store
+        .complete_batch(vec![
+            command(&open, open_claim.lease_token + 1000, b"not mine"),
+            command(&done, done_claim.lease_token, b"first"),
+            command(&done, done_claim.lease_token, b"second"),
+            command("never-claimed", 1, b"none"),
+            command(&other, other_claim.lease_token, b"mine"),
+        ])
+        .await;
+    let verdicts: Vec<Result<(), Rejection>> = answers
+        .into_iter()
+        .map(|answer| answer.expect("the store answered").map(drop))
+        .collect();
+    assert_eq!(
+        verdicts,
+        vec![
+            Err(Rejection::LeaseLost),
+            Ok(()),
+            Err(Rejection::AlreadyCompleted),
+            Err(Rejection::KeyNotFound),
+            Ok(()),
+        ]
+    );
+    assert_eq!(
+        app.database.completed_keys(NAMESPACE).await,
+        [done, other].into_iter().collect(),
+        "the key held by another token stays open"
+    );
+}
+
 for_each_backend!(
+    a_shared_batch_of_completes_answers_each_as_if_alone,
     complete_stores_the_response_for_the_retention_the_key_was_claimed_with,
     complete_with_its_own_retention_counts_it_from_completion,
     a_repeated_complete_with_the_same_response_succeeds_with_the_same_timestamps,

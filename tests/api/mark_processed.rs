@@ -1,6 +1,8 @@
 use std::collections::HashMap;
 
+use idempotency_coordinator::domain::{EventId, EventRetention, MarkProcessedCommand, Scope};
 use idempotency_coordinator::proto::idempotency::v1::MarkProcessedRequest;
+use idempotency_coordinator::store::Store;
 
 use crate::support::*;
 
@@ -209,7 +211,66 @@ async fn duplicates_of_a_live_id_are_all_already_processed_and_of_an_expired_id_
     assert_eq!(results[1].processed_at, results[3].processed_at);
 }
 
+/// Calls of several consumers and retentions sharing one batch: each call's ids are judged as
+/// if the calls came one after another, and each id is kept for the retention of the call that
+/// recorded it.
+async fn a_shared_batch_of_marks_answers_each_call_as_if_alone(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+    let hour = std::time::Duration::from_secs(3600);
+    let command =
+        |consumer: &str, ids: &[&str], retention: std::time::Duration| MarkProcessedCommand {
+            consumer: Scope::parse(consumer.into()).expect("consumer"),
+            event_ids: ids
+                .iter()
+                .map(|id| EventId::parse((*id).into()).expect("event id"))
+                .collect(),
+            retention: EventRetention::parse(retention).expect("retention"),
+        };
+    let answers = app
+        .store
+        .mark_processed_batch(vec![
+            command("billing", &["x", "y"], hour),
+            command("shipping", &["w", "x"], 2 * hour),
+            command("billing", &["y", "z", "z"], 3 * hour),
+        ])
+        .await;
+    let seen: Vec<Vec<(String, bool)>> = answers
+        .into_iter()
+        .map(|answer| {
+            answer
+                .expect("marked")
+                .into_iter()
+                .map(|event| (event.event_id, event.already_processed))
+                .collect()
+        })
+        .collect();
+    let expected = |pairs: &[(&str, bool)]| -> Vec<(String, bool)> {
+        pairs
+            .iter()
+            .map(|(id, seen)| ((*id).to_owned(), *seen))
+            .collect()
+    };
+    assert_eq!(
+        seen,
+        vec![
+            expected(&[("x", false), ("y", false)]),
+            expected(&[("w", false), ("x", false)]),
+            expected(&[("y", true), ("z", false), ("z", true)]),
+        ]
+    );
+    for (id, retention) in [("y", hour), ("w", 2 * hour), ("z", 3 * hour)] {
+        let kept =
+            app.database.event_expires_at(id).await - app.database.event_processed_at(id).await;
+        assert_eq!(
+            kept.to_std().expect("positive"),
+            retention,
+            "{id} is kept for the retention of the call that recorded it"
+        );
+    }
+}
+
 for_each_backend!(
+    a_shared_batch_of_marks_answers_each_call_as_if_alone,
     new_events_are_recorded_and_repeats_report_the_first_processing,
     an_id_twice_in_one_request_is_new_the_first_time_only,
     consumers_are_separate_scopes,

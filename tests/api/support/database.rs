@@ -504,6 +504,31 @@ impl KeyHold {
         self.finish("COMMIT", Some(key)).await;
     }
 
+    /// PostgreSQL only: claims `key` anew inside the held transaction, as another replica's
+    /// TryStart would (a token drawn now, the attempt counted), with a lease that has already
+    /// run out, and commits. Answers the token it drew.
+    pub async fn claim_with_expired_lease_and_commit(self, key: &str) -> u64 {
+        let Self::Postgres(mut connection) = self else {
+            panic!("only PostgreSQL lets another transaction claim a key meanwhile");
+        };
+        let (token,): (i64,) = sqlx::query_as(
+            "UPDATE idempotency_keys
+             SET lease_token = nextval('lease_token_seq'), attempt = attempt + 1,
+                 attempt_id = 'another-replica', lease_expires_at = clock_timestamp()
+             WHERE key = $1
+             RETURNING lease_token",
+        )
+        .bind(key)
+        .fetch_one(&mut connection)
+        .await
+        .expect("claim the key");
+        sqlx::query("COMMIT")
+            .execute(&mut connection)
+            .await
+            .expect("commit");
+        u64::try_from(token).expect("tokens are positive")
+    }
+
     async fn finish(self, end: &'static str, delete: Option<&str>) {
         match self {
             Self::Postgres(mut connection) => {
