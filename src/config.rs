@@ -82,7 +82,7 @@ pub struct DatabaseArgs {
           value_parser = clap::value_parser!(u32).range(1..=1000))]
     pub pool_size: u32,
 
-    /// Every call answers within it. 40% may go to waiting for a pooled connection, 50% to the
+    /// Every call answers within it. 35% may go to waiting for a pooled connection, 50% to the
     /// statement (PostgreSQL's statement_timeout, SQLite's busy_timeout); past them a call
     /// fails with UNAVAILABLE / STORE_UNAVAILABLE, and nothing was written.
     #[arg(long, env = "IDEMPOTENCY_OPERATION_TIMEOUT", default_value = "5s",

@@ -49,7 +49,8 @@ pub struct Coalescing {
 /// The share of the operation timeout a call may wait before its statement starts (in its
 /// batch's first round or a later one). Batches take milliseconds, so a longer wait means the
 /// store is in trouble: failing fast, with nothing written, is then the better answer. The rest
-/// of the timeout is the store's (`store::Budget`: 40% connection wait, 50% statement).
+/// of the timeout is the store's (`store::Budget`: 35% connection wait, 50% statement, 5% to
+/// answer).
 const QUEUE_WAIT_SHARE: u32 = 10;
 
 #[derive(Clone)]
@@ -63,12 +64,9 @@ struct Coalescers {
 /// ids by default): a call carries up to 1000.
 const MARK_IDS_PER_BATCH_SLOT: usize = 16;
 
-/// How many calls of one kind may wait for a batch, per call a batch can carry. Past that, the
+/// How many full batches of one kind may be queued or running, per executor. Past that, the
 /// wait would outlast the queue budget anyway: refusing at once is kinder.
 const QUEUED_BATCHES: usize = 16;
-
-/// MarkProcessed calls are heavier (up to 1000 ids), so fewer of them may wait.
-const MARK_QUEUE_DIVISOR: usize = 8;
 
 impl Coalescible for TryStartCommand {
     type Key = (String, String);
@@ -142,7 +140,7 @@ impl<S: Store> Coordinator<S> {
             let for_marks = store.clone();
             let mark_settings = CoalescerSettings {
                 max_batch: coalescing.max_batch.saturating_mul(MARK_IDS_PER_BATCH_SLOT),
-                queue_capacity: (queue_capacity / MARK_QUEUE_DIVISOR).max(1),
+                queue_capacity: queue_capacity.saturating_mul(MARK_IDS_PER_BATCH_SLOT),
                 ..settings
             };
             Coalescers {

@@ -4,7 +4,7 @@ use std::time::Duration;
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
     /// The store could not be reached, refused the work for now (too many connections, shutting
-    /// down, a conflict that persisted through retries), or cancelled it at its own timeout.
+    /// down, a deadlock it broke), or cancelled it at its own timeout.
     #[error("the store is unavailable")]
     Unavailable(#[source] sqlx::Error),
     /// The operation did not finish within the per-operation timeout.

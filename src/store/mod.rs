@@ -124,12 +124,13 @@ pub trait Store: Clone + Send + Sync + 'static {
     fn close(&self) -> impl Future<Output = ()> + Send;
 }
 
-/// How one operation's time (the operation timeout) is shared out, alike in both stores: at
-/// most 40% waiting for a connection, at most 50% for the statement, which the database ends
-/// itself (PostgreSQL's `statement_timeout`, SQLite's `busy_timeout` and a deadline checked
-/// before commit), and the rest for the answer to come back before the coordinator's own
-/// deadline at 100%. That deadline then only fires when the connection itself has stopped
-/// answering; every other timeout is reported by the database, with nothing written.
+/// How one operation's time (the operation timeout) is shared out, alike in both stores: up to
+/// 10% waiting in a coalescer's queue (`coordinator`), at most 35% waiting for a connection, at
+/// most 50% for the statement, which the database ends itself (PostgreSQL's
+/// `statement_timeout`, SQLite's `busy_timeout` and a deadline checked before commit), and the
+/// last 5% for the answer to come back before the coordinator's own deadline at 100%. That
+/// deadline then only fires when the connection itself has stopped answering; every other
+/// timeout is reported by the database, with nothing written.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Budget {
     pub connection_wait: Duration,
@@ -139,7 +140,7 @@ pub struct Budget {
 impl Budget {
     pub fn of(operation_timeout: Duration) -> Self {
         Self {
-            connection_wait: operation_timeout * 2 / 5,
+            connection_wait: operation_timeout * 7 / 20,
             statement: operation_timeout / 2,
         }
     }

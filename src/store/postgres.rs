@@ -57,9 +57,6 @@ impl std::fmt::Debug for PgStore {
     }
 }
 
-/// How often a statement that hit a serialization failure or deadlock is tried in all.
-const ATTEMPTS_ON_CONFLICT: usize = 3;
-
 impl PgStore {
     /// Builds the pool without connecting, so the service can start (and report NOT_SERVING)
     /// while the database is still unreachable.
@@ -70,9 +67,13 @@ impl PgStore {
             .parse::<PgConnectOptions>()?
             .application_name("idempotency-coordinator");
         let statement_timeout_ms = budget.statement.as_millis().max(1).to_string();
-        let options = migration_options
-            .clone()
-            .options([("statement_timeout", statement_timeout_ms.as_str())]);
+        // Generic plans: every statement here is an index lookup or a walk over unnest()ed
+        // arrays, whose best plan does not depend on the values, and re-planning the larger
+        // statements for each call costs more than running them.
+        let options = migration_options.clone().options([
+            ("statement_timeout", statement_timeout_ms.as_str()),
+            ("plan_cache_mode", "force_generic_plan"),
+        ]);
         let pool = PgPoolOptions::new()
             .max_connections(settings.pool_size)
             .acquire_timeout(budget.connection_wait)
@@ -136,33 +137,17 @@ fn classify(error: sqlx::Error) -> StoreError {
     }
 }
 
-/// Whether a statement failed only because it lost a race that a second try resolves:
-/// a serialization failure or a deadlock broken by PostgreSQL.
-fn lost_a_race(error: &sqlx::Error) -> bool {
-    match error {
-        sqlx::Error::Database(db) => matches!(db.code().as_deref(), Some("40001" | "40P01")),
-        _ => false,
-    }
-}
-
-/// Runs a statement, retrying it when PostgreSQL aborted it to break a deadlock or a
-/// serialization conflict. Each try is a whole statement, so a retry never sees half a write.
-async fn with_retries<T, F, Fut>(mut statement: F) -> Result<T, StoreError>
+/// Runs a statement once, sorting its failure. A statement PostgreSQL aborted (a deadlock it
+/// broke, its `statement_timeout`) wrote nothing and is reported as such (UNAVAILABLE); it is
+/// not tried again here, because a second statement would need a second budget and could
+/// commit after the caller was told it timed out. Every statement that locks several rows locks
+/// them in one order, so deadlocks do not arise between them.
+async fn run_once<T, F, Fut>(statement: F) -> Result<T, StoreError>
 where
-    F: FnMut() -> Fut,
+    F: FnOnce() -> Fut,
     Fut: std::future::Future<Output = Result<T, sqlx::Error>>,
 {
-    let mut attempt = 1;
-    loop {
-        match statement().await {
-            Ok(value) => return Ok(value),
-            Err(error) if attempt < ATTEMPTS_ON_CONFLICT && lost_a_race(&error) => {
-                tracing::debug!(attempt, error = %error, "statement lost a race; retrying");
-                attempt += 1;
-            }
-            Err(error) => return Err(classify(error)),
-        }
-    }
+    statement().await.map_err(classify)
 }
 
 /// A key's row, as every statement that reads one returns it.
@@ -317,8 +302,8 @@ macro_rules! claim_action {
 ///
 /// The update always happens (even for `none`, as a no-op) so that RETURNING reports the row as
 /// it stands under the lock, never a stale snapshot; the caller got a new claim exactly when the
-/// row carries the ticket this statement drew (a fresh insert uses it as its token too: no lock
-/// was waited for).
+/// row carries the ticket this statement drew (a fresh insert uses it as its token too: the
+/// statement waits for no other row first).
 const TRY_START: &str = concat!(
     r#"
 WITH new_token AS (SELECT nextval('lease_token_seq') AS value),
@@ -346,10 +331,13 @@ RETURNING coalesce(k.claim_ticket = (SELECT value FROM new_token), false) AS new
     key_columns!("k.")
 );
 
-/// TryStart for many keys in one statement: the same table as [`TRY_START`], row by row. The
-/// keys that exist are locked first, in key order (the order every batch locks in); only then
-/// are tickets drawn and the clock read, so that a fresh claim's lease starts when it is made,
-/// not when the statement began. The input carries each call's lease and retention, which the
+/// TryStart for many keys in one statement: the same table as [`TRY_START`], row by row. Each
+/// call draws a ticket, by which the statement recognises its claims. The rows are then
+/// inserted in key order (`COLLATE "C"`, the order every statement that locks several keys
+/// takes them in), and each row draws its token and reads the clock only when its turn comes,
+/// after the rows before it have been inserted or locked (PostgreSQL evaluates the volatile
+/// columns above the sort, one row at a time). A row that conflicts is judged, and draws any
+/// new token, under its lock. The input carries each call's lease and retention, which the
 /// conflict branch looks up by key (keys are distinct within one statement).
 const TRY_START_BATCH: &str = concat!(
     r#"
@@ -358,25 +346,20 @@ WITH input AS (
                          $6::text[])
         AS i(namespace, key, fingerprint, lease_us, retention_us, attempt_id)
 ),
-locked AS MATERIALIZED (
-    SELECT k.namespace
-    FROM idempotency_keys AS k
-    JOIN input AS i ON k.namespace = i.namespace AND k.key = i.key
-    ORDER BY k.namespace COLLATE "C", k.key COLLATE "C"
-    FOR UPDATE OF k
-),
 drawn AS MATERIALIZED (
-    SELECT i.*, nextval('lease_token_seq') AS ticket, clock_timestamp() AS at
-    FROM input AS i CROSS JOIN (SELECT count(*) FROM locked) AS every_lock_held
+    SELECT i.*, nextval('lease_token_seq') AS ticket FROM input AS i
 )
 INSERT INTO idempotency_keys AS k
     (namespace, key, fingerprint, lease_token, claim_ticket, attempt, attempt_id,
      lease_expires_at, checkpoint, response, completed_at, retention_us, expires_at)
-SELECT d.namespace, d.key, d.fingerprint, d.ticket, d.ticket, 1, d.attempt_id,
-       d.at + d.lease_us * interval '1 microsecond', NULL, NULL, NULL, d.retention_us,
-       d.at + greatest(d.lease_us, d.retention_us) * interval '1 microsecond'
-FROM drawn AS d
-ORDER BY d.namespace COLLATE "C", d.key COLLATE "C"
+SELECT r.namespace, r.key, r.fingerprint, r.token, r.ticket, 1, r.attempt_id,
+       r.at + r.lease_us * interval '1 microsecond', NULL, NULL, NULL, r.retention_us,
+       r.at + greatest(r.lease_us, r.retention_us) * interval '1 microsecond'
+FROM (
+    SELECT d.*, nextval('lease_token_seq') AS token, clock_timestamp() AS at
+    FROM drawn AS d
+    ORDER BY d.namespace COLLATE "C", d.key COLLATE "C"
+) AS r
 ON CONFLICT (namespace, key) DO UPDATE SET
 "#,
     claim_assignments!(),
@@ -397,34 +380,55 @@ RETURNING k.namespace, k.key,
     key_columns!("k.")
 );
 
-/// Complete for many keys in one statement, like [`COMPLETE`]: the rows are locked (in key
-/// order) before anything is judged, and each is stamped by the clock read under its lock.
-const COMPLETE_BATCH: &str = r#"
+/// Complete, for one key or many, in one statement that answers every call. The rows are
+/// locked in key order before anything is judged; once all are held, the clock is read once
+/// (`judged.at`), and each call's key is judged by it: the holder's own in-progress key is
+/// completed (stamped with that instant, the checkpoint dropped), and for every other call the
+/// row as it stood under the lock comes back, which says why it was refused
+/// (`domain::classify_refusal`), so no second statement is needed to explain a refusal.
+const COMPLETE: &str = r#"
 WITH input AS (
     SELECT * FROM unnest($1::text[], $2::text[], $3::bigint[], $4::bytea[], $5::bigint[])
-        AS i(namespace, key, lease_token, response, retention_us)
+        WITH ORDINALITY AS i(namespace, key, lease_token, response, retention_us, position)
 ),
 locked AS MATERIALIZED (
-    SELECT k.namespace, k.key, k.lease_token, k.completed_at, k.expires_at, k.retention_us
+    SELECT k.namespace, k.key, k.lease_token, k.completed_at, k.expires_at, k.retention_us,
+           k.response
     FROM idempotency_keys AS k
     JOIN input AS i ON k.namespace = i.namespace AND k.key = i.key
     ORDER BY k.namespace COLLATE "C", k.key COLLATE "C"
     FOR UPDATE OF k
+),
+judged AS MATERIALIZED (
+    SELECT clock_timestamp() AS at FROM (SELECT count(*) FROM locked) AS every_lock_held
+),
+completed AS (
+    UPDATE idempotency_keys AS k
+    SET (response, completed_at, checkpoint, retention_us, expires_at) =
+        (i.response, j.at, NULL::bytea, coalesce(i.retention_us, l.retention_us),
+         j.at + coalesce(i.retention_us, l.retention_us) * interval '1 microsecond')
+    FROM locked AS l
+    JOIN input AS i ON i.namespace = l.namespace AND i.key = l.key
+    CROSS JOIN judged AS j
+    WHERE k.namespace = l.namespace AND k.key = l.key
+      AND l.lease_token = i.lease_token AND l.completed_at IS NULL AND l.expires_at > j.at
+    RETURNING k.namespace, k.key, k.completed_at, k.expires_at
 )
-UPDATE idempotency_keys AS k
-SET (response, completed_at, checkpoint, retention_us, expires_at) =
-    (SELECT i.response, c.at, NULL::bytea, coalesce(i.retention_us, l.retention_us),
-            c.at + coalesce(i.retention_us, l.retention_us) * interval '1 microsecond'
-     FROM (SELECT clock_timestamp() AS at) AS c)
-FROM locked AS l
-JOIN input AS i ON i.namespace = l.namespace AND i.key = l.key
-WHERE k.namespace = l.namespace AND k.key = l.key
-  AND l.lease_token = i.lease_token AND l.completed_at IS NULL
-  AND l.expires_at > clock_timestamp()
-RETURNING k.namespace, k.key, k.completed_at, k.expires_at
+SELECT c.completed_at AS applied_at,
+       c.expires_at AS applied_expires_at,
+       coalesce(l.expires_at > j.at, false) AS live,
+       l.lease_token,
+       l.completed_at,
+       l.expires_at,
+       coalesce(l.response = i.response, false) AS same_response
+FROM input AS i
+CROSS JOIN judged AS j
+LEFT JOIN locked AS l ON l.namespace = i.namespace AND l.key = i.key
+LEFT JOIN completed AS c ON c.namespace = i.namespace AND c.key = i.key
+ORDER BY i.position
 "#;
 
-/// The key's row, locked before anything is judged. Complete, Release and ExtendLease decide on
+/// The key's row, locked before anything is judged. Release and ExtendLease decide on
 /// the row this yields, by the clock read after the lock was granted. (A plain `UPDATE … WHERE
 /// expires_at > clock_timestamp()` would judge the row while scanning, before waiting for the
 /// lock, and keep that verdict when the lock holder leaves the row unchanged.)
@@ -440,39 +444,13 @@ macro_rules! locked_key {
     };
 }
 
-/// Completes the key for its current holder, stamped by the clock under the row lock; the
-/// checkpoint is dropped.
-const COMPLETE: &str = concat!(
-    locked_key!(),
-    r#"UPDATE idempotency_keys AS k
-SET (response, completed_at, checkpoint, retention_us, expires_at) =
-    (SELECT $4::bytea, c.at, NULL::bytea, coalesce($5, l.retention_us),
-            c.at + coalesce($5, l.retention_us) * interval '1 microsecond'
-     FROM (SELECT clock_timestamp() AS at) AS c)
-FROM locked AS l
-WHERE k.namespace = l.namespace AND k.key = l.key
-  AND l.lease_token = $3 AND l.completed_at IS NULL AND l.expires_at > clock_timestamp()
-RETURNING k.completed_at, k.expires_at
-"#
-);
-
-/// Read after a guarded write changed nothing, to say why. Tokens are never reused and a
-/// completed key never returns to progress, so what this finds explains the refusal.
+/// Read after a guarded write (Release, ExtendLease) changed nothing, to say why. Tokens are
+/// never reused and a completed key never returns to progress, so what this finds explains the
+/// refusal. No response is offered, so a completed key is never "the same completion".
 const GUARD_STATE: &str = r#"
-SELECT lease_token, completed_at, expires_at,
-       coalesce(response = $3, false) AS same_response
+SELECT lease_token, completed_at, expires_at, false AS same_response
 FROM idempotency_keys
 WHERE namespace = $1 AND key = $2 AND expires_at > now()
-"#;
-
-/// [`GUARD_STATE`] for the refusals of a batch of Completes, by position in the input.
-const GUARD_STATE_BATCH: &str = r#"
-SELECT r.position, k.lease_token, k.completed_at, k.expires_at,
-       coalesce(k.response = r.response, false) AS same_response
-FROM unnest($1::text[], $2::text[], $3::bytea[]) WITH ORDINALITY
-    AS r(namespace, key, response, position)
-JOIN idempotency_keys AS k
-    ON k.namespace = r.namespace AND k.key = r.key AND k.expires_at > now()
 "#;
 
 const RELEASE: &str = concat!(
@@ -620,12 +598,47 @@ impl From<GuardRow> for GuardedKey {
     }
 }
 
-/// A row of [`GUARD_STATE_BATCH`]: the input's position (from 1), and the key.
+/// A row of [`COMPLETE`], one per call in call order: the completion if it applied, and
+/// otherwise the key as it stood under the lock (all `NULL` if there was no row).
 #[derive(FromRow)]
-struct PositionedGuardRow {
-    position: i64,
-    #[sqlx(flatten)]
-    key: GuardRow,
+struct CompleteRow {
+    applied_at: Option<Instant>,
+    applied_expires_at: Option<Instant>,
+    live: bool,
+    lease_token: Option<i64>,
+    completed_at: Option<Instant>,
+    expires_at: Option<Instant>,
+    same_response: bool,
+}
+
+impl CompleteRow {
+    /// The call's answer, as the one-key judgement of a guarded write would give it.
+    fn answer(self, token: LeaseToken) -> Result<Result<Completion, Rejection>, StoreError> {
+        if let (Some(completed_at), Some(expires_at)) = (self.applied_at, self.applied_expires_at) {
+            return Ok(Ok(Completion {
+                completed_at,
+                expires_at,
+            }));
+        }
+        let found = match (self.live, self.lease_token, self.expires_at) {
+            (true, Some(lease_token), Some(expires_at)) => Some(GuardedKey {
+                lease_token: LeaseToken::from_stored(lease_token),
+                completion: self.completed_at.map(|completed_at| Completion {
+                    completed_at,
+                    expires_at,
+                }),
+                same_response: self.same_response,
+            }),
+            _ => None,
+        };
+        match classify_refusal(found, token) {
+            Err(rejection) => Ok(Err(rejection)),
+            Ok(Some(completion)) => Ok(Ok(completion)),
+            Ok(None) => Err(StoreError::Inconsistent(
+                "a Complete was refused to the holder of a live, open key",
+            )),
+        }
+    }
 }
 
 #[derive(FromRow)]
@@ -635,14 +648,12 @@ struct MarkRow {
     already_processed: bool,
 }
 
-/// What a guarded write (Complete, Release, ExtendLease) came to.
+/// What a guarded write (Release, ExtendLease) came to.
 enum Guarded<T> {
     /// The write applied.
     Applied(T),
     /// It did not, for this reason.
     Refused(Rejection),
-    /// Complete only: the key was already completed by this holder with the same response.
-    AlreadyDone(Completion),
 }
 
 /// How often a guarded write is tried when the read that explains its refusal finds the caller
@@ -653,14 +664,13 @@ impl PgStore {
     /// Runs `write` (a statement guarded on the caller's token that answers a row only when it
     /// applied) and, when it changed nothing, reads the key to say why. Tokens are never reused
     /// and completed keys never reopen, so what the read finds explains the refusal; should it
-    /// find the caller holding an in-progress key after all, the write is tried again.
-    /// `offered_response` is compared for Complete only.
+    /// find the caller holding an in-progress key after all (which only a token guessed before
+    /// it was handed out can cause), the write is tried again.
     async fn guarded_write<T, F, Fut>(
         &self,
         namespace: &str,
         key: &str,
         token: LeaseToken,
-        offered_response: Option<&[u8]>,
         mut write: F,
     ) -> Result<Guarded<T>, StoreError>
     where
@@ -668,51 +678,26 @@ impl PgStore {
         Fut: std::future::Future<Output = Result<Option<T>, sqlx::Error>>,
     {
         for _ in 0..GUARD_ATTEMPTS {
-            if let Some(applied) = with_retries(&mut write).await? {
+            if let Some(applied) = run_once(&mut write).await? {
                 return Ok(Guarded::Applied(applied));
             }
-            let found: Option<GuardRow> = with_retries(|| {
+            let found: Option<GuardRow> = run_once(|| {
                 sqlx::query_as(GUARD_STATE)
                     .bind(namespace)
                     .bind(key)
-                    .bind(offered_response)
                     .fetch_optional(&self.pool)
             })
             .await?;
             match classify_refusal(found.map(GuardedKey::from), token) {
                 Err(rejection) => return Ok(Guarded::Refused(rejection)),
-                Ok(Some(completion)) => return Ok(Guarded::AlreadyDone(completion)),
+                // Without an offered response, a completed key is always ALREADY_COMPLETED.
+                Ok(Some(_)) => return Ok(Guarded::Refused(Rejection::AlreadyCompleted)),
                 Ok(None) => continue,
             }
         }
         Err(StoreError::Inconsistent(
             "a guarded write kept refusing the current holder of an in-progress key",
         ))
-    }
-
-    /// The keys of refused Completes as they stand now, by position in `refused`: one read.
-    async fn explain_refused_completions(
-        &self,
-        refused: &[(usize, CompleteCommand)],
-    ) -> Result<HashMap<usize, GuardRow>, StoreError> {
-        let namespaces: Vec<&str> = refused.iter().map(|(_, c)| c.namespace.as_str()).collect();
-        let keys: Vec<&str> = refused.iter().map(|(_, c)| c.key.as_str()).collect();
-        let responses: Vec<&[u8]> = refused.iter().map(|(_, c)| c.response.as_bytes()).collect();
-        let rows: Vec<PositionedGuardRow> = with_retries(|| {
-            sqlx::query_as(GUARD_STATE_BATCH)
-                .bind(&namespaces)
-                .bind(&keys)
-                .bind(&responses)
-                .fetch_all(&self.pool)
-        })
-        .await?;
-        let mut found = HashMap::with_capacity(rows.len());
-        for row in rows {
-            let position = usize::try_from(row.position - 1)
-                .map_err(|_| StoreError::Inconsistent("a read returned a position out of range"))?;
-            found.insert(position, row.key);
-        }
-        Ok(found)
     }
 }
 
@@ -750,7 +735,7 @@ fn key_of(namespace: &Scope, key: &Key) -> (String, String) {
 
 impl Store for PgStore {
     async fn try_start(&self, command: TryStartCommand) -> Result<TryStartOutcome, StoreError> {
-        let row: TryStartRow = with_retries(|| {
+        let row: TryStartRow = run_once(|| {
             sqlx::query_as(TRY_START)
                 .bind(command.namespace.as_str())
                 .bind(command.key.as_str())
@@ -772,32 +757,10 @@ impl Store for PgStore {
         &self,
         command: CompleteCommand,
     ) -> Result<Result<Completion, Rejection>, StoreError> {
-        let retention = command.retention.map(|r| r.as_micros());
-        let outcome = self
-            .guarded_write(
-                command.namespace.as_str(),
-                command.key.as_str(),
-                command.lease_token,
-                Some(command.response.as_bytes()),
-                || {
-                    sqlx::query_as::<_, (Instant, Instant)>(COMPLETE)
-                        .bind(command.namespace.as_str())
-                        .bind(command.key.as_str())
-                        .bind(command.lease_token.get())
-                        .bind(command.response.as_bytes())
-                        .bind(retention)
-                        .fetch_optional(&self.pool)
-                },
-            )
-            .await?;
-        Ok(match outcome {
-            Guarded::Applied((completed_at, expires_at)) => Ok(Completion {
-                completed_at,
-                expires_at,
-            }),
-            Guarded::AlreadyDone(completion) => Ok(completion),
-            Guarded::Refused(rejection) => Err(rejection),
-        })
+        let mut results = self.complete_batch(vec![command]).await;
+        results
+            .pop()
+            .unwrap_or(Err(StoreError::Inconsistent("a completion was not run")))
     }
 
     /// One statement per round of distinct keys; the coalescer sends one round at a time, so
@@ -828,7 +791,7 @@ impl Store for PgStore {
                 .iter()
                 .map(|(_, c)| c.attempt_id.as_ref().map(|a| a.as_str()))
                 .collect();
-            let rows: Result<Vec<TryStartBatchRow>, StoreError> = with_retries(|| {
+            let rows: Result<Vec<TryStartBatchRow>, StoreError> = run_once(|| {
                 sqlx::query_as(TRY_START_BATCH)
                     .bind(&namespaces)
                     .bind(&keys)
@@ -866,20 +829,12 @@ impl Store for PgStore {
         answered(results, "a batched claim was not run")
     }
 
-    /// One statement per round, like [`Self::try_start_batch`]; the refusals are then explained
-    /// by one read, which writes nothing, so however long it takes, a caller told UNAVAILABLE
-    /// meanwhile has nothing of its call applied.
+    /// One statement per round of distinct keys, like [`Self::try_start_batch`], which answers
+    /// every call of the round, refusals included.
     async fn complete_batch(
         &self,
         commands: Vec<CompleteCommand>,
     ) -> Vec<Result<Result<Completion, Rejection>, StoreError>> {
-        if commands.len() == 1 {
-            let mut results = Vec::with_capacity(1);
-            for command in commands {
-                results.push(self.complete(command).await);
-            }
-            return results;
-        }
         let mut results = unanswered(commands.len());
         for round in rounds(commands, Coalescible::conflict_key) {
             let namespaces: Vec<&str> = round.iter().map(|(_, c)| c.namespace.as_str()).collect();
@@ -890,59 +845,30 @@ impl Store for PgStore {
                 .iter()
                 .map(|(_, c)| c.retention.map(|r| r.as_micros()))
                 .collect();
-            let rows: Result<Vec<(String, String, Instant, Instant)>, StoreError> =
-                with_retries(|| {
-                    sqlx::query_as(COMPLETE_BATCH)
-                        .bind(&namespaces)
-                        .bind(&keys)
-                        .bind(&tokens)
-                        .bind(&responses)
-                        .bind(&retentions)
-                        .fetch_all(&self.pool)
-                })
-                .await;
-            let rows = match rows {
-                Ok(rows) => rows,
-                Err(error) => {
-                    answer_all(&mut results, &round, error);
-                    continue;
-                }
-            };
-            let mut applied: HashMap<(String, String), Completion> = rows
-                .into_iter()
-                .map(|(namespace, key, completed_at, expires_at)| {
-                    let completion = Completion {
-                        completed_at,
-                        expires_at,
-                    };
-                    ((namespace, key), completion)
-                })
-                .collect();
-            let mut refused = Vec::new();
-            for (index, command) in round {
-                match applied.remove(&key_of(&command.namespace, &command.key)) {
-                    Some(completion) => results[index] = Some(Ok(Ok(completion))),
-                    None => refused.push((index, command)),
-                }
-            }
-            if refused.is_empty() {
-                continue;
-            }
-            match self.explain_refused_completions(&refused).await {
-                Ok(mut found) => {
-                    for (position, (index, command)) in refused.into_iter().enumerate() {
-                        let key = found.remove(&position).map(GuardedKey::from);
-                        results[index] = Some(match classify_refusal(key, command.lease_token) {
-                            Err(rejection) => Ok(Err(rejection)),
-                            Ok(Some(completion)) => Ok(Ok(completion)),
-                            // The statement judged the row under its lock, and tokens are
-                            // never reused: only a token guessed before it was handed out
-                            // gets here. The one-key path settles it.
-                            Ok(None) => self.complete(command).await,
-                        });
+            let rows: Result<Vec<CompleteRow>, StoreError> = run_once(|| {
+                sqlx::query_as(COMPLETE)
+                    .bind(&namespaces)
+                    .bind(&keys)
+                    .bind(&tokens)
+                    .bind(&responses)
+                    .bind(&retentions)
+                    .fetch_all(&self.pool)
+            })
+            .await;
+            match rows {
+                Ok(rows) if rows.len() == round.len() => {
+                    for ((index, command), row) in round.into_iter().zip(rows) {
+                        results[index] = Some(row.answer(command.lease_token));
                     }
                 }
-                Err(error) => answer_all(&mut results, &refused, error),
+                Ok(_) => answer_all(
+                    &mut results,
+                    &round,
+                    StoreError::Inconsistent(
+                        "a Complete statement did not answer one row per call",
+                    ),
+                ),
+                Err(error) => answer_all(&mut results, &round, error),
             }
         }
         answered(results, "a batched completion was not run")
@@ -954,7 +880,6 @@ impl Store for PgStore {
                 command.namespace.as_str(),
                 command.key.as_str(),
                 command.lease_token,
-                None,
                 || {
                     sqlx::query_as::<_, (i64,)>(RELEASE)
                         .bind(command.namespace.as_str())
@@ -966,8 +891,6 @@ impl Store for PgStore {
             .await?;
         Ok(match outcome {
             Guarded::Applied(_) => Ok(()),
-            // Without an offered response, a completed key is always ALREADY_COMPLETED.
-            Guarded::AlreadyDone(_) => Err(Rejection::AlreadyCompleted),
             Guarded::Refused(rejection) => Err(rejection),
         })
     }
@@ -982,7 +905,6 @@ impl Store for PgStore {
                 command.namespace.as_str(),
                 command.key.as_str(),
                 command.lease_token,
-                None,
                 || {
                     sqlx::query_as::<_, (Instant,)>(EXTEND_LEASE)
                         .bind(command.namespace.as_str())
@@ -997,13 +919,12 @@ impl Store for PgStore {
             .await?;
         Ok(match outcome {
             Guarded::Applied((lease_expires_at,)) => Ok(lease_expires_at),
-            Guarded::AlreadyDone(_) => Err(Rejection::AlreadyCompleted),
             Guarded::Refused(rejection) => Err(rejection),
         })
     }
 
     async fn lookup(&self, query: LookupQuery) -> Result<KeyState, StoreError> {
-        let row: Option<KeyRow> = with_retries(|| {
+        let row: Option<KeyRow> = run_once(|| {
             sqlx::query_as(LOOKUP)
                 .bind(query.namespace.as_str())
                 .bind(query.key.as_str())
@@ -1041,7 +962,7 @@ impl Store for PgStore {
                 retentions.push(command.retention.as_micros());
             }
         }
-        let rows: Result<Vec<MarkRow>, StoreError> = with_retries(|| {
+        let rows: Result<Vec<MarkRow>, StoreError> = run_once(|| {
             sqlx::query_as(MARK_PROCESSED)
                 .bind(&consumers)
                 .bind(&ids)
@@ -1078,7 +999,7 @@ impl Store for PgStore {
     }
 
     async fn reap_expired_keys(&self, limit: u32) -> Result<u64, StoreError> {
-        let (deleted,): (i64,) = with_retries(|| {
+        let (deleted,): (i64,) = run_once(|| {
             sqlx::query_as(REAP_KEYS)
                 .bind(i64::from(limit))
                 .fetch_one(&self.pool)
@@ -1088,7 +1009,7 @@ impl Store for PgStore {
     }
 
     async fn reap_expired_events(&self, limit: u32) -> Result<u64, StoreError> {
-        let (deleted,): (i64,) = with_retries(|| {
+        let (deleted,): (i64,) = run_once(|| {
             sqlx::query_as(REAP_EVENTS)
                 .bind(i64::from(limit))
                 .fetch_one(&self.pool)

@@ -170,14 +170,15 @@ async fn a_claim_that_waited_for_the_row_gets_a_token_above_the_one_claimed_mean
     );
 }
 
-/// The same for a shared statement, which also claims keys nobody held: each of its claims
-/// draws its token, and starts its lease, only once every row it waits for is its own.
+/// The same for a shared statement, which takes its keys in order: a claim of a key that
+/// comes after a held one draws its token, and starts its lease, only once the held row is the
+/// statement's, and the held key's takeover draws a token above the one claimed meanwhile.
 #[tokio::test]
-async fn a_shared_claim_statement_draws_tokens_and_starts_leases_once_its_rows_are_held() {
+async fn a_shared_claim_statement_draws_tokens_and_starts_leases_in_key_order() {
     let app = TestApp::spawn(Backend::Postgres).await;
     let mut client = app.client().await;
-    let held = unique_key("held");
-    let fresh = unique_key("fresh");
+    let suffix = unique_key("order");
+    let (held, fresh) = (format!("a-held-{suffix}"), format!("b-fresh-{suffix}"));
     claim(&mut client, try_start(&held)).await;
 
     let hold = app.database.hold_key(&held).await;
@@ -219,6 +220,72 @@ async fn a_shared_claim_statement_draws_tokens_and_starts_leases_once_its_rows_a
              {before_release}"
         );
     }
+}
+
+/// Shared claim statements lock keys in one order even when a key appears while they run:
+/// one statement waits on a held key while another call claims a key it has yet to reach, and a
+/// second statement needs both. Locking the rows a statement could see first, then inserting
+/// the rest, would deadlock here (and PostgreSQL would abort one of them).
+#[tokio::test]
+async fn shared_claims_do_not_deadlock_when_a_key_appears_while_they_wait() {
+    let app = TestApp::spawn(Backend::Postgres).await;
+    let mut client = app.client().await;
+    let suffix = unique_key("order");
+    let (first, second) = (format!("a-{suffix}"), format!("b-{suffix}"));
+    claim(&mut client, try_start(&second)).await;
+    let hold = app.database.hold_key(&second).await;
+
+    let batch = |attempt: &str| {
+        let store = app.store.clone();
+        let commands = vec![
+            store_try_start(&first, attempt),
+            store_try_start(&second, attempt),
+        ];
+        tokio::spawn(async move { store.try_start_batch(commands).await })
+    };
+    let blocked = |count: i64| {
+        let database = &app.database;
+        eventually(
+            std::time::Duration::from_secs(10),
+            "statements wait for locks",
+            move || async move { database.blocked_postgres_statements().await >= count },
+        )
+    };
+    let earlier = batch("earlier");
+    blocked(1).await;
+    let single = {
+        let mut client = client.clone();
+        let request = TryStartRequest {
+            attempt_id: "single".into(),
+            ..try_start(&first)
+        };
+        tokio::spawn(async move { client.try_start(request).await })
+    };
+    eventually(
+        std::time::Duration::from_secs(10),
+        "the single claim finished or waits",
+        || async { single.is_finished() || app.database.blocked_postgres_statements().await >= 2 },
+    )
+    .await;
+    let later = batch("later");
+    blocked(if single.is_finished() { 2 } else { 3 }).await;
+    hold.release().await;
+
+    let earlier: Vec<_> = earlier.await.expect("task");
+    let later: Vec<_> = later.await.expect("task");
+    for outcome in earlier.iter().chain(&later) {
+        assert!(outcome.is_ok(), "no statement was aborted: {outcome:?}");
+    }
+    assert!(
+        matches!(earlier[0], Ok(TryStartOutcome::Started(_))),
+        "the earlier statement claimed the first key before it waited: {:?}",
+        earlier[0]
+    );
+    let single = single.await.expect("task").expect("TryStart").into_inner();
+    assert!(
+        matches!(single.outcome, Some(Outcome::InProgress(_))),
+        "{single:?}"
+    );
 }
 
 fn store_try_start(key: &str, attempt_id: &str) -> TryStartCommand {
