@@ -83,15 +83,8 @@ async fn concurrent_calls_each_get_their_own_answer(backend: Backend) {
     }
 
     // Each key holds its own winner's response: no answer went to another caller.
-    let mut client = client.clone();
     for (key, (fingerprint, _)) in &winners {
-        match state(
-            client
-                .lookup(lookup(key))
-                .await
-                .expect("Lookup")
-                .into_inner(),
-        ) {
+        match key_state(&client, key).await {
             State::Completed(done) => {
                 assert_eq!(&done.response, fingerprint, "{key}");
                 assert_eq!(&done.fingerprint, fingerprint, "{key}");
@@ -108,20 +101,12 @@ async fn duplicates_of_a_key_in_one_burst_behave_as_if_one_after_another(backend
     // Fifty claims of one key with the same attempt_id: one claim, and 49 re-entries that get
     // the very same token (never a takeover, never in_progress).
     let calls = (0..50).map(|_| {
-        let mut client = client.clone();
+        let client = client.clone();
         let request = TryStartRequest {
             attempt_id: "same-attempt".into(),
             ..try_start(&key)
         };
-        tokio::spawn(async move {
-            expect_started(
-                client
-                    .try_start(request)
-                    .await
-                    .expect("TryStart")
-                    .into_inner(),
-            )
-        })
+        tokio::spawn(async move { expect_started(try_start_response(&client, request).await) })
     });
     let claims: Vec<_> = futures::future::join_all(calls)
         .await

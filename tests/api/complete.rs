@@ -32,13 +32,7 @@ async fn complete_stores_the_response_for_the_retention_the_key_was_claimed_with
         chrono::Duration::seconds(3600),
         "retention is renewed at completion"
     );
-    match state(
-        client
-            .lookup(lookup(&key))
-            .await
-            .expect("Lookup")
-            .into_inner(),
-    ) {
+    match key_state(&client, &key).await {
         State::Completed(done) => {
             assert_eq!(done.response, b"receipt");
             assert_eq!(done.fingerprint, FINGERPRINT);
@@ -108,13 +102,7 @@ async fn complete_with_another_response_fails_already_completed_and_keeps_the_fi
         .await
         .expect_err("another response");
     assert_error(&status, Code::FailedPrecondition, "ALREADY_COMPLETED");
-    let replay = expect_completed(
-        client
-            .try_start(try_start(&key))
-            .await
-            .expect("TryStart")
-            .into_inner(),
-    );
+    let replay = expect_completed(try_start_response(&client, try_start(&key)).await);
     assert_eq!(replay.response, b"first");
 }
 
@@ -143,13 +131,7 @@ async fn complete_with_a_token_that_is_not_the_holders_is_lease_lost(backend: Ba
         .await
         .expect_err("wrong token");
     assert_error(&status, Code::Aborted, "LEASE_LOST");
-    expect_in_progress(
-        client
-            .try_start(try_start(&key))
-            .await
-            .expect("TryStart")
-            .into_inner(),
-    );
+    expect_in_progress(try_start_response(&client, try_start(&key)).await);
 }
 
 async fn a_holder_whose_lease_ran_out_but_was_not_replaced_may_still_complete(backend: Backend) {
@@ -164,18 +146,12 @@ async fn a_holder_whose_lease_ran_out_but_was_not_replaced_may_still_complete(ba
         },
     )
     .await;
-    wait_for_lease_expiry(&app, &mut client, &key).await;
+    wait_for_lease_expiry(&app, &client, &key).await;
     client
         .complete(complete(&key, started.lease_token, b"late but fine"))
         .await
         .expect("an expired, unreplaced holder completes");
-    let replay = expect_completed(
-        client
-            .try_start(try_start(&key))
-            .await
-            .expect("TryStart")
-            .into_inner(),
-    );
+    let replay = expect_completed(try_start_response(&client, try_start(&key)).await);
     assert_eq!(replay.response, b"late but fine");
 }
 
@@ -209,13 +185,7 @@ async fn an_empty_response_is_a_response(backend: Backend) {
         .complete(complete(&key, started.lease_token, b""))
         .await
         .expect("Complete");
-    let replay = expect_completed(
-        client
-            .try_start(try_start(&key))
-            .await
-            .expect("TryStart")
-            .into_inner(),
-    );
+    let replay = expect_completed(try_start_response(&client, try_start(&key)).await);
     assert!(replay.response.is_empty());
     // And the same empty response may be repeated.
     client
@@ -253,7 +223,7 @@ async fn complete_without_retention_after_a_takeover_keeps_the_takers_retention(
         },
     )
     .await;
-    wait_for_lease_expiry(&app, &mut client, &key).await;
+    wait_for_lease_expiry(&app, &client, &key).await;
     let taker = claim(
         &mut client,
         TryStartRequest {
@@ -289,19 +259,7 @@ async fn a_token_from_an_expired_life_of_the_key_is_lease_lost(backend: Backend)
     eventually(
         std::time::Duration::from_secs(5),
         "the key expired",
-        || async {
-            let mut client = client.clone();
-            matches!(
-                state(
-                    client
-                        .lookup(lookup(&key))
-                        .await
-                        .expect("Lookup")
-                        .into_inner()
-                ),
-                State::Absent(_)
-            )
-        },
+        || async { matches!(key_state(&client, &key).await, State::Absent(_)) },
     )
     .await;
     let new = claim(&mut client, try_start(&key)).await;
@@ -344,13 +302,7 @@ async fn concurrent_completes_by_the_holder_store_exactly_one_response(backend: 
             Err(status) => assert_error(&status, Code::FailedPrecondition, "ALREADY_COMPLETED"),
         }
     }
-    let stored = expect_completed(
-        setup
-            .try_start(try_start(&key))
-            .await
-            .expect("TryStart")
-            .into_inner(),
-    );
+    let stored = expect_completed(try_start_response(&setup, try_start(&key)).await);
     assert!(!accepted.is_empty());
     for (response, completion) in &accepted {
         assert_eq!(
@@ -373,13 +325,7 @@ async fn complete_racing_release_has_exactly_one_winner(backend: Backend) {
             a.complete(complete(&key, started.lease_token, b"r")),
             b.release(release(&key, started.lease_token)),
         );
-        let state = state(
-            setup
-                .lookup(lookup(&key))
-                .await
-                .expect("Lookup")
-                .into_inner(),
-        );
+        let state = key_state(&setup, &key).await;
         match (completed, released) {
             (Ok(_), Err(status)) => {
                 assert_error(&status, Code::FailedPrecondition, "ALREADY_COMPLETED");
@@ -453,16 +399,7 @@ async fn a_write_that_waited_while_the_key_expired_is_key_not_found(backend: Bac
     for (kind, key, call) in waiting {
         let status = call.await.expect("task").expect_err(kind);
         assert_error(&status, Code::NotFound, "KEY_NOT_FOUND");
-        assert!(matches!(
-            state(
-                client
-                    .lookup(lookup(&key))
-                    .await
-                    .expect("Lookup")
-                    .into_inner()
-            ),
-            State::Absent(_)
-        ));
+        assert!(matches!(key_state(&client, &key).await, State::Absent(_)));
     }
 }
 

@@ -32,13 +32,7 @@ async fn with_no_settings_the_data_lives_in_a_local_file_and_survives_a_restart(
 
     let second = ServerProcess::start_embedded_in(directory.path()).await;
     let mut client = second.client_when_serving().await;
-    let replay = expect_completed(
-        client
-            .try_start(try_start(&key))
-            .await
-            .expect("TryStart")
-            .into_inner(),
-    );
+    let replay = expect_completed(try_start_response(&client, try_start(&key)).await);
     assert_eq!(replay.response, b"kept across restarts");
     let marked = client
         .mark_processed(mark("billing", &["evt-1"]))

@@ -35,13 +35,7 @@ async fn extend_lease_sets_the_lease_to_now_plus_ttl_even_when_that_is_shorter(b
     assert!(before <= start && start <= after);
 
     // The holder's claim is visible with the new expiry.
-    let in_progress = expect_in_progress(
-        client
-            .try_start(try_start(&key))
-            .await
-            .expect("TryStart")
-            .into_inner(),
-    );
+    let in_progress = expect_in_progress(try_start_response(&client, try_start(&key)).await);
     assert_eq!(in_progress.lease_expires_at, extended.lease_expires_at);
 }
 
@@ -199,19 +193,13 @@ async fn a_holder_whose_lease_ran_out_but_was_not_replaced_may_still_extend(back
         },
     )
     .await;
-    wait_for_lease_expiry(&app, &mut client, &key).await;
+    wait_for_lease_expiry(&app, &client, &key).await;
     client
         .extend_lease(extend(&key, started.lease_token))
         .await
         .expect("an expired, unreplaced holder extends");
     // The lease runs again, so nobody can take over.
-    expect_in_progress(
-        client
-            .try_start(try_start(&key))
-            .await
-            .expect("TryStart")
-            .into_inner(),
-    );
+    expect_in_progress(try_start_response(&client, try_start(&key)).await);
 }
 
 for_each_backend!(

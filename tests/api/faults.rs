@@ -359,16 +359,10 @@ impl Load {
 /// Checks every key against what its caller was told. An acknowledged completion must be
 /// there; a call that failed may or may not have taken effect (the connection broke under it),
 /// but only in a state the contract allows, with this caller's own data.
-async fn check_states(client: &mut Client, keys: &BTreeMap<String, Lifecycle>) -> (usize, usize) {
+async fn check_states(client: &Client, keys: &BTreeMap<String, Lifecycle>) -> (usize, usize) {
     let (mut completed, mut other) = (0, 0);
     for (key, told) in keys {
-        let state = state(
-            client
-                .lookup(lookup(key))
-                .await
-                .expect("Lookup")
-                .into_inner(),
-        );
+        let state = key_state(client, key).await;
         match state {
             State::Completed(done) => {
                 assert_eq!(
@@ -405,7 +399,7 @@ async fn a_database_outage_fails_calls_in_time_and_leaves_every_key_valid() {
     let operation_timeout = Duration::from_secs(1);
     let app = TestApp::start_on(database, Some(&url), &["--operation-timeout", "1s"]).await;
     app.wait_for_status(ServingStatus::Serving).await;
-    let mut client = app.client().await;
+    let client = app.client().await;
 
     for (fault, label) in [("cut", "cut"), ("blackhole", "blackhole")] {
         let load = Load::start(&client, 8, label);
@@ -448,7 +442,7 @@ async fn a_database_outage_fails_calls_in_time_and_leaves_every_key_valid() {
             noticed < Duration::from_secs(5),
             "health noticed in {noticed:?}"
         );
-        let (completed, other) = check_states(&mut client, &keys).await;
+        let (completed, other) = check_states(&client, &keys).await;
         println!(
             "database outage ({fault}): {} lifecycles, {} calls failed UNAVAILABLE, slowest \
              call {slowest:?}, NOT_SERVING after {noticed:?}; {} keys checked: {completed} \
@@ -559,7 +553,7 @@ async fn a_caller_deadline_mid_call_leaves_a_consistent_store_and_a_recoverable_
         },
     )
     .await;
-    wait_for_lease_expiry(&app, &mut client, &abandoned).await;
+    wait_for_lease_expiry(&app, &client, &abandoned).await;
     let retry = TryStartRequest {
         attempt_id: "give-up-then-retry".into(),
         ..try_start(&abandoned)
@@ -590,19 +584,7 @@ async fn a_caller_deadline_mid_call_leaves_a_consistent_store_and_a_recoverable_
     eventually(
         Duration::from_secs(10),
         "the Complete committed",
-        || async {
-            let mut client = client.clone();
-            matches!(
-                state(
-                    client
-                        .lookup(lookup(&done))
-                        .await
-                        .expect("Lookup")
-                        .into_inner()
-                ),
-                State::Completed(_)
-            )
-        },
+        || async { matches!(key_state(&client, &done).await, State::Completed(_)) },
     )
     .await;
     // ...and the claim was taken; the retry with the same attempt_id gets it back.

@@ -8,16 +8,7 @@ async fn lookup_reports_all_three_states_without_changing_them(backend: Backend)
     let mut client = app.client().await;
     let key = unique_key("lookup");
 
-    assert!(matches!(
-        state(
-            client
-                .lookup(lookup(&key))
-                .await
-                .expect("Lookup")
-                .into_inner()
-        ),
-        State::Absent(_)
-    ));
+    assert!(matches!(key_state(&client, &key).await, State::Absent(_)));
     assert_eq!(
         app.total_rows().await,
         0,
@@ -33,13 +24,7 @@ async fn lookup_reports_all_three_states_without_changing_them(backend: Backend)
     )
     .await;
     for _ in 0..2 {
-        match state(
-            client
-                .lookup(lookup(&key))
-                .await
-                .expect("Lookup")
-                .into_inner(),
-        ) {
+        match key_state(&client, &key).await {
             State::InProgress(held) => {
                 assert_eq!(held.lease_expires_at, started.lease_expires_at);
                 assert_eq!(held.attempt, 1);
@@ -54,13 +39,7 @@ async fn lookup_reports_all_three_states_without_changing_them(backend: Backend)
         .await
         .expect("Complete")
         .into_inner();
-    match state(
-        client
-            .lookup(lookup(&key))
-            .await
-            .expect("Lookup")
-            .into_inner(),
-    ) {
+    match key_state(&client, &key).await {
         State::Completed(done) => {
             assert_eq!(done.response, b"result");
             assert_eq!(done.fingerprint, FINGERPRINT);

@@ -12,16 +12,7 @@ async fn release_makes_the_key_absent_so_a_retry_starts_fresh(backend: Backend) 
         .release(release(&key, started.lease_token))
         .await
         .expect("Release");
-    assert!(matches!(
-        state(
-            client
-                .lookup(lookup(&key))
-                .await
-                .expect("Lookup")
-                .into_inner()
-        ),
-        State::Absent(_)
-    ));
+    assert!(matches!(key_state(&client, &key).await, State::Absent(_)));
     // Absent means absent: even another fingerprint may claim it now.
     let again = claim(
         &mut client,
@@ -48,13 +39,7 @@ async fn release_with_a_token_that_is_not_the_holders_is_lease_lost_and_keeps_th
         .await
         .expect_err("wrong token");
     assert_error(&status, Code::Aborted, "LEASE_LOST");
-    expect_in_progress(
-        client
-            .try_start(try_start(&key))
-            .await
-            .expect("TryStart")
-            .into_inner(),
-    );
+    expect_in_progress(try_start_response(&client, try_start(&key)).await);
 }
 
 async fn release_of_a_completed_key_is_already_completed(backend: Backend) {
@@ -77,13 +62,7 @@ async fn release_of_a_completed_key_is_already_completed(backend: Backend) {
         .await
         .expect_err("wrong token");
     assert_error(&status, Code::Aborted, "LEASE_LOST");
-    let replay = expect_completed(
-        client
-            .try_start(try_start(&key))
-            .await
-            .expect("TryStart")
-            .into_inner(),
-    );
+    let replay = expect_completed(try_start_response(&client, try_start(&key)).await);
     assert_eq!(replay.response, b"kept");
 }
 
@@ -109,7 +88,7 @@ async fn a_holder_whose_lease_ran_out_but_was_not_replaced_may_still_release(bac
         },
     )
     .await;
-    wait_for_lease_expiry(&app, &mut client, &key).await;
+    wait_for_lease_expiry(&app, &client, &key).await;
     client
         .release(release(&key, started.lease_token))
         .await

@@ -48,16 +48,7 @@ async fn an_expired_key_is_absent_for_every_rpc_before_the_reaper_runs(backend: 
         "the row is still there"
     );
 
-    assert!(matches!(
-        state(
-            client
-                .lookup(lookup(&key))
-                .await
-                .expect("Lookup")
-                .into_inner()
-        ),
-        State::Absent(_)
-    ));
+    assert!(matches!(key_state(&client, &key).await, State::Absent(_)));
     let token = started.lease_token;
     let status = client
         .complete(complete(&key, token, b"x"))
@@ -151,7 +142,7 @@ async fn a_takeover_keeps_the_later_of_the_old_expiry_and_its_own_retention(back
     )
     .await;
     let original = expires_at(&app, &key).await;
-    wait_for_lease_expiry(&app, &mut client, &key).await;
+    wait_for_lease_expiry(&app, &client, &key).await;
     claim(
         &mut client,
         TryStartRequest {
@@ -167,7 +158,7 @@ async fn a_takeover_keeps_the_later_of_the_old_expiry_and_its_own_retention(back
         "a shorter retention keeps the old expiry"
     );
 
-    wait_for_lease_expiry(&app, &mut client, &key).await;
+    wait_for_lease_expiry(&app, &client, &key).await;
     let before = app.db_now().await;
     claim(
         &mut client,
@@ -225,13 +216,7 @@ async fn the_reaper_deletes_expired_rows_in_bounded_batches_and_spares_live_ones
     ];
     assert_eq!(batches, [10, 10, 5, 0]);
     assert_eq!(app.count_rows("idempotency_keys").await, 1);
-    expect_in_progress(
-        client
-            .try_start(try_start(&live))
-            .await
-            .expect("TryStart")
-            .into_inner(),
-    );
+    expect_in_progress(try_start_response(&client, try_start(&live)).await);
 }
 
 /// PostgreSQL only: several replicas reap one database side by side, which needs row locks that
@@ -283,13 +268,7 @@ async fn the_background_reaper_clears_expired_keys_and_events(backend: Backend) 
         || async { app.total_rows().await == 2 },
     )
     .await;
-    expect_in_progress(
-        client
-            .try_start(try_start(&live))
-            .await
-            .expect("TryStart")
-            .into_inner(),
-    );
+    expect_in_progress(try_start_response(&client, try_start(&live)).await);
 }
 
 async fn the_reaper_stops_between_batches_at_shutdown(backend: Backend) {

@@ -34,19 +34,7 @@ async fn a_complete_whose_caller_hung_up_still_completes(backend: Backend) {
     eventually(
         Duration::from_secs(10),
         "the detached Complete committed",
-        || async {
-            let mut client = client.clone();
-            matches!(
-                state(
-                    client
-                        .lookup(lookup(&key))
-                        .await
-                        .expect("Lookup")
-                        .into_inner()
-                ),
-                State::Completed(_)
-            )
-        },
+        || async { matches!(key_state(&client, &key).await, State::Completed(_)) },
     )
     .await;
 }
@@ -63,7 +51,7 @@ async fn a_try_start_whose_caller_hung_up_is_found_again_by_its_attempt_id(backe
         },
     )
     .await;
-    wait_for_lease_expiry(&app, &mut client, &key).await;
+    wait_for_lease_expiry(&app, &client, &key).await;
     let lock = app.database.hold_key(&key).await;
 
     let request = TryStartRequest {
@@ -273,13 +261,7 @@ async fn a_store_that_stops_answering_fails_the_call_within_the_operation_timeou
 
     // The database stopped the statement, so the refused Complete did not commit later, once
     // the lock was gone: the key is still in progress, and its holder completes it now.
-    expect_in_progress(
-        client
-            .try_start(try_start(&key))
-            .await
-            .expect("TryStart")
-            .into_inner(),
-    );
+    expect_in_progress(try_start_response(&client, try_start(&key)).await);
     client
         .complete(complete(&key, started.lease_token, b"r"))
         .await

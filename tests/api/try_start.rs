@@ -67,20 +67,8 @@ async fn another_fingerprint_is_a_mismatch_and_changes_nothing(backend: Backend)
         attempt_id: "attempt-a".into(),
         ..try_start(&key)
     };
-    expect_mismatch(
-        client
-            .try_start(other.clone())
-            .await
-            .expect("TryStart")
-            .into_inner(),
-    );
-    match state(
-        client
-            .lookup(lookup(&key))
-            .await
-            .expect("Lookup")
-            .into_inner(),
-    ) {
+    expect_mismatch(try_start_response(&client, other.clone()).await);
+    match key_state(&client, &key).await {
         State::InProgress(held) => {
             assert_eq!(held.fingerprint, FINGERPRINT);
             assert_eq!(held.lease_expires_at, started.lease_expires_at);
@@ -92,13 +80,7 @@ async fn another_fingerprint_is_a_mismatch_and_changes_nothing(backend: Backend)
         .complete(complete(&key, started.lease_token, b"done"))
         .await
         .expect("Complete");
-    expect_mismatch(
-        client
-            .try_start(other)
-            .await
-            .expect("TryStart")
-            .into_inner(),
-    );
+    expect_mismatch(try_start_response(&client, other).await);
 }
 
 async fn an_empty_fingerprint_matches_only_an_empty_fingerprint(backend: Backend) {
@@ -110,20 +92,8 @@ async fn an_empty_fingerprint_matches_only_an_empty_fingerprint(backend: Backend
         ..try_start(&key)
     };
     claim(&mut client, empty.clone()).await;
-    expect_in_progress(
-        client
-            .try_start(empty)
-            .await
-            .expect("TryStart")
-            .into_inner(),
-    );
-    expect_mismatch(
-        client
-            .try_start(try_start(&key))
-            .await
-            .expect("TryStart")
-            .into_inner(),
-    );
+    expect_in_progress(try_start_response(&client, empty).await);
+    expect_mismatch(try_start_response(&client, try_start(&key)).await);
 }
 
 async fn a_completed_key_replays_the_stored_response(backend: Backend) {
@@ -148,13 +118,7 @@ async fn a_completed_key_replays_the_stored_response(backend: Backend) {
     // Everybody gets the replay, the holder's own attempt_id included: completed comes before
     // attempt_id in TryStart's order.
     for replay_request in [request, try_start(&key)] {
-        let replay = expect_completed(
-            client
-                .try_start(replay_request)
-                .await
-                .expect("TryStart")
-                .into_inner(),
-        );
+        let replay = expect_completed(try_start_response(&client, replay_request).await);
         assert_eq!(replay.response, b"{\"charge\":\"ch_1\"}");
         assert_eq!(replay.completed_at, completion.completed_at);
         assert_eq!(replay.expires_at, completion.expires_at);
@@ -226,7 +190,7 @@ async fn an_expired_lease_is_taken_over_with_a_new_token_and_the_last_checkpoint
         })
         .await
         .expect("ExtendLease");
-    wait_for_lease_expiry(&app, &mut client, &key).await;
+    wait_for_lease_expiry(&app, &client, &key).await;
 
     let second = claim(&mut client, try_start(&key)).await;
     assert!(
@@ -283,7 +247,7 @@ async fn a_takeover_counts_attempts_and_a_fresh_claim_after_release_restarts_the
         assert_eq!(started.attempt, expected_attempt);
         assert!(started.lease_token > token);
         token = started.lease_token;
-        wait_for_lease_expiry(&app, &mut client, &key).await;
+        wait_for_lease_expiry(&app, &client, &key).await;
     }
     let restarted = claim(&mut client, short.clone()).await;
     client
@@ -339,20 +303,8 @@ async fn the_same_attempt_id_gets_the_same_claim_back(backend: Backend) {
         attempt_id: "request-other".into(),
         ..request
     };
-    expect_in_progress(
-        client
-            .try_start(other)
-            .await
-            .expect("TryStart")
-            .into_inner(),
-    );
-    expect_in_progress(
-        client
-            .try_start(try_start(&key))
-            .await
-            .expect("TryStart")
-            .into_inner(),
-    );
+    expect_in_progress(try_start_response(&client, other).await);
+    expect_in_progress(try_start_response(&client, try_start(&key)).await);
 }
 
 async fn re_entry_keeps_the_checkpoint_and_works_after_the_lease_ran_out(backend: Backend) {
@@ -373,7 +325,7 @@ async fn re_entry_keeps_the_checkpoint_and_works_after_the_lease_ran_out(backend
         })
         .await
         .expect("ExtendLease");
-    wait_for_lease_expiry(&app, &mut client, &key).await;
+    wait_for_lease_expiry(&app, &client, &key).await;
 
     // Nobody took over, so the holder's own retry still gets its claim, not a takeover.
     let before = app.db_now().await;
@@ -389,13 +341,7 @@ async fn an_empty_attempt_id_never_matches(backend: Backend) {
     let mut client = app.client().await;
     let key = unique_key("no-attempt");
     claim(&mut client, try_start(&key)).await;
-    expect_in_progress(
-        client
-            .try_start(try_start(&key))
-            .await
-            .expect("TryStart")
-            .into_inner(),
-    );
+    expect_in_progress(try_start_response(&client, try_start(&key)).await);
 }
 
 async fn an_abandoned_claim_stays_in_progress_and_keeps_refusing_other_fingerprints(
@@ -412,16 +358,10 @@ async fn an_abandoned_claim_stays_in_progress_and_keeps_refusing_other_fingerpri
         },
     )
     .await;
-    wait_for_lease_expiry(&app, &mut client, &key).await;
+    wait_for_lease_expiry(&app, &client, &key).await;
 
     let now = app.db_now().await;
-    match state(
-        client
-            .lookup(lookup(&key))
-            .await
-            .expect("Lookup")
-            .into_inner(),
-    ) {
+    match key_state(&client, &key).await {
         State::InProgress(held) => assert!(instant(&held.lease_expires_at) < now),
         other => panic!("expected in_progress with a past lease, got {other:?}"),
     }
@@ -429,13 +369,7 @@ async fn an_abandoned_claim_stays_in_progress_and_keeps_refusing_other_fingerpri
         fingerprint: b"different".to_vec(),
         ..try_start(&key)
     };
-    expect_mismatch(
-        client
-            .try_start(other)
-            .await
-            .expect("TryStart")
-            .into_inner(),
-    );
+    expect_mismatch(try_start_response(&client, other).await);
 }
 
 async fn tokens_come_from_one_sequence_across_keys(backend: Backend) {
@@ -478,13 +412,7 @@ async fn the_holders_own_attempt_id_with_another_fingerprint_is_a_mismatch(backe
         fingerprint: b"another body".to_vec(),
         ..request
     };
-    expect_mismatch(
-        client
-            .try_start(other)
-            .await
-            .expect("TryStart")
-            .into_inner(),
-    );
+    expect_mismatch(try_start_response(&client, other).await);
 }
 
 async fn after_a_takeover_the_old_attempt_id_is_somebody_else(backend: Backend) {
@@ -497,7 +425,7 @@ async fn after_a_takeover_the_old_attempt_id_is_somebody_else(backend: Backend) 
         ..try_start(&key)
     };
     claim(&mut client, old.clone()).await;
-    wait_for_lease_expiry(&app, &mut client, &key).await;
+    wait_for_lease_expiry(&app, &client, &key).await;
     let new = TryStartRequest {
         attempt_id: "new-attempt".into(),
         lease_ttl: secs(30),
@@ -547,7 +475,7 @@ async fn concurrent_takeovers_of_an_expired_lease_have_exactly_one_winner(backen
         },
     )
     .await;
-    wait_for_lease_expiry(&app, &mut client, &key).await;
+    wait_for_lease_expiry(&app, &client, &key).await;
 
     let calls = (0..50).map(|_| {
         let mut client = client.clone();
@@ -602,16 +530,7 @@ async fn a_claim_that_waited_while_the_key_expired_claims_it_afresh(backend: Bac
         || async { app.db_now().await > expires_at },
     )
     .await;
-    assert!(matches!(
-        state(
-            client
-                .lookup(lookup(&key))
-                .await
-                .expect("Lookup")
-                .into_inner()
-        ),
-        State::Absent(_)
-    ));
+    assert!(matches!(key_state(&client, &key).await, State::Absent(_)));
     lock.release().await;
 
     // The waiting claim must act on the key as it is now (absent), not as it was when the call
@@ -640,19 +559,7 @@ async fn a_claim_racing_the_reaper_for_an_expired_key_starts_fresh(backend: Back
     eventually(
         std::time::Duration::from_secs(5),
         "the key expired",
-        || async {
-            let mut client = client.clone();
-            matches!(
-                state(
-                    client
-                        .lookup(lookup(&key))
-                        .await
-                        .expect("Lookup")
-                        .into_inner()
-                ),
-                State::Absent(_)
-            )
-        },
+        || async { matches!(key_state(&client, &key).await, State::Absent(_)) },
     )
     .await;
     // A reaper's transaction holds the expired row; the claim waits for it; the reaper deletes

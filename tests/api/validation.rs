@@ -201,13 +201,7 @@ async fn key_retention_is_1s_to_30d(backend: Backend) {
             .expect_err("invalid retention");
         assert_invalid(&status, &["retention"]);
     }
-    expect_in_progress(
-        client
-            .try_start(try_start("to-complete"))
-            .await
-            .expect("TryStart")
-            .into_inner(),
-    );
+    expect_in_progress(try_start_response(&client, try_start("to-complete")).await);
     client
         .complete(CompleteRequest {
             retention: dur(30 * DAY as i64, 0),
@@ -282,13 +276,7 @@ async fn response_is_at_most_the_configured_limit(backend: Backend) {
         .await
         .expect_err("response too large");
     assert_invalid(&status, &["response"]);
-    expect_in_progress(
-        client
-            .try_start(try_start("k"))
-            .await
-            .expect("TryStart")
-            .into_inner(),
-    );
+    expect_in_progress(try_start_response(&client, try_start("k")).await);
     client
         .complete(complete("k", started.lease_token, &vec![1; 262_144]))
         .await
@@ -333,13 +321,7 @@ async fn a_message_beyond_the_decoding_limit_is_refused_and_the_server_is_unharm
         status.code() == Code::OutOfRange,
         "refused by the gRPC layer: {status:?}"
     );
-    expect_in_progress(
-        client
-            .try_start(try_start("k"))
-            .await
-            .expect("TryStart")
-            .into_inner(),
-    );
+    expect_in_progress(try_start_response(&client, try_start("k")).await);
     client
         .complete(complete("k", started.lease_token, b"fine"))
         .await

@@ -165,15 +165,34 @@ pub fn state(response: pb::LookupResponse) -> State {
     response.state.expect("Lookup answers a state")
 }
 
-/// Claims `key` and answers the claim.
-pub async fn claim(client: &mut Client, request: pb::TryStartRequest) -> pb::ClaimStarted {
-    expect_started(
+/// Looks `key` up and answers its state.
+pub async fn key_state(client: &Client, key: &str) -> State {
+    state(
         client
-            .try_start(request)
+            .clone()
+            .lookup(lookup(key))
             .await
-            .expect("TryStart")
+            .expect("Lookup")
             .into_inner(),
     )
+}
+
+/// Calls TryStart, which must answer.
+pub async fn try_start_response(
+    client: &Client,
+    request: pb::TryStartRequest,
+) -> pb::TryStartResponse {
+    client
+        .clone()
+        .try_start(request)
+        .await
+        .expect("TryStart")
+        .into_inner()
+}
+
+/// Claims `key` and answers the claim.
+pub async fn claim(client: &mut Client, request: pb::TryStartRequest) -> pb::ClaimStarted {
+    expect_started(try_start_response(client, request).await)
 }
 
 /// Asserts a rich error: the code, and an ErrorInfo with the reason in our domain.
@@ -217,14 +236,8 @@ where
 }
 
 /// Waits until the lease of `key` has run out by the database clock.
-pub async fn wait_for_lease_expiry(app: &TestApp, client: &mut Client, key: &str) {
-    let expires = match state(
-        client
-            .lookup(lookup(key))
-            .await
-            .expect("Lookup")
-            .into_inner(),
-    ) {
+pub async fn wait_for_lease_expiry(app: &TestApp, client: &Client, key: &str) {
+    let expires = match key_state(client, key).await {
         State::InProgress(in_progress) => instant(&in_progress.lease_expires_at),
         other => panic!("expected in_progress, got {other:?}"),
     };
