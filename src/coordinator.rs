@@ -21,7 +21,7 @@ use crate::coalesce::{Coalescer, CoalescerSettings, Coalescible, InFlight};
 use crate::domain::{
     CompleteCommand, Completion, ExtendLeaseCommand, Instant, KeyState, LookupQuery,
     MarkProcessedCommand, ProcessedEvent, Rejection, ReleaseCommand, TryStartCommand,
-    TryStartOutcome,
+    TryStartOutcome, key_id,
 };
 use crate::store::{Store, StoreError};
 
@@ -71,20 +71,14 @@ const QUEUED_BATCHES: usize = 16;
 impl Coalescible for TryStartCommand {
     type Key = (String, String);
     fn conflict_key(&self) -> Option<Self::Key> {
-        Some((
-            self.namespace.as_str().to_owned(),
-            self.key.as_str().to_owned(),
-        ))
+        Some(key_id(&self.namespace, &self.key))
     }
 }
 
 impl Coalescible for CompleteCommand {
     type Key = (String, String);
     fn conflict_key(&self) -> Option<Self::Key> {
-        Some((
-            self.namespace.as_str().to_owned(),
-            self.key.as_str().to_owned(),
-        ))
+        Some(key_id(&self.namespace, &self.key))
     }
 }
 

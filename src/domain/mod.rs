@@ -34,6 +34,11 @@ pub struct TryStartCommand {
     pub attempt_id: Option<AttemptId>,
 }
 
+/// A key's identity across namespaces, owned: what batches compare and look keys up by.
+pub fn key_id(namespace: &Scope, key: &Key) -> (String, String) {
+    (namespace.as_str().to_owned(), key.as_str().to_owned())
+}
+
 #[derive(Debug, Clone)]
 pub struct CompleteCommand {
     pub namespace: Scope,

@@ -20,9 +20,9 @@ use sqlx::{FromRow, PgPool, Postgres};
 use super::{Budget, Store, StoreError};
 use crate::coalesce::{Coalescible, rounds};
 use crate::domain::{
-    CompleteCommand, Completion, ExtendLeaseCommand, GuardedKey, Instant, Key, KeyRecord, KeyState,
+    CompleteCommand, Completion, ExtendLeaseCommand, GuardedKey, Instant, KeyRecord, KeyState,
     LeaseToken, LookupQuery, MarkProcessedCommand, ProcessedEvent, Rejection, ReleaseCommand,
-    Scope, TryStartCommand, TryStartOutcome, classify_refusal,
+    TryStartCommand, TryStartOutcome, classify_refusal, key_id,
 };
 
 static MIGRATOR: Migrator = sqlx::migrate!("./migrations/postgres");
@@ -102,6 +102,11 @@ impl PgStore {
 }
 
 /// Sorts a driver error into what a caller can act on, by SQLSTATE, never by message text.
+///
+/// A statement PostgreSQL aborted (a deadlock it broke, its `statement_timeout`) wrote nothing
+/// and is reported as such (UNAVAILABLE). No statement is tried again: a second one would need
+/// a second budget and could commit after the caller was told it timed out. Every statement
+/// that locks several rows locks them in one order, so deadlocks do not arise between them.
 fn classify(error: sqlx::Error) -> StoreError {
     let unavailable = match &error {
         sqlx::Error::Io(_)
@@ -135,19 +140,6 @@ fn classify(error: sqlx::Error) -> StoreError {
     } else {
         StoreError::Internal(error)
     }
-}
-
-/// Runs a statement once, sorting its failure. A statement PostgreSQL aborted (a deadlock it
-/// broke, its `statement_timeout`) wrote nothing and is reported as such (UNAVAILABLE); it is
-/// not tried again here, because a second statement would need a second budget and could
-/// commit after the caller was told it timed out. Every statement that locks several rows locks
-/// them in one order, so deadlocks do not arise between them.
-async fn run_once<T, F, Fut>(statement: F) -> Result<T, StoreError>
-where
-    F: FnOnce() -> Fut,
-    Fut: std::future::Future<Output = Result<T, sqlx::Error>>,
-{
-    statement().await.map_err(classify)
 }
 
 /// A key's row, as every statement that reads one returns it.
@@ -648,21 +640,14 @@ struct MarkRow {
     already_processed: bool,
 }
 
-/// What a guarded write (Release, ExtendLease) came to.
-enum Guarded<T> {
-    /// The write applied.
-    Applied(T),
-    /// It did not, for this reason.
-    Refused(Rejection),
-}
-
 /// How often a guarded write is tried when the read that explains its refusal finds the caller
 /// to be the current holder of an in-progress key after all (the key changed in between).
 const GUARD_ATTEMPTS: usize = 3;
 
 impl PgStore {
     /// Runs `write` (a statement guarded on the caller's token that answers a row only when it
-    /// applied) and, when it changed nothing, reads the key to say why. Tokens are never reused
+    /// applied: Release, ExtendLease) and answers that row, or, when it changed nothing, reads
+    /// the key to say why. Tokens are never reused
     /// and completed keys never reopen, so what the read finds explains the refusal; should it
     /// find the caller holding an in-progress key after all (which only a token guessed before
     /// it was handed out can cause), the write is tried again.
@@ -672,26 +657,25 @@ impl PgStore {
         key: &str,
         token: LeaseToken,
         mut write: F,
-    ) -> Result<Guarded<T>, StoreError>
+    ) -> Result<Result<T, Rejection>, StoreError>
     where
         F: FnMut() -> Fut,
         Fut: std::future::Future<Output = Result<Option<T>, sqlx::Error>>,
     {
         for _ in 0..GUARD_ATTEMPTS {
-            if let Some(applied) = run_once(&mut write).await? {
-                return Ok(Guarded::Applied(applied));
+            if let Some(applied) = write().await.map_err(classify)? {
+                return Ok(Ok(applied));
             }
-            let found: Option<GuardRow> = run_once(|| {
-                sqlx::query_as(GUARD_STATE)
-                    .bind(namespace)
-                    .bind(key)
-                    .fetch_optional(&self.pool)
-            })
-            .await?;
+            let found: Option<GuardRow> = sqlx::query_as(GUARD_STATE)
+                .bind(namespace)
+                .bind(key)
+                .fetch_optional(&self.pool)
+                .await
+                .map_err(classify)?;
             match classify_refusal(found.map(GuardedKey::from), token) {
-                Err(rejection) => return Ok(Guarded::Refused(rejection)),
+                Err(rejection) => return Ok(Err(rejection)),
                 // Without an offered response, a completed key is always ALREADY_COMPLETED.
-                Ok(Some(_)) => return Ok(Guarded::Refused(Rejection::AlreadyCompleted)),
+                Ok(Some(_)) => return Ok(Err(Rejection::AlreadyCompleted)),
                 Ok(None) => continue,
             }
         }
@@ -728,24 +712,18 @@ fn answer_all<T, C>(
     }
 }
 
-/// A key's identity, as the batch statements return it.
-fn key_of(namespace: &Scope, key: &Key) -> (String, String) {
-    (namespace.as_str().to_owned(), key.as_str().to_owned())
-}
-
 impl Store for PgStore {
     async fn try_start(&self, command: TryStartCommand) -> Result<TryStartOutcome, StoreError> {
-        let row: TryStartRow = run_once(|| {
-            sqlx::query_as(TRY_START)
-                .bind(command.namespace.as_str())
-                .bind(command.key.as_str())
-                .bind(command.fingerprint.as_bytes())
-                .bind(command.lease_ttl.as_micros())
-                .bind(command.retention.as_micros())
-                .bind(command.attempt_id.as_ref().map(|a| a.as_str()))
-                .fetch_one(&self.pool)
-        })
-        .await?;
+        let row: TryStartRow = sqlx::query_as(TRY_START)
+            .bind(command.namespace.as_str())
+            .bind(command.key.as_str())
+            .bind(command.fingerprint.as_bytes())
+            .bind(command.lease_ttl.as_micros())
+            .bind(command.retention.as_micros())
+            .bind(command.attempt_id.as_ref().map(|a| a.as_str()))
+            .fetch_one(&self.pool)
+            .await
+            .map_err(classify)?;
         Ok(TryStartOutcome::from_record(
             row.key.into(),
             row.newly_claimed,
@@ -791,17 +769,16 @@ impl Store for PgStore {
                 .iter()
                 .map(|(_, c)| c.attempt_id.as_ref().map(|a| a.as_str()))
                 .collect();
-            let rows: Result<Vec<TryStartBatchRow>, StoreError> = run_once(|| {
-                sqlx::query_as(TRY_START_BATCH)
-                    .bind(&namespaces)
-                    .bind(&keys)
-                    .bind(&fingerprints)
-                    .bind(&leases)
-                    .bind(&retentions)
-                    .bind(&attempt_ids)
-                    .fetch_all(&self.pool)
-            })
-            .await;
+            let rows: Result<Vec<TryStartBatchRow>, StoreError> = sqlx::query_as(TRY_START_BATCH)
+                .bind(&namespaces)
+                .bind(&keys)
+                .bind(&fingerprints)
+                .bind(&leases)
+                .bind(&retentions)
+                .bind(&attempt_ids)
+                .fetch_all(&self.pool)
+                .await
+                .map_err(classify);
             let rows = match rows {
                 Ok(rows) => rows,
                 Err(error) => {
@@ -815,7 +792,7 @@ impl Store for PgStore {
                 .collect();
             for (index, command) in round {
                 results[index] = Some(
-                    match by_key.remove(&key_of(&command.namespace, &command.key)) {
+                    match by_key.remove(&key_id(&command.namespace, &command.key)) {
                         Some(row) => Ok(TryStartOutcome::from_record(
                             row.key.into(),
                             row.newly_claimed,
@@ -845,16 +822,15 @@ impl Store for PgStore {
                 .iter()
                 .map(|(_, c)| c.retention.map(|r| r.as_micros()))
                 .collect();
-            let rows: Result<Vec<CompleteRow>, StoreError> = run_once(|| {
-                sqlx::query_as(COMPLETE)
-                    .bind(&namespaces)
-                    .bind(&keys)
-                    .bind(&tokens)
-                    .bind(&responses)
-                    .bind(&retentions)
-                    .fetch_all(&self.pool)
-            })
-            .await;
+            let rows: Result<Vec<CompleteRow>, StoreError> = sqlx::query_as(COMPLETE)
+                .bind(&namespaces)
+                .bind(&keys)
+                .bind(&tokens)
+                .bind(&responses)
+                .bind(&retentions)
+                .fetch_all(&self.pool)
+                .await
+                .map_err(classify);
             match rows {
                 Ok(rows) if rows.len() == round.len() => {
                     for ((index, command), row) in round.into_iter().zip(rows) {
@@ -889,10 +865,7 @@ impl Store for PgStore {
                 },
             )
             .await?;
-        Ok(match outcome {
-            Guarded::Applied(_) => Ok(()),
-            Guarded::Refused(rejection) => Err(rejection),
-        })
+        Ok(outcome.map(drop))
     }
 
     async fn extend_lease(
@@ -917,20 +890,16 @@ impl Store for PgStore {
                 },
             )
             .await?;
-        Ok(match outcome {
-            Guarded::Applied((lease_expires_at,)) => Ok(lease_expires_at),
-            Guarded::Refused(rejection) => Err(rejection),
-        })
+        Ok(outcome.map(|(lease_expires_at,)| lease_expires_at))
     }
 
     async fn lookup(&self, query: LookupQuery) -> Result<KeyState, StoreError> {
-        let row: Option<KeyRow> = run_once(|| {
-            sqlx::query_as(LOOKUP)
-                .bind(query.namespace.as_str())
-                .bind(query.key.as_str())
-                .fetch_optional(&self.pool)
-        })
-        .await?;
+        let row: Option<KeyRow> = sqlx::query_as(LOOKUP)
+            .bind(query.namespace.as_str())
+            .bind(query.key.as_str())
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(classify)?;
         Ok(KeyState::of(row.map(KeyRecord::from)))
     }
 
@@ -962,14 +931,13 @@ impl Store for PgStore {
                 retentions.push(command.retention.as_micros());
             }
         }
-        let rows: Result<Vec<MarkRow>, StoreError> = run_once(|| {
-            sqlx::query_as(MARK_PROCESSED)
-                .bind(&consumers)
-                .bind(&ids)
-                .bind(&retentions)
-                .fetch_all(&self.pool)
-        })
-        .await;
+        let rows: Result<Vec<MarkRow>, StoreError> = sqlx::query_as(MARK_PROCESSED)
+            .bind(&consumers)
+            .bind(&ids)
+            .bind(&retentions)
+            .fetch_all(&self.pool)
+            .await
+            .map_err(classify);
         match rows {
             Ok(rows) if rows.len() == total => {
                 let mut rows = rows.into_iter().map(|row| ProcessedEvent {
@@ -999,22 +967,20 @@ impl Store for PgStore {
     }
 
     async fn reap_expired_keys(&self, limit: u32) -> Result<u64, StoreError> {
-        let (deleted,): (i64,) = run_once(|| {
-            sqlx::query_as(REAP_KEYS)
-                .bind(i64::from(limit))
-                .fetch_one(&self.pool)
-        })
-        .await?;
+        let (deleted,): (i64,) = sqlx::query_as(REAP_KEYS)
+            .bind(i64::from(limit))
+            .fetch_one(&self.pool)
+            .await
+            .map_err(classify)?;
         Ok(deleted.unsigned_abs())
     }
 
     async fn reap_expired_events(&self, limit: u32) -> Result<u64, StoreError> {
-        let (deleted,): (i64,) = run_once(|| {
-            sqlx::query_as(REAP_EVENTS)
-                .bind(i64::from(limit))
-                .fetch_one(&self.pool)
-        })
-        .await?;
+        let (deleted,): (i64,) = sqlx::query_as(REAP_EVENTS)
+            .bind(i64::from(limit))
+            .fetch_one(&self.pool)
+            .await
+            .map_err(classify)?;
         Ok(deleted.unsigned_abs())
     }
 

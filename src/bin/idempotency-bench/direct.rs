@@ -13,7 +13,7 @@ use std::time::Instant;
 use anyhow::Context;
 use sqlx::{Connection, PgConnection};
 
-use crate::load::{Report, Workload};
+use crate::load::{REPLAY_KEYS, Report, Workload};
 
 const SCHEMA: [&str; 2] = [
     "CREATE TABLE IF NOT EXISTS direct_keys (
@@ -99,8 +99,8 @@ pub async fn drive(
     }
     let replay_keys: Arc<Vec<String>> = Arc::new(if workload == Workload::Replay {
         let connection = &mut connections[0];
-        let mut keys = Vec::with_capacity(1000);
-        for index in 0..1000 {
+        let mut keys = Vec::with_capacity(REPLAY_KEYS);
+        for index in 0..REPLAY_KEYS {
             let key = format!("{run}:replay:{index}");
             claim(connection, &key).await?;
             sqlx::query(COMPLETE)
@@ -182,18 +182,5 @@ pub async fn drive(
         .collect();
     tokio::time::sleep(duration).await;
     stopped.store(true, Ordering::Relaxed);
-    let mut latencies = Vec::new();
-    let mut errors = 0;
-    for task in tasks {
-        let (caller_latencies, caller_errors) = task.await?;
-        latencies.extend(caller_latencies);
-        errors += caller_errors;
-    }
-    Ok(Report::new(
-        workload,
-        callers,
-        started.elapsed(),
-        latencies,
-        errors,
-    ))
+    Report::gather(workload, started, tasks).await
 }

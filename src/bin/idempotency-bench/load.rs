@@ -61,7 +61,7 @@ impl Workload {
 }
 
 /// How many completed keys the replay workload cycles through.
-const REPLAY_KEYS: usize = 1000;
+pub const REPLAY_KEYS: usize = 1000;
 
 pub struct Report {
     workload: Workload,
@@ -73,20 +73,28 @@ pub struct Report {
 }
 
 impl Report {
-    pub fn new(
+    /// Waits for every caller's task, each answering its latencies and its error count, and
+    /// reports them together over the time since `started`.
+    pub async fn gather(
         workload: Workload,
-        callers: usize,
-        elapsed: Duration,
-        latencies: Vec<u64>,
-        errors: u64,
-    ) -> Self {
-        Self {
+        started: Instant,
+        tasks: Vec<tokio::task::JoinHandle<(Vec<u64>, u64)>>,
+    ) -> anyhow::Result<Self> {
+        let callers = tasks.len();
+        let mut latencies = Vec::new();
+        let mut errors = 0;
+        for task in tasks {
+            let (caller_latencies, caller_errors) = task.await?;
+            latencies.extend(caller_latencies);
+            errors += caller_errors;
+        }
+        Ok(Self {
             workload,
             callers,
-            elapsed,
+            elapsed: started.elapsed(),
             latencies,
             errors,
-        }
+        })
     }
 
     /// Successful operations per second.
@@ -151,10 +159,13 @@ pub async fn drive(
     callers: usize,
     duration: Duration,
 ) -> anyhow::Result<Report> {
-    drive_until(target, workload, callers, tokio::time::sleep(duration)).await
+    // The clock starts when the callers do (the stop future is first polled then), not before
+    // connecting and preparing: a `sleep` created here would count the preparation.
+    let run_for = async move { tokio::time::sleep(duration).await };
+    drive_until(target, workload, callers, run_for).await
 }
 
-/// Like [`drive`], until `stop` completes.
+/// Like [`drive`], until `stop` completes; `stop` is first polled once the callers start.
 pub async fn drive_until(
     target: &str,
     workload: Workload,
@@ -193,20 +204,7 @@ pub async fn drive_until(
         .collect();
     stop.await;
     stopped.store(true, Ordering::Relaxed);
-    let mut latencies = Vec::new();
-    let mut errors = 0;
-    for task in tasks {
-        let (caller_latencies, caller_errors) = task.await?;
-        latencies.extend(caller_latencies);
-        errors += caller_errors;
-    }
-    Ok(Report {
-        workload,
-        callers,
-        elapsed: started.elapsed(),
-        latencies,
-        errors,
-    })
+    Report::gather(workload, started, tasks).await
 }
 
 /// A run id that keeps keys of different runs apart on a shared store.

@@ -75,24 +75,7 @@ enum BenchCommand {
         coordinator_flags: String,
     },
     /// TryStart latency while the reaper clears a backlog of expired keys, against without.
-    ReaperUnderLoad {
-        #[arg(long, value_enum, default_value = "postgres")]
-        store: reaper::StoreKind,
-        #[arg(long, default_value = "postgres://postgres@127.0.0.1:5432")]
-        postgres_server: String,
-        /// Expired keys in the backlog.
-        #[arg(long, default_value_t = 1_000_000)]
-        rows: u64,
-        #[arg(long, default_value_t = 16)]
-        callers: usize,
-        /// How long to measure TryStart without a backlog.
-        #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
-        baseline: Duration,
-        #[arg(long, default_value_t = 1000)]
-        batch_size: u32,
-        #[arg(long, default_value = "1s", value_parser = humantime::parse_duration)]
-        interval: Duration,
-    },
+    ReaperUnderLoad(reaper::Settings),
 }
 
 #[tokio::main]
@@ -206,26 +189,7 @@ async fn main() -> anyhow::Result<()> {
             coordinator.stop().await?;
             server::drop_postgres_database(&postgres_server, &database).await?;
         }
-        BenchCommand::ReaperUnderLoad {
-            store,
-            postgres_server,
-            rows,
-            callers,
-            baseline,
-            batch_size,
-            interval,
-        } => {
-            reaper::run(reaper::Settings {
-                store,
-                postgres_server,
-                rows,
-                callers,
-                baseline,
-                batch_size,
-                interval,
-            })
-            .await?;
-        }
+        BenchCommand::ReaperUnderLoad(settings) => reaper::run(settings).await?,
     }
     Ok(())
 }

@@ -16,13 +16,23 @@ pub enum StoreKind {
     Sqlite,
 }
 
+#[derive(Debug, clap::Args)]
 pub struct Settings {
+    #[arg(long, value_enum, default_value = "postgres")]
     pub store: StoreKind,
+    #[arg(long, default_value = "postgres://postgres@127.0.0.1:5432")]
     pub postgres_server: String,
+    /// Expired keys in the backlog.
+    #[arg(long, default_value_t = 1_000_000)]
     pub rows: u64,
+    #[arg(long, default_value_t = 16)]
     pub callers: usize,
+    /// How long to measure TryStart without a backlog.
+    #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
     pub baseline: Duration,
+    #[arg(long, default_value_t = 1000)]
     pub batch_size: u32,
+    #[arg(long, default_value = "1s", value_parser = humantime::parse_duration)]
     pub interval: Duration,
 }
 
