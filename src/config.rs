@@ -203,6 +203,12 @@ pub struct ServeArgs {
     #[arg(long, env = "IDEMPOTENCY_HEALTH_CHECK_INTERVAL", default_value = "2s",
           value_parser = parse_duration)]
     pub health_check_interval: Duration,
+
+    /// Once listening, write the bound address (e.g. 127.0.0.1:50051) to this file, so that a
+    /// supervisor or a test that asked for port 0 learns the port without reading logs. The
+    /// file is written aside and renamed into place: a reader never sees half an address.
+    #[arg(long, env = "IDEMPOTENCY_ADDRESS_FILE")]
+    pub address_file: Option<std::path::PathBuf>,
 }
 
 fn parse_duration(text: &str) -> Result<Duration, String> {

@@ -40,6 +40,10 @@ async fn run(command: Command) -> anyhow::Result<()> {
             let app = Application::build(settings).await?;
             reload.reload_tokens(app.authenticator());
             tracing::info!(address = %app.local_addr(), store = app.store().backend(), "listening");
+            if let Some(path) = &args.address_file {
+                write_address_file(path, app.local_addr())
+                    .with_context(|| format!("writing the address file {}", path.display()))?;
+            }
             app.run_until_stopped(shutdown).await?;
         }
         Command::Migrate(args) => {
@@ -57,4 +61,17 @@ async fn run(command: Command) -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+/// Writes `address` to `path` through a file beside it and a rename, so that whoever polls the
+/// file reads either nothing or the whole address.
+fn write_address_file(
+    path: &std::path::Path,
+    address: std::net::SocketAddr,
+) -> std::io::Result<()> {
+    let mut aside = path.as_os_str().to_owned();
+    aside.push(".tmp");
+    let aside = std::path::PathBuf::from(aside);
+    std::fs::write(&aside, format!("{address}\n"))?;
+    std::fs::rename(&aside, path)
 }

@@ -6,12 +6,17 @@ use std::process::Stdio;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::io::{AsyncBufReadExt, AsyncRead, BufReader};
 use tokio::process::{Child, Command};
+
+/// One of the child's output streams.
+type Output = std::pin::Pin<Box<dyn AsyncRead + Send>>;
 
 pub struct ServerProcess {
     pub addr: SocketAddr,
     child: Child,
+    /// Holds the address file the process writes once it listens.
+    _address_dir: tempfile::TempDir,
     /// Everything the process printed, for failure messages.
     pub output: Arc<Mutex<Vec<String>>>,
 }
@@ -47,9 +52,15 @@ impl ServerProcess {
         Self::spawn(command, flags).await
     }
 
+    /// Spawns the process on a free port and learns the port from the address file it writes
+    /// once it listens (`--address-file`), never from its log lines.
     async fn spawn(mut command: Command, flags: &[&str]) -> Self {
+        let address_dir = tempfile::tempdir().expect("a folder for the address file");
+        let address_file = address_dir.path().join("address");
         let mut child = command
             .args(["--listen", "127.0.0.1:0"])
+            .arg("--address-file")
+            .arg(&address_file)
             .args(["--health-check-interval", "100ms", "--log-format", "text"])
             .args(flags)
             .stdout(Stdio::piped())
@@ -58,44 +69,45 @@ impl ServerProcess {
             .spawn()
             .expect("start the server binary");
         let output = Arc::new(Mutex::new(Vec::new()));
-        let (address_tx, address_rx) = tokio::sync::oneshot::channel();
-        let stdout = child.stdout.take().expect("stdout");
-        let stdout_lines = output.clone();
-        tokio::spawn(async move {
-            let mut lines = BufReader::new(stdout).lines();
-            let mut address_tx = Some(address_tx);
-            while let Ok(Some(line)) = lines.next_line().await {
-                let address = line
-                    .contains("listening")
-                    .then(|| {
-                        line.split_whitespace()
-                            .find_map(|word| word.strip_prefix("address="))
-                            .and_then(|address| address.parse::<SocketAddr>().ok())
-                    })
-                    .flatten();
-                if let Some(address) = address
-                    && let Some(tx) = address_tx.take()
-                {
-                    let _ = tx.send(address);
+        for stream in [
+            child.stdout.take().map(|out| Box::pin(out) as Output),
+            child.stderr.take().map(|err| Box::pin(err) as Output),
+        ]
+        .into_iter()
+        .flatten()
+        {
+            let lines_seen = output.clone();
+            tokio::spawn(async move {
+                let mut lines = BufReader::new(stream).lines();
+                while let Ok(Some(line)) = lines.next_line().await {
+                    lines_seen.lock().expect("output").push(line);
                 }
-                stdout_lines.lock().expect("output").push(line);
+            });
+        }
+        let started = tokio::time::Instant::now();
+        let addr = loop {
+            if let Ok(text) = std::fs::read_to_string(&address_file)
+                && let Ok(addr) = text.trim().parse::<SocketAddr>()
+            {
+                break addr;
             }
-        });
-        let stderr = child.stderr.take().expect("stderr");
-        let stderr_lines = output.clone();
-        tokio::spawn(async move {
-            let mut lines = BufReader::new(stderr).lines();
-            while let Ok(Some(line)) = lines.next_line().await {
-                stderr_lines.lock().expect("output").push(line);
+            if let Ok(Some(status)) = child.try_wait() {
+                panic!(
+                    "the server exited ({status}) before listening: {:?}",
+                    output.lock()
+                );
             }
-        });
-        let addr = tokio::time::timeout(Duration::from_secs(20), address_rx)
-            .await
-            .unwrap_or_else(|_| panic!("no address logged: {:?}", output.lock()))
-            .expect("address");
+            assert!(
+                started.elapsed() < Duration::from_secs(20),
+                "no address file written: {:?}",
+                output.lock()
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        };
         Self {
             addr,
             child,
+            _address_dir: address_dir,
             output,
         }
     }
