@@ -4,7 +4,7 @@
 //! (`cargo nextest run faults --no-capture`), which docs/reliability.md records.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -13,6 +13,8 @@ use idempotency_coordinator::proto::idempotency::v1::{
 };
 use tonic::Code;
 use tonic_health::pb::health_check_response::ServingStatus;
+
+use idempotency_testkit::load::Callers;
 
 use crate::support::process::ServerProcess;
 use crate::support::proxy::TcpProxy;
@@ -248,111 +250,80 @@ struct Lifecycle {
     completed: bool,
 }
 
-/// Runs callers doing TryStart + Complete on fresh keys until `stop`, recording what each call
-/// was told, every failure's code and reason, and the slowest call.
+/// Callers doing TryStart + Complete on fresh keys (the test kit's load driver), recording what
+/// each call was told, every failure's code and reason, and the slowest single RPC.
 struct Load {
-    stop: Arc<AtomicBool>,
-    tasks: Vec<tokio::task::JoinHandle<()>>,
+    callers: Callers<(Code, String)>,
     keys: Arc<Mutex<BTreeMap<String, Lifecycle>>>,
-    failures: Arc<Mutex<Vec<(Code, String)>>>,
-    slowest: Arc<Mutex<Duration>>,
-    successes: Arc<AtomicUsize>,
+    slowest_micros: Arc<AtomicU64>,
 }
 
 impl Load {
     fn start(client: &Client, callers: usize, label: &'static str) -> Self {
-        let load = Self {
-            stop: Arc::default(),
-            tasks: Vec::new(),
-            keys: Arc::default(),
-            failures: Arc::default(),
-            slowest: Arc::default(),
-            successes: Arc::default(),
-        };
-        let tasks = (0..callers)
-            .map(|caller| {
-                let mut client = client.clone();
-                let (stop, keys, failures, slowest, successes) = (
-                    load.stop.clone(),
-                    load.keys.clone(),
-                    load.failures.clone(),
-                    load.slowest.clone(),
-                    load.successes.clone(),
-                );
-                tokio::spawn(async move {
-                    let mut sequence = 0;
-                    while !stop.load(Ordering::Relaxed) {
-                        sequence += 1;
-                        let key = format!("{label}-{caller}-{sequence}");
-                        keys.lock()
-                            .expect("keys")
-                            .insert(key.clone(), Lifecycle::default());
-                        let record_failure = |status: tonic::Status| {
-                            let reason = tonic_types::StatusExt::get_error_details(&status)
-                                .error_info()
-                                .map(|info| info.reason.clone())
-                                .unwrap_or_default();
-                            failures
-                                .lock()
-                                .expect("failures")
-                                .push((status.code(), reason));
-                        };
-                        let began = tokio::time::Instant::now();
-                        let answer = client.try_start(try_start(&key)).await;
-                        let took = began.elapsed();
-                        {
-                            let mut slowest = slowest.lock().expect("slowest");
-                            *slowest = (*slowest).max(took);
-                        }
-                        let started = match answer.map(|a| a.into_inner().outcome) {
-                            Ok(Some(Outcome::Started(started))) => started,
-                            Ok(other) => panic!("a fresh key is started: {other:?}"),
-                            Err(status) => {
-                                record_failure(status);
-                                continue;
-                            }
-                        };
-                        keys.lock()
-                            .expect("keys")
-                            .get_mut(&key)
-                            .expect("known")
-                            .claimed = true;
-                        let began = tokio::time::Instant::now();
-                        let completed = client
-                            .complete(complete(&key, started.lease_token, key.as_bytes()))
-                            .await;
-                        let took = began.elapsed();
-                        {
-                            let mut slowest = slowest.lock().expect("slowest");
-                            *slowest = (*slowest).max(took);
-                        }
-                        match completed {
-                            Ok(_) => {
-                                keys.lock()
-                                    .expect("keys")
-                                    .get_mut(&key)
-                                    .expect("known")
-                                    .completed = true;
-                                successes.fetch_add(1, Ordering::Relaxed);
-                            }
-                            Err(status) => record_failure(status),
-                        }
-                    }
-                })
-            })
-            .collect();
-        Self { tasks, ..load }
+        let keys: Arc<Mutex<BTreeMap<String, Lifecycle>>> = Arc::default();
+        let slowest_micros = Arc::new(AtomicU64::new(0));
+        let (client, recorded, slowest) = (client.clone(), keys.clone(), slowest_micros.clone());
+        let callers = Callers::start(callers, move |caller, sequence| {
+            let (mut client, keys, slowest) = (client.clone(), recorded.clone(), slowest.clone());
+            async move {
+                let key = format!("{label}-{caller}-{sequence}");
+                keys.lock()
+                    .expect("keys")
+                    .insert(key.clone(), Lifecycle::default());
+                let failure = |status: tonic::Status| {
+                    let reason = tonic_types::StatusExt::get_error_details(&status)
+                        .error_info()
+                        .map(|info| info.reason.clone())
+                        .unwrap_or_default();
+                    (status.code(), reason)
+                };
+                let timed = |began: tokio::time::Instant| {
+                    let micros = u64::try_from(began.elapsed().as_micros()).unwrap_or(u64::MAX);
+                    slowest.fetch_max(micros, Ordering::Relaxed);
+                };
+                let began = tokio::time::Instant::now();
+                let answer = client.try_start(try_start(&key)).await;
+                timed(began);
+                let started = match answer.map(|a| a.into_inner().outcome) {
+                    Ok(Some(Outcome::Started(started))) => started,
+                    Ok(other) => panic!("a fresh key is started: {other:?}"),
+                    Err(status) => return Err(failure(status)),
+                };
+                keys.lock()
+                    .expect("keys")
+                    .get_mut(&key)
+                    .expect("known")
+                    .claimed = true;
+                let began = tokio::time::Instant::now();
+                let completed = client
+                    .complete(complete(&key, started.lease_token, key.as_bytes()))
+                    .await;
+                timed(began);
+                completed.map_err(failure)?;
+                keys.lock()
+                    .expect("keys")
+                    .get_mut(&key)
+                    .expect("known")
+                    .completed = true;
+                Ok(())
+            }
+        });
+        Self {
+            callers,
+            keys,
+            slowest_micros,
+        }
+    }
+
+    fn successes(&self) -> u64 {
+        self.callers.successes_so_far()
     }
 
     async fn finish(self) -> (BTreeMap<String, Lifecycle>, Vec<(Code, String)>, Duration) {
-        self.stop.store(true, Ordering::Relaxed);
-        for task in self.tasks {
-            task.await.expect("caller");
-        }
+        let tally = self.callers.finish().await.expect("the callers finish");
         let keys = std::mem::take(&mut *self.keys.lock().expect("keys"));
-        let failures = std::mem::take(&mut *self.failures.lock().expect("failures"));
-        let slowest = *self.slowest.lock().expect("slowest");
-        (keys, failures, slowest)
+        let slowest = Duration::from_micros(self.slowest_micros.load(Ordering::Relaxed));
+        (keys, tally.failures, slowest)
     }
 }
 
@@ -403,10 +374,8 @@ async fn a_database_outage_fails_calls_in_time_and_leaves_every_key_valid() {
 
     for (fault, label) in [("cut", "cut"), ("blackhole", "blackhole")] {
         let load = Load::start(&client, 8, label);
-        let successes = load.successes.clone();
-        let before = successes.load(Ordering::Relaxed);
         eventually(Duration::from_secs(10), "calls flow", || async {
-            successes.load(Ordering::Relaxed) >= before + 50
+            load.successes() >= 50
         })
         .await;
         match fault {
@@ -420,9 +389,9 @@ async fn a_database_outage_fails_calls_in_time_and_leaves_every_key_valid() {
         tokio::time::sleep(Duration::from_millis(1500)).await;
         proxy.restore();
         app.wait_for_status(ServingStatus::Serving).await;
-        let during = successes.load(Ordering::Relaxed);
+        let during = load.successes();
         eventually(Duration::from_secs(10), "calls flow again", || async {
-            successes.load(Ordering::Relaxed) >= during + 50
+            load.successes() >= during + 50
         })
         .await;
         let (keys, failures, slowest) = load.finish().await;

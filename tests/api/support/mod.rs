@@ -2,10 +2,11 @@
 //! assertions on answers and rich errors.
 
 pub mod app;
-pub mod database;
 pub mod process;
-pub mod proxy;
 pub mod security;
+
+pub use idempotency_testkit::health::{health_client, is_serving};
+pub use idempotency_testkit::{database, proxy};
 
 use std::time::Duration;
 
@@ -245,35 +246,6 @@ pub async fn wait_for_lease_expiry(app: &TestApp, client: &Client, key: &str) {
         app.db_now().await > expires
     })
     .await;
-}
-
-/// A health client on a new connection (tonic-health's generated client has no `connect`).
-pub async fn health_client(
-    endpoint: String,
-) -> Result<
-    tonic_health::pb::health_client::HealthClient<tonic::transport::Channel>,
-    tonic::transport::Error,
-> {
-    let channel = tonic::transport::Channel::from_shared(endpoint)
-        .expect("a valid endpoint")
-        .connect()
-        .await?;
-    Ok(tonic_health::pb::health_client::HealthClient::new(channel))
-}
-
-/// Whether the server behind `health` answers SERVING right now (any error counts as no).
-pub async fn is_serving(
-    health: &tonic_health::pb::health_client::HealthClient<tonic::transport::Channel>,
-) -> bool {
-    let mut health = health.clone();
-    let request = tonic_health::pb::HealthCheckRequest {
-        service: String::new(),
-    };
-    matches!(
-        health.check(request).await,
-        Ok(response) if response.get_ref().status()
-            == tonic_health::pb::health_check_response::ServingStatus::Serving
-    )
 }
 
 /// Sends one already-encoded message to `path` (with an `authorization` header if given), for

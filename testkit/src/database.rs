@@ -1,5 +1,6 @@
 //! One fresh database per test, on either store, dropped when the test ends; and the few direct
 //! looks at its rows that tests need (a clock, expiry times, rows to reap, a lock to hold).
+//! These helpers panic on failure, as test helpers do.
 
 use std::path::PathBuf;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -584,6 +585,18 @@ async fn sweep_stale(admin: &mut PgConnection) {
             .await;
         }
     }
+}
+
+/// Drops a PostgreSQL database on the server of `server_url` (a URL without a database name,
+/// e.g. `postgres://postgres@127.0.0.1:5432`), for tools that made one of their own.
+pub async fn drop_postgres_database(server_url: &str, database: &str) -> anyhow::Result<()> {
+    let mut admin = PgConnection::connect(&format!("{server_url}/postgres")).await?;
+    sqlx::query(AssertSqlSafe(format!(
+        r#"DROP DATABASE IF EXISTS "{database}" WITH (FORCE)"#
+    )))
+    .execute(&mut admin)
+    .await?;
+    Ok(())
 }
 
 impl Drop for TestDatabase {

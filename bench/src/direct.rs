@@ -7,13 +7,13 @@
 //! - MarkProcessed: one multi-row `INSERT … ON CONFLICT DO NOTHING RETURNING` per batch.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Instant;
 
 use anyhow::Context;
+use idempotency_testkit::load;
 use sqlx::{Connection, PgConnection};
+use tokio::sync::Mutex;
 
-use crate::load::{REPLAY_KEYS, Report, Workload};
+use crate::load::{REPLAY_KEYS, Report, Workload, replay_key};
 
 const SCHEMA: [&str; 2] = [
     "CREATE TABLE IF NOT EXISTS direct_keys (
@@ -115,72 +115,57 @@ pub async fn drive(
     } else {
         Vec::new()
     });
-    let stopped = Arc::new(AtomicBool::new(false));
-    let started = Instant::now();
-    let tasks: Vec<_> = connections
-        .into_iter()
-        .enumerate()
-        .map(|(caller, mut connection)| {
-            let stopped = stopped.clone();
-            let run = run.to_owned();
-            let replay_keys = replay_keys.clone();
-            tokio::spawn(async move {
-                let mut latencies = Vec::new();
-                let mut errors = 0u64;
-                let mut sequence = 0usize;
-                while !stopped.load(Ordering::Relaxed) {
-                    sequence += 1;
-                    let began = Instant::now();
-                    let succeeded = match workload {
-                        Workload::TryStart => {
-                            let key = format!("{run}:{caller}:{sequence}");
-                            matches!(claim(&mut connection, &key).await, Ok(true))
-                        }
-                        Workload::Lifecycle => {
-                            let key = format!("{run}:{caller}:{sequence}");
-                            match claim(&mut connection, &key).await {
-                                Ok(true) => sqlx::query(COMPLETE)
-                                    .bind("bench")
-                                    .bind(&key)
-                                    .bind(vec![b'r'; 256])
-                                    .execute(&mut connection)
-                                    .await
-                                    .is_ok(),
-                                _ => false,
-                            }
-                        }
-                        Workload::Replay => {
-                            let key = &replay_keys[(caller * 7919 + sequence) % replay_keys.len()];
-                            matches!(claim(&mut connection, key).await, Ok(false))
-                        }
-                        Workload::Health => sqlx::query("SELECT 1")
-                            .execute(&mut connection)
+    // Each caller has its own connection; the lock is never contended, it only lends the
+    // connection to one call at a time.
+    let connections: Arc<Vec<Mutex<PgConnection>>> =
+        Arc::new(connections.into_iter().map(Mutex::new).collect());
+    let run = run.to_owned();
+    let stop = tokio::time::sleep(duration);
+    let tally = load::run_until(callers, stop, move |caller, sequence| {
+        let connections = connections.clone();
+        let run = run.clone();
+        let replay_keys = replay_keys.clone();
+        async move {
+            let mut connection = connections[caller].lock().await;
+            let connection = &mut *connection;
+            let succeeded = match workload {
+                Workload::TryStart => {
+                    let key = format!("{run}:{caller}:{sequence}");
+                    matches!(claim(connection, &key).await, Ok(true))
+                }
+                Workload::Lifecycle => {
+                    let key = format!("{run}:{caller}:{sequence}");
+                    match claim(connection, &key).await {
+                        Ok(true) => sqlx::query(COMPLETE)
+                            .bind("bench")
+                            .bind(&key)
+                            .bind(vec![b'r'; 256])
+                            .execute(&mut *connection)
                             .await
                             .is_ok(),
-                        Workload::MarkProcessed1 | Workload::MarkProcessed100 => {
-                            let ids: Vec<String> = (0..workload.items_per_op())
-                                .map(|item| format!("{run}:{caller}:{sequence}:{item}"))
-                                .collect();
-                            sqlx::query_as::<_, (String,)>(MARK)
-                                .bind("bench")
-                                .bind(&ids)
-                                .fetch_all(&mut connection)
-                                .await
-                                .is_ok()
-                        }
-                    };
-                    if succeeded {
-                        latencies
-                            .push(u64::try_from(began.elapsed().as_micros()).unwrap_or(u64::MAX));
-                    } else {
-                        errors += 1;
+                        _ => false,
                     }
                 }
-                (latencies, errors)
-            })
-        })
-        .collect();
-    tokio::time::sleep(duration).await;
-    stopped.store(true, Ordering::Relaxed);
-    Report::gather(workload, started, tasks).await
+                Workload::Replay => {
+                    let key = replay_key(&replay_keys, caller, sequence);
+                    matches!(claim(connection, key).await, Ok(false))
+                }
+                Workload::Health => sqlx::query("SELECT 1").execute(connection).await.is_ok(),
+                Workload::MarkProcessed1 | Workload::MarkProcessed100 => {
+                    let ids: Vec<String> = (0..workload.items_per_op())
+                        .map(|item| format!("{run}:{caller}:{sequence}:{item}"))
+                        .collect();
+                    sqlx::query_as::<_, (String,)>(MARK)
+                        .bind("bench")
+                        .bind(&ids)
+                        .fetch_all(connection)
+                        .await
+                        .is_ok()
+                }
+            };
+            if succeeded { Ok(()) } else { Err(()) }
+        }
+    })
+    .await?;
+    Ok(Report::new(workload, callers, tally))
 }

@@ -7,8 +7,10 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use sqlx::Connection;
 
+use idempotency_testkit::Binary;
+use idempotency_testkit::database::drop_postgres_database;
+
 use crate::load::{self, Report, Workload};
-use crate::server::{self, Coordinator};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum StoreKind {
@@ -105,7 +107,8 @@ pub async fn run(settings: Settings) -> anyhow::Result<()> {
     };
     let interval = humantime::format_duration(settings.interval).to_string();
     let batch = settings.batch_size.to_string();
-    let coordinator = Coordinator::start_with(
+    let coordinator = crate::serving(
+        &Binary::beside_current_exe()?,
         &url,
         &[
             "--reaper-interval",
@@ -156,7 +159,7 @@ pub async fn run(settings: Settings) -> anyhow::Result<()> {
     coordinator.stop().await?;
     match settings.store {
         StoreKind::Postgres => {
-            server::drop_postgres_database(&settings.postgres_server, &database).await?;
+            drop_postgres_database(&settings.postgres_server, &database).await?;
         }
         StoreKind::Sqlite => std::fs::remove_dir_all(&sqlite_dir)?,
     }

@@ -1,14 +1,14 @@
 //! Workloads, concurrent callers, and what they measure.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::Context;
 use idempotency_coordinator::proto::idempotency::v1::idempotency_service_client::IdempotencyServiceClient;
 use idempotency_coordinator::proto::idempotency::v1::{
     CompleteRequest, MarkProcessedRequest, TryStartRequest, try_start_response::Outcome,
 };
+use idempotency_testkit::load::{self, Tally};
 use tonic::transport::{Channel, Endpoint};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -63,43 +63,25 @@ impl Workload {
 /// How many completed keys the replay workload cycles through.
 pub const REPLAY_KEYS: usize = 1000;
 
+/// What one workload measured, for the tables.
 pub struct Report {
     workload: Workload,
     callers: usize,
-    elapsed: Duration,
-    /// Latency of every successful operation, in microseconds.
-    latencies: Vec<u64>,
-    errors: u64,
+    tally: Tally<()>,
 }
 
 impl Report {
-    /// Waits for every caller's task, each answering its latencies and its error count, and
-    /// reports them together over the time since `started`.
-    pub async fn gather(
-        workload: Workload,
-        started: Instant,
-        tasks: Vec<tokio::task::JoinHandle<(Vec<u64>, u64)>>,
-    ) -> anyhow::Result<Self> {
-        let callers = tasks.len();
-        let mut latencies = Vec::new();
-        let mut errors = 0;
-        for task in tasks {
-            let (caller_latencies, caller_errors) = task.await?;
-            latencies.extend(caller_latencies);
-            errors += caller_errors;
-        }
-        Ok(Self {
+    pub fn new(workload: Workload, callers: usize, tally: Tally<()>) -> Self {
+        Self {
             workload,
             callers,
-            elapsed: started.elapsed(),
-            latencies,
-            errors,
-        })
+            tally,
+        }
     }
 
     /// Successful operations per second.
     pub fn ops_per_second(&self) -> f64 {
-        self.latencies.len() as f64 / self.elapsed.as_secs_f64()
+        self.tally.per_second()
     }
 
     pub fn header() -> String {
@@ -117,25 +99,13 @@ impl Report {
         )
     }
 
-    fn percentile_ms(&self, sorted: &[u64], fraction: f64) -> f64 {
-        if sorted.is_empty() {
-            return f64::NAN;
-        }
-        let rank = ((sorted.len() as f64) * fraction).ceil() as usize;
-        sorted[rank.clamp(1, sorted.len()) - 1] as f64 / 1000.0
-    }
-
     /// The latency at `fraction` (0.99 for p99), in milliseconds.
     pub fn percentile(&self, fraction: f64) -> f64 {
-        let mut sorted = self.latencies.clone();
-        sorted.sort_unstable();
-        self.percentile_ms(&sorted, fraction)
+        self.tally.quantile_ms(fraction)
     }
 
     pub fn row(&self, store: &str) -> String {
-        let mut sorted = self.latencies.clone();
-        sorted.sort_unstable();
-        let ops = sorted.len() as f64 / self.elapsed.as_secs_f64();
+        let ops = self.ops_per_second();
         format!(
             "{:<19} {:<20} {:>7} {:>10.0} {:>11.0} {:>9.2} {:>9.2} {:>9.2} {:>7}",
             self.workload.name(),
@@ -143,10 +113,10 @@ impl Report {
             self.callers,
             ops,
             ops * self.workload.items_per_op() as f64,
-            self.percentile_ms(&sorted, 0.50),
-            self.percentile_ms(&sorted, 0.99),
-            self.percentile_ms(&sorted, 0.999),
-            self.errors,
+            self.percentile(0.50),
+            self.percentile(0.99),
+            self.percentile(0.999),
+            self.tally.failures.len(),
         )
     }
 }
@@ -172,48 +142,37 @@ pub async fn drive_until(
     callers: usize,
     stop: impl std::future::Future<Output = ()>,
 ) -> anyhow::Result<Report> {
-    let run = uuid_like();
-    let mut clients = Vec::with_capacity(callers);
+    let run = run_id();
+    let mut channels = Vec::with_capacity(callers);
     for _ in 0..callers {
         let channel = Endpoint::from_shared(target.to_owned())?
             .tcp_nodelay(true)
             .connect()
             .await
             .with_context(|| format!("connecting to {target}"))?;
-        clients.push(channel);
+        channels.push(channel);
     }
     let replay_keys = if workload == Workload::Replay {
-        prepare_replay(&mut IdempotencyServiceClient::new(clients[0].clone()), &run).await?
+        let first = channels.first().context("at least one caller")?;
+        prepare_replay(&mut IdempotencyServiceClient::new(first.clone()), &run).await?
     } else {
         Vec::new()
     };
-
-    let started = Instant::now();
-    let stopped = Arc::new(AtomicBool::new(false));
-    let tasks: Vec<_> = clients
-        .into_iter()
-        .enumerate()
-        .map(|(caller, client)| {
-            let run = run.clone();
-            let replay_keys = replay_keys.clone();
-            let stopped = stopped.clone();
-            tokio::spawn(async move {
-                caller_loop(client, workload, caller, &run, &replay_keys, &stopped).await
-            })
-        })
-        .collect();
-    stop.await;
-    stopped.store(true, Ordering::Relaxed);
-    Report::gather(workload, started, tasks).await
+    let channels = Arc::new(channels);
+    let replay_keys = Arc::new(replay_keys);
+    let tally = load::run_until(callers, stop, move |caller, sequence| {
+        let channel = channels[caller].clone();
+        let run = run.clone();
+        let replay_keys = replay_keys.clone();
+        async move { call(channel, workload, caller, sequence, &run, &replay_keys).await }
+    })
+    .await?;
+    Ok(Report::new(workload, callers, tally))
 }
 
 /// A run id that keeps keys of different runs apart on a shared store.
-pub fn uuid_like() -> String {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_nanos())
-        .unwrap_or(0);
-    format!("{nanos:x}-{}", std::process::id())
+pub fn run_id() -> String {
+    uuid::Uuid::new_v4().simple().to_string()
 }
 
 fn try_start(key: String) -> TryStartRequest {
@@ -252,89 +211,83 @@ async fn prepare_replay(
     Ok(keys)
 }
 
-async fn caller_loop(
+/// One operation of `workload`: `Ok` when it got the answer the workload expects.
+async fn call(
     channel: Channel,
     workload: Workload,
     caller: usize,
+    sequence: u64,
     run: &str,
     replay_keys: &[String],
-    stopped: &AtomicBool,
-) -> (Vec<u64>, u64) {
+) -> Result<(), ()> {
     let mut client = IdempotencyServiceClient::new(channel.clone());
-    let mut health = tonic_health::pb::health_client::HealthClient::new(channel);
-    let mut latencies = Vec::new();
-    let mut errors = 0;
-    let mut sequence: usize = 0;
-    while !stopped.load(Ordering::Relaxed) {
-        sequence += 1;
-        let began = Instant::now();
-        let succeeded = match workload {
-            Workload::TryStart => {
-                let key = format!("{run}:{caller}:{sequence}");
-                matches!(
-                    client
-                        .try_start(try_start(key))
-                        .await
-                        .map(|a| a.into_inner().outcome),
-                    Ok(Some(Outcome::Started(_)))
-                )
-            }
-            Workload::Lifecycle => {
-                let key = format!("{run}:{caller}:{sequence}");
-                match client
-                    .try_start(try_start(key.clone()))
-                    .await
-                    .map(|a| a.into_inner().outcome)
-                {
-                    Ok(Some(Outcome::Started(started))) => client
-                        .complete(CompleteRequest {
-                            namespace: "bench".into(),
-                            key,
-                            lease_token: started.lease_token,
-                            response: vec![b'r'; 256],
-                            retention: None,
-                        })
-                        .await
-                        .is_ok(),
-                    _ => false,
-                }
-            }
-            Workload::Replay => {
-                let key = replay_keys[(caller * 7919 + sequence) % replay_keys.len()].clone();
-                matches!(
-                    client
-                        .try_start(try_start(key))
-                        .await
-                        .map(|a| a.into_inner().outcome),
-                    Ok(Some(Outcome::Completed(_)))
-                )
-            }
-            Workload::Health => health
-                .check(tonic_health::pb::HealthCheckRequest {
-                    service: String::new(),
-                })
-                .await
-                .is_ok(),
-            Workload::MarkProcessed1 | Workload::MarkProcessed100 => {
-                let batch = workload.items_per_op() as usize;
-                let event_ids = (0..batch)
-                    .map(|item| format!("{run}:{caller}:{sequence}:{item}"))
-                    .collect();
+    let succeeded = match workload {
+        Workload::TryStart => {
+            let key = format!("{run}:{caller}:{sequence}");
+            matches!(
                 client
-                    .mark_processed(MarkProcessedRequest {
-                        consumer: "bench".into(),
-                        event_ids,
+                    .try_start(try_start(key))
+                    .await
+                    .map(|a| a.into_inner().outcome),
+                Ok(Some(Outcome::Started(_)))
+            )
+        }
+        Workload::Lifecycle => {
+            let key = format!("{run}:{caller}:{sequence}");
+            match client
+                .try_start(try_start(key.clone()))
+                .await
+                .map(|a| a.into_inner().outcome)
+            {
+                Ok(Some(Outcome::Started(started))) => client
+                    .complete(CompleteRequest {
+                        namespace: "bench".into(),
+                        key,
+                        lease_token: started.lease_token,
+                        response: vec![b'r'; 256],
                         retention: None,
                     })
                     .await
-                    .is_ok()
+                    .is_ok(),
+                _ => false,
             }
-        };
-        if succeeded {
-            latencies.push(u64::try_from(began.elapsed().as_micros()).unwrap_or(u64::MAX));
-        } else {
-            errors += 1;
         }
-    }
-    (latencies, errors)
+        Workload::Replay => {
+            let key = replay_key(replay_keys, caller, sequence).to_owned();
+            matches!(
+                client
+                    .try_start(try_start(key))
+                    .await
+                    .map(|a| a.into_inner().outcome),
+                Ok(Some(Outcome::Completed(_)))
+            )
+        }
+        Workload::Health => tonic_health::pb::health_client::HealthClient::new(channel)
+            .check(tonic_health::pb::HealthCheckRequest {
+                service: String::new(),
+            })
+            .await
+            .is_ok(),
+        Workload::MarkProcessed1 | Workload::MarkProcessed100 => {
+            let event_ids = (0..workload.items_per_op())
+                .map(|item| format!("{run}:{caller}:{sequence}:{item}"))
+                .collect();
+            client
+                .mark_processed(MarkProcessedRequest {
+                    consumer: "bench".into(),
+                    event_ids,
+                    retention: None,
+                })
+                .await
+                .is_ok()
+        }
+    };
+    if succeeded { Ok(()) } else { Err(()) }
+}
+
+/// The completed key a replay caller asks for at `sequence`: callers spread over the keys.
+pub fn replay_key(keys: &[String], caller: usize, sequence: u64) -> &str {
+    let index =
+        (caller as u64).wrapping_mul(7919).wrapping_add(sequence) % keys.len().max(1) as u64;
+    keys.get(index as usize).map_or("", String::as_str)
 }

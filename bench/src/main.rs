@@ -10,13 +10,14 @@
 mod direct;
 mod load;
 mod reaper;
-mod server;
 
 use std::time::Duration;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 
+use idempotency_testkit::database::drop_postgres_database;
+use idempotency_testkit::{Binary, ServerProcess};
 use load::{Report, Workload};
 
 #[derive(Debug, Parser)]
@@ -94,11 +95,9 @@ async fn main() -> anyhow::Result<()> {
             println!("{}", Report::header());
             for workload in workload {
                 let report = match &direct {
-                    Some(url) => {
-                        direct::drive(url, workload, callers, duration, &load::uuid_like())
-                            .await
-                            .context("driving PostgreSQL directly")?
-                    }
+                    Some(url) => direct::drive(url, workload, callers, duration, &load::run_id())
+                        .await
+                        .context("driving PostgreSQL directly")?,
                     None => load::drive(&target, workload, callers, duration)
                         .await
                         .with_context(|| format!("driving {target}"))?,
@@ -119,8 +118,9 @@ async fn main() -> anyhow::Result<()> {
             let sqlite_dir = std::env::temp_dir().join(&database);
             let sqlite_url = format!("sqlite://{}", sqlite_dir.join("bench.db").display());
             let postgres_url = format!("{postgres_server}/{database}");
-            let sqlite = server::Coordinator::start(&sqlite_url).await?;
-            let postgres = server::Coordinator::start(&postgres_url).await?;
+            let binary = Binary::beside_current_exe()?;
+            let sqlite = serving(&binary, &sqlite_url, &[]).await?;
+            let postgres = serving(&binary, &postgres_url, &[]).await?;
             println!(
                 "callers {callers}, {} per workload and store, stores alternating",
                 humantime::format_duration(duration)
@@ -136,7 +136,7 @@ async fn main() -> anyhow::Result<()> {
             }
             sqlite.stop().await?;
             postgres.stop().await?;
-            server::drop_postgres_database(&postgres_server, &database).await?;
+            drop_postgres_database(&postgres_server, &database).await?;
             std::fs::remove_dir_all(&sqlite_dir).context("removing the SQLite folder")?;
         }
         BenchCommand::VersusDirect {
@@ -149,7 +149,7 @@ async fn main() -> anyhow::Result<()> {
             let database = format!("idempotency_bench_direct_{}", std::process::id());
             let url = format!("{postgres_server}/{database}");
             let flags: Vec<&str> = coordinator_flags.split_whitespace().collect();
-            let coordinator = server::Coordinator::start_with(&url, &flags).await?;
+            let coordinator = serving(&Binary::beside_current_exe()?, &url, &flags).await?;
             let idle_kib = coordinator.memory_kib("VmRSS")?;
             direct::prepare(&url).await?;
             println!(
@@ -162,7 +162,7 @@ async fn main() -> anyhow::Result<()> {
                     let ours = load::drive(&coordinator.endpoint(), workload, count, duration)
                         .await
                         .context("driving the coordinator")?;
-                    let theirs = direct::drive(&url, workload, count, duration, &load::uuid_like())
+                    let theirs = direct::drive(&url, workload, count, duration, &load::run_id())
                         .await
                         .context("driving PostgreSQL directly")?;
                     println!("{}", ours.row("coordinator"));
@@ -187,9 +187,24 @@ async fn main() -> anyhow::Result<()> {
                 peak_kib as f64 / 1024.0
             );
             coordinator.stop().await?;
-            server::drop_postgres_database(&postgres_server, &database).await?;
+            drop_postgres_database(&postgres_server, &database).await?;
         }
         BenchCommand::ReaperUnderLoad(settings) => reaper::run(settings).await?,
     }
     Ok(())
+}
+
+/// Starts the coordinator on `database_url` with `flags`, quiet but for warnings, and waits
+/// until its health says it serves.
+pub async fn serving(
+    binary: &Binary,
+    database_url: &str,
+    flags: &[&str],
+) -> anyhow::Result<ServerProcess> {
+    let coordinator = binary
+        .serve_logging(database_url, flags, "warn")
+        .await
+        .with_context(|| format!("starting {}", binary.path().display()))?;
+    coordinator.wait_until_serving().await?;
+    Ok(coordinator)
 }
