@@ -251,7 +251,7 @@ pub struct Settings {
     pub operation_timeout: Duration,
     pub security: SecuritySettings,
     /// `None`: every call runs on its own.
-    pub coalescing: Option<crate::coordinator::Coalescing>,
+    pub coalescing: Option<crate::service::Coalescing>,
 }
 
 fn nonzero(flag: &'static str, value: Duration) -> Result<Duration, SettingError> {
@@ -369,7 +369,7 @@ impl ServeArgs {
             shutdown_grace: self.shutdown_grace,
             operation_timeout,
             security: self.security()?,
-            coalescing: (!self.no_coalesce).then_some(crate::coordinator::Coalescing {
+            coalescing: (!self.no_coalesce).then_some(crate::service::Coalescing {
                 executors: self.coalesce_executors as usize,
                 max_batch: self.coalesce_max_batch as usize,
             }),

@@ -5,14 +5,13 @@
 #![forbid(unsafe_code)]
 
 pub mod auth;
-pub mod coalesce;
 pub mod config;
-pub mod coordinator;
 pub mod domain;
 pub mod grpc;
 pub mod health;
 pub mod readiness;
 pub mod reaper;
+pub mod service;
 pub mod shutdown;
 pub mod startup;
 pub mod store;

@@ -16,13 +16,12 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::auth::{Authenticator, TokensFileError};
-use crate::coalesce::InFlight;
 use crate::config::{SecuritySettings, Settings};
-use crate::coordinator::Coordinator;
 use crate::grpc::{self, Security, TlsMaterial};
 use crate::health::HealthState;
 use crate::readiness;
 use crate::reaper;
+use crate::service::{Coordinator, InFlight};
 use crate::store::{AnyStore, OpenError, Store};
 
 /// How long past the grace period the process may take to let go of what is left.

@@ -1,6 +1,8 @@
 //! The coordinator's model: validated values, the commands built from them, and the rules that
 //! turn what the store found into the contract's outcomes. No I/O happens here.
 
+pub mod batch;
+pub mod budget;
 pub mod values;
 
 use std::time::Duration;
@@ -250,7 +252,8 @@ fn later(a: Instant, b: Instant) -> Instant {
     a.max(b)
 }
 
-fn plus(instant: Instant, duration: Duration) -> Instant {
+/// `instant` + `duration`, saturating at the latest representable instant.
+pub fn plus(instant: Instant, duration: Duration) -> Instant {
     chrono::Duration::from_std(duration)
         .ok()
         .and_then(|d| instant.checked_add_signed(d))

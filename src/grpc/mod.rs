@@ -18,11 +18,10 @@ use tonic::transport::{Certificate, Identity, Server, ServerTlsConfig};
 
 use crate::auth::Authenticator;
 
-use crate::coordinator::Coordinator;
 use crate::domain::Limits;
 use crate::health::HealthState;
 use crate::proto::idempotency::v1::idempotency_service_server::IdempotencyServiceServer;
-use crate::store::Store;
+use crate::service::Coordinator;
 
 pub use service::IdempotencyApi;
 
@@ -73,9 +72,9 @@ const TLS_HANDSHAKE_TIMEOUT: std::time::Duration = std::time::Duration::from_sec
 
 /// Serves until `shutdown` completes, then stops accepting, lets calls in flight finish, and
 /// returns once every connection has closed.
-pub async fn serve<S: Store>(
+pub async fn serve(
     listener: TcpListener,
-    coordinator: Coordinator<S>,
+    coordinator: Coordinator,
     limits: Limits,
     security: Security,
     health: HealthState,

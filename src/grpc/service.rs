@@ -6,19 +6,18 @@ use tracing::{Instrument, Span, field};
 
 use super::convert;
 use super::status::reason;
-use crate::coordinator::{Coordinator, CoordinatorError};
 use crate::domain::{KeyState, Limits};
 use crate::proto::idempotency::v1 as pb;
 use crate::proto::idempotency::v1::idempotency_service_server::IdempotencyService;
-use crate::store::Store;
+use crate::service::{Coordinator, CoordinatorError};
 
-pub struct IdempotencyApi<S> {
-    coordinator: Coordinator<S>,
+pub struct IdempotencyApi {
+    coordinator: Coordinator,
     limits: Limits,
 }
 
-impl<S: Store> IdempotencyApi<S> {
-    pub fn new(coordinator: Coordinator<S>, limits: Limits) -> Self {
+impl IdempotencyApi {
+    pub fn new(coordinator: Coordinator, limits: Limits) -> Self {
         Self {
             coordinator,
             limits,
@@ -65,7 +64,7 @@ fn parsed<T>(result: Result<T, Status>) -> Result<T, Status> {
 }
 
 #[tonic::async_trait]
-impl<S: Store> IdempotencyService for IdempotencyApi<S> {
+impl IdempotencyService for IdempotencyApi {
     async fn try_start(
         &self,
         request: Request<pb::TryStartRequest>,

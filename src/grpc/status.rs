@@ -10,8 +10,8 @@ use tonic::{Code, Status};
 use tonic_types::{ErrorDetails, FieldViolation, StatusExt};
 
 use crate::auth::Refusal;
-use crate::coordinator::CoordinatorError;
 use crate::domain::Rejection;
+use crate::service::CoordinatorError;
 use crate::telemetry::error_chain;
 
 /// `ErrorInfo.domain` of every error this service returns.
@@ -26,8 +26,12 @@ pub fn reason(error: &CoordinatorError) -> &'static str {
         CoordinatorError::Rejected(Rejection::KeyNotFound) => "KEY_NOT_FOUND",
         CoordinatorError::Rejected(Rejection::LeaseLost) => "LEASE_LOST",
         CoordinatorError::Rejected(Rejection::AlreadyCompleted) => "ALREADY_COMPLETED",
-        CoordinatorError::Store(store) if store.is_transient() => "STORE_UNAVAILABLE",
-        CoordinatorError::Store(_) | CoordinatorError::TaskFailed(_) => "INTERNAL",
+        transient if transient.is_transient() => "STORE_UNAVAILABLE",
+        CoordinatorError::Store(_)
+        | CoordinatorError::Busy
+        | CoordinatorError::TimedOut(_)
+        | CoordinatorError::TaskFailed(_)
+        | CoordinatorError::Inconsistent(_) => "INTERNAL",
     }
 }
 
@@ -98,8 +102,8 @@ impl From<CoordinatorError> for Status {
                 };
                 Status::with_error_details(code, rejection.to_string(), error_info(reason))
             }
-            CoordinatorError::Store(store) if store.is_transient() => {
-                tracing::warn!(error = %error_chain(&store), "store unavailable");
+            transient if transient.is_transient() => {
+                tracing::warn!(error = %error_chain(&transient), "store unavailable");
                 let mut details = error_info(reason);
                 details.set_retry_info(Some(STORE_RETRY_DELAY));
                 Status::with_error_details(

@@ -7,12 +7,10 @@ pub enum StoreError {
     /// down, a deadlock it broke), or cancelled it at its own timeout.
     #[error("the store is unavailable")]
     Unavailable(#[source] sqlx::Error),
-    /// The operation did not finish within the per-operation timeout.
-    #[error("the store did not answer within {0:?}")]
+    /// The store's own share of the time budget ran out before the statement could commit,
+    /// and nothing was written (SQLite's deadline before commit).
+    #[error("the store did not finish within {0:?}")]
     TimedOut(Duration),
-    /// Too many calls are already waiting for the store; this one was not queued.
-    #[error("too many calls are waiting for the store")]
-    Busy,
     /// The schema is missing or older than this build.
     #[error("the store's schema is not migrated: {0}")]
     NotMigrated(String),
@@ -34,7 +32,7 @@ impl StoreError {
     /// Whether a caller may expect the same call to succeed later.
     pub fn is_transient(&self) -> bool {
         match self {
-            Self::Unavailable(_) | Self::TimedOut(_) | Self::Busy | Self::NotMigrated(_) => true,
+            Self::Unavailable(_) | Self::TimedOut(_) | Self::NotMigrated(_) => true,
             Self::Shared(inner) => inner.is_transient(),
             _ => false,
         }

@@ -3,12 +3,14 @@
 
 mod error;
 pub mod postgres;
+mod schema;
 pub mod sqlite;
 
 use std::future::Future;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use crate::domain::batch::Round;
 use crate::domain::{
     CompleteCommand, Completion, ExtendLeaseCommand, Instant, KeyState, LookupQuery,
     MarkProcessedCommand, ProcessedEvent, Rejection, ReleaseCommand, TryStartCommand,
@@ -35,51 +37,27 @@ pub trait Store: Clone + Send + Sync + 'static {
         command: CompleteCommand,
     ) -> impl Future<Output = Result<Result<Completion, Rejection>, StoreError>> + Send;
 
-    /// TryStart for several callers at once, one result per command in order, each exactly
-    /// what `try_start` would have answered had the calls come one after another. The default
-    /// runs them one by one; a store overrides it to share round trips and commits.
+    /// TryStart for a round of callers (no two on one key), one result per command in order,
+    /// each exactly what `try_start` would have answered had the calls come one after another:
+    /// one statement (PostgreSQL) or one transaction (SQLite), to share round trips and commits.
     fn try_start_batch(
         &self,
-        commands: Vec<TryStartCommand>,
-    ) -> impl Future<Output = Vec<Result<TryStartOutcome, StoreError>>> + Send {
-        async move {
-            let mut results = Vec::with_capacity(commands.len());
-            for command in commands {
-                results.push(self.try_start(command).await);
-            }
-            results
-        }
-    }
+        round: Round<TryStartCommand>,
+    ) -> impl Future<Output = Vec<Result<TryStartOutcome, StoreError>>> + Send;
 
-    /// MarkProcessed for several callers at once, like [`Store::try_start_batch`]: an event id
-    /// in two calls is new for the first and already processed for the second.
+    /// MarkProcessed for a round of callers, like [`Store::try_start_batch`]: an event id in
+    /// two calls is new for the first and already processed for the second.
     fn mark_processed_batch(
         &self,
-        commands: Vec<MarkProcessedCommand>,
-    ) -> impl Future<Output = Vec<Result<Vec<ProcessedEvent>, StoreError>>> + Send {
-        async move {
-            let mut results = Vec::with_capacity(commands.len());
-            for command in commands {
-                results.push(self.mark_processed(command).await);
-            }
-            results
-        }
-    }
+        round: Round<MarkProcessedCommand>,
+    ) -> impl Future<Output = Vec<Result<Vec<ProcessedEvent>, StoreError>>> + Send;
 
-    /// Complete for several callers at once, like [`Store::try_start_batch`].
+    /// Complete for a round of callers, like [`Store::try_start_batch`].
     #[allow(clippy::type_complexity)]
     fn complete_batch(
         &self,
-        commands: Vec<CompleteCommand>,
-    ) -> impl Future<Output = Vec<Result<Result<Completion, Rejection>, StoreError>>> + Send {
-        async move {
-            let mut results = Vec::with_capacity(commands.len());
-            for command in commands {
-                results.push(self.complete(command).await);
-            }
-            results
-        }
-    }
+        round: Round<CompleteCommand>,
+    ) -> impl Future<Output = Vec<Result<Result<Completion, Rejection>, StoreError>>> + Send;
 
     fn release(
         &self,
@@ -122,28 +100,6 @@ pub trait Store: Clone + Send + Sync + 'static {
 
     /// Closes the store's connections once the operations in flight have ended.
     fn close(&self) -> impl Future<Output = ()> + Send;
-}
-
-/// How one operation's time (the operation timeout) is shared out, alike in both stores: up to
-/// 10% waiting in a coalescer's queue (`coordinator`), at most 35% waiting for a connection, at
-/// most 50% for the statement, which the database ends itself (PostgreSQL's
-/// `statement_timeout`, SQLite's `busy_timeout` and a deadline checked before commit), and the
-/// last 5% for the answer to come back before the coordinator's own deadline at 100%. That
-/// deadline then only fires when the connection itself has stopped answering; every other
-/// timeout is reported by the database, with nothing written.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Budget {
-    pub connection_wait: Duration,
-    pub statement: Duration,
-}
-
-impl Budget {
-    pub fn of(operation_timeout: Duration) -> Self {
-        Self {
-            connection_wait: operation_timeout * 7 / 20,
-            statement: operation_timeout / 2,
-        }
-    }
 }
 
 /// Where the data lives.
@@ -249,23 +205,23 @@ impl Store for AnyStore {
 
     async fn try_start_batch(
         &self,
-        commands: Vec<TryStartCommand>,
+        round: Round<TryStartCommand>,
     ) -> Vec<Result<TryStartOutcome, StoreError>> {
-        delegate!(self, store => store.try_start_batch(commands))
+        delegate!(self, store => store.try_start_batch(round))
     }
 
     async fn complete_batch(
         &self,
-        commands: Vec<CompleteCommand>,
+        round: Round<CompleteCommand>,
     ) -> Vec<Result<Result<Completion, Rejection>, StoreError>> {
-        delegate!(self, store => store.complete_batch(commands))
+        delegate!(self, store => store.complete_batch(round))
     }
 
     async fn mark_processed_batch(
         &self,
-        commands: Vec<MarkProcessedCommand>,
+        round: Round<MarkProcessedCommand>,
     ) -> Vec<Result<Vec<ProcessedEvent>, StoreError>> {
-        delegate!(self, store => store.mark_processed_batch(commands))
+        delegate!(self, store => store.mark_processed_batch(round))
     }
 
     async fn release(&self, command: ReleaseCommand) -> Result<Result<(), Rejection>, StoreError> {

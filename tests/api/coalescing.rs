@@ -3,6 +3,7 @@
 
 use std::collections::HashMap;
 
+use idempotency_coordinator::domain::batch::Round;
 use idempotency_coordinator::domain::{
     AttemptId, Fingerprint, Key, KeyRetention, LeaseTtl, Scope, TryStartCommand, TryStartOutcome,
 };
@@ -173,7 +174,8 @@ async fn a_shared_claim_statement_draws_tokens_and_starts_leases_in_key_order() 
             store_try_start(&held, "batch-attempt"),
             store_try_start(&fresh, "batch-attempt"),
         ];
-        tokio::spawn(async move { store.try_start_batch(commands).await })
+        let round = Round::new(commands).expect("distinct keys");
+        tokio::spawn(async move { store.try_start_batch(round).await })
     };
     eventually(
         std::time::Duration::from_secs(10),
@@ -226,7 +228,8 @@ async fn shared_claims_do_not_deadlock_when_a_key_appears_while_they_wait() {
             store_try_start(&first, attempt),
             store_try_start(&second, attempt),
         ];
-        tokio::spawn(async move { store.try_start_batch(commands).await })
+        let round = Round::new(commands).expect("distinct keys");
+        tokio::spawn(async move { store.try_start_batch(round).await })
     };
     let blocked = |count: i64| {
         let database = &app.database;

@@ -1,5 +1,6 @@
 use std::collections::HashMap;
 
+use idempotency_coordinator::domain::batch::Round;
 use idempotency_coordinator::domain::{EventId, EventRetention, MarkProcessedCommand, Scope};
 use idempotency_coordinator::proto::idempotency::v1::MarkProcessedRequest;
 use idempotency_coordinator::store::Store;
@@ -228,11 +229,14 @@ async fn a_shared_batch_of_marks_answers_each_call_as_if_alone(backend: Backend)
         };
     let answers = app
         .store
-        .mark_processed_batch(vec![
-            command("billing", &["x", "y"], hour),
-            command("shipping", &["w", "x"], 2 * hour),
-            command("billing", &["y", "z", "z"], 3 * hour),
-        ])
+        .mark_processed_batch(
+            Round::new(vec![
+                command("billing", &["x", "y"], hour),
+                command("shipping", &["w", "x"], 2 * hour),
+                command("billing", &["y", "z", "z"], 3 * hour),
+            ])
+            .expect("marks never conflict"),
+        )
         .await;
     let seen: Vec<Vec<(String, bool)>> = answers
         .into_iter()

@@ -5,9 +5,9 @@ use std::time::Duration;
 
 use clap::Parser;
 use idempotency_coordinator::Application;
-use idempotency_coordinator::coalesce::InFlight;
 use idempotency_coordinator::config::{Cli, Command};
 use idempotency_coordinator::proto::idempotency::v1::idempotency_service_client::IdempotencyServiceClient;
+use idempotency_coordinator::service::InFlight;
 use idempotency_coordinator::startup::StartupError;
 use idempotency_coordinator::store::AnyStore;
 use tokio::task::JoinHandle;

@@ -22,57 +22,18 @@
 //! once (UNAVAILABLE, nothing written) instead of joining a line that could not be served in
 //! time.
 
-use std::collections::HashMap;
 use std::future::Future;
-use std::hash::Hash;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
 use tokio::time::Instant;
 use tokio_util::task::TaskTracker;
 
+use super::CoordinatorError;
+use super::in_flight::{InFlight, InFlightGuard};
+use crate::domain::batch::{Batchable, Round, round_numbers};
 use crate::store::StoreError;
-
-/// Counts the calls the store has yet to finish, whether or not their callers still wait.
-#[derive(Debug, Clone, Default)]
-pub struct InFlight(Arc<AtomicUsize>);
-
-/// One call in flight, until dropped.
-#[derive(Debug)]
-pub struct InFlightGuard(Arc<AtomicUsize>);
-
-impl InFlight {
-    pub fn enter(&self) -> InFlightGuard {
-        self.0.fetch_add(1, Ordering::SeqCst);
-        InFlightGuard(self.0.clone())
-    }
-
-    pub fn count(&self) -> usize {
-        self.0.load(Ordering::SeqCst)
-    }
-}
-
-impl Drop for InFlightGuard {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::SeqCst);
-    }
-}
-
-/// A command that can share a batch with others.
-pub trait Coalescible: Send + 'static {
-    type Key: Eq + Hash;
-
-    /// Commands with the same key never share a statement: they run in successive rounds.
-    /// `None`: the command may share a statement with any other.
-    fn conflict_key(&self) -> Option<Self::Key>;
-
-    /// How much of a batch's capacity ([`CoalescerSettings::max_batch`]) the command takes.
-    fn weight(&self) -> usize {
-        1
-    }
-}
 
 struct Pending<C, R> {
     command: C,
@@ -80,7 +41,7 @@ struct Pending<C, R> {
     run_before: Instant,
     /// Its caller stops waiting then.
     answer_by: Instant,
-    reply: oneshot::Sender<Result<R, StoreError>>,
+    reply: oneshot::Sender<Result<R, CoordinatorError>>,
     /// Held until the command is answered.
     held: Held,
 }
@@ -121,7 +82,7 @@ impl<C, R> Clone for Coalescer<C, R> {
 pub struct CoalescerSettings {
     /// Batches that may run at once (each holds a store connection while it runs).
     pub executors: usize,
-    /// The most weight (see [`Coalescible::weight`]) in one batch; a heavier command still
+    /// The most weight (see [`Batchable::weight`]) in one batch; a heavier command still
     /// runs, alone.
     pub max_batch: usize,
     /// The most weight queued or running; more is refused at once.
@@ -135,7 +96,7 @@ pub struct CoalescerSettings {
 
 impl<C, R> Coalescer<C, R>
 where
-    C: Coalescible,
+    C: Batchable + Send + 'static,
     R: Send + 'static,
 {
     /// Starts the dispatcher. `execute` runs one round (no two commands share a conflict key)
@@ -148,7 +109,7 @@ where
         execute: F,
     ) -> Self
     where
-        F: Fn(Vec<C>) -> Fut + Send + Sync + 'static,
+        F: Fn(Round<C>) -> Fut + Send + Sync + 'static,
         Fut: Future<Output = Vec<Result<R, StoreError>>> + Send + 'static,
     {
         let (queue, mut waiting) = mpsc::unbounded_channel::<Pending<C, R>>();
@@ -203,13 +164,13 @@ where
     }
 
     /// Queues `command` and waits for its own result.
-    pub async fn submit(&self, command: C) -> Result<R, StoreError> {
+    pub async fn submit(&self, command: C) -> Result<R, CoordinatorError> {
         // A command heavier than the whole queue may still queue, alone.
         let weight = command.weight().clamp(1, self.queue_capacity);
         let room = u32::try_from(weight)
             .ok()
             .and_then(|weight| self.room.clone().try_acquire_many_owned(weight).ok())
-            .ok_or(StoreError::Busy)?;
+            .ok_or(CoordinatorError::Busy)?;
         let (reply, answer) = oneshot::channel();
         let submitted = Instant::now();
         let pending = Pending {
@@ -224,81 +185,71 @@ where
         };
         self.queue
             .send(pending)
-            .map_err(|_| StoreError::Inconsistent("the coalescer has stopped"))?;
+            .map_err(|_| CoordinatorError::Inconsistent("the coalescer has stopped"))?;
         answer
             .await
-            .unwrap_or(Err(StoreError::TimedOut(self.timeout)))
+            .unwrap_or(Err(CoordinatorError::TimedOut(self.timeout)))
     }
 }
 
 /// Runs a batch round by round, answering each command as soon as its round is done.
 async fn run_batch<C, R, F, Fut>(batch: Vec<Pending<C, R>>, execute: &F, timeout: Duration)
 where
-    C: Coalescible,
-    F: Fn(Vec<C>) -> Fut,
+    C: Batchable,
+    F: Fn(Round<C>) -> Fut,
     Fut: Future<Output = Vec<Result<R, StoreError>>>,
 {
-    for round in rounds(batch, |pending| pending.command.conflict_key()) {
+    let numbers = round_numbers(&batch, |pending| pending.command.conflict_key());
+    let mut pending: Vec<Option<Pending<C, R>>> = batch.into_iter().map(Some).collect();
+    let last_round = numbers.iter().copied().max().unwrap_or(0);
+    for round in 0..=last_round {
         let now = Instant::now();
-        let (late, due): (Vec<_>, Vec<_>) = round
-            .into_iter()
-            .map(|(_, pending)| pending)
-            .partition(|pending| pending.run_before < now);
-        for pending in late {
-            let _ = pending.reply.send(Err(StoreError::TimedOut(timeout)));
+        let mut due = Vec::new();
+        for (slot, _) in pending
+            .iter_mut()
+            .zip(&numbers)
+            .filter(|(_, n)| **n == round)
+        {
+            let Some(call) = slot.take() else { continue };
+            if call.run_before < now {
+                let _ = call.reply.send(Err(CoordinatorError::TimedOut(timeout)));
+            } else {
+                due.push(call);
+            }
         }
-        let Some(nobody_waits_after) = due.iter().map(|pending| pending.answer_by).max() else {
+        let Some(nobody_waits_after) = due.iter().map(|call| call.answer_by).max() else {
             continue;
         };
         let (commands, waiters): (Vec<_>, Vec<_>) = due
             .into_iter()
-            .map(|pending| (pending.command, (pending.reply, pending.held)))
+            .map(|call| (call.command, (call.reply, call.held)))
             .unzip();
-        let results = match tokio::time::timeout_at(nobody_waits_after, execute(commands)).await {
-            Ok(results) => results,
-            // The store's own limits end a statement before then, so only a store that stopped
-            // answering gets here: the outcome is unknown, and the callers have stopped
-            // waiting.
-            Err(_elapsed) => (0..waiters.len())
-                .map(|_| Err(StoreError::TimedOut(timeout)))
-                .collect(),
+        let results = match Round::new(commands) {
+            Ok(round) => match tokio::time::timeout_at(nobody_waits_after, execute(round)).await {
+                Ok(results) => results
+                    .into_iter()
+                    .map(|result| result.map_err(CoordinatorError::Store))
+                    .collect(),
+                // The store's own limits end a statement before then, so only a store that
+                // stopped answering gets here: the outcome is unknown, and the callers have
+                // stopped waiting.
+                Err(_elapsed) => (0..waiters.len())
+                    .map(|_| Err(CoordinatorError::TimedOut(timeout)))
+                    .collect(),
+            },
+            Err(_) => (0..waiters.len())
+                .map(|_| Err(CoordinatorError::Inconsistent("a round held one key twice")))
+                .collect::<Vec<_>>(),
         };
         let mut results = results.into_iter();
         for (reply, held) in waiters {
-            let result = results.next().unwrap_or(Err(StoreError::Inconsistent(
+            let result = results.next().unwrap_or(Err(CoordinatorError::Inconsistent(
                 "a batch answered fewer results than it had commands",
             )));
             let _ = reply.send(result);
             drop(held);
         }
     }
-}
-
-/// Splits `items` into rounds in which no two share a key, keeping their order: the first
-/// occurrence of every key in the first round, the second in the next, and so on; items
-/// without a key go in the first round. Running the rounds one after another resolves
-/// duplicates as if the calls had come one after another.
-pub fn rounds<T, K: Eq + Hash>(
-    items: Vec<T>,
-    key: impl Fn(&T) -> Option<K>,
-) -> Vec<Vec<(usize, T)>> {
-    let mut seen: HashMap<K, usize> = HashMap::new();
-    let mut rounds: Vec<Vec<(usize, T)>> = Vec::new();
-    for (index, item) in items.into_iter().enumerate() {
-        let round = match key(&item) {
-            Some(key) => {
-                let occurrence = seen.entry(key).or_insert(0);
-                *occurrence += 1;
-                *occurrence - 1
-            }
-            None => 0,
-        };
-        if rounds.len() <= round {
-            rounds.resize_with(round + 1, Vec::new);
-        }
-        rounds[round].push((index, item));
-    }
-    rounds
 }
 
 #[cfg(test)]
@@ -324,7 +275,7 @@ mod tests {
         }
     }
 
-    impl Coalescible for Command {
+    impl Batchable for Command {
         type Key = u32;
         fn conflict_key(&self) -> Option<u32> {
             self.key
@@ -355,8 +306,9 @@ mod tests {
             settings,
             TaskTracker::new(),
             InFlight::default(),
-            move |commands: Vec<Command>| {
+            move |round: Round<Command>| {
                 let recorded = recorded.clone();
+                let commands = round.into_commands();
                 async move {
                     recorded.lock().expect("rounds").push(commands.clone());
                     tokio::time::sleep(pause).await;
@@ -370,25 +322,9 @@ mod tests {
     fn spawn_submit(
         coalescer: &Coalescer<Command, u32>,
         command: Command,
-    ) -> tokio::task::JoinHandle<Result<u32, StoreError>> {
+    ) -> tokio::task::JoinHandle<Result<u32, CoordinatorError>> {
         let coalescer = coalescer.clone();
         tokio::spawn(async move { coalescer.submit(command).await })
-    }
-
-    #[test]
-    fn rounds_keep_order_and_separate_duplicates() {
-        let split = rounds(
-            vec![Some("a"), Some("b"), Some("a"), None, Some("a"), Some("b")],
-            |k| *k,
-        );
-        assert_eq!(
-            split,
-            vec![
-                vec![(0, Some("a")), (1, Some("b")), (3, None)],
-                vec![(2, Some("a")), (5, Some("b"))],
-                vec![(4, Some("a"))],
-            ]
-        );
     }
 
     #[tokio::test]
@@ -467,7 +403,10 @@ mod tests {
             tokio::task::yield_now().await;
         }
         let second = coalescer.submit(Command::keyed(2)).await;
-        assert!(matches!(second, Err(StoreError::TimedOut(_))), "{second:?}");
+        assert!(
+            matches!(second, Err(CoordinatorError::TimedOut(_))),
+            "{second:?}"
+        );
         assert_eq!(first.await.expect("task").expect("ran"), 2);
         assert_eq!(
             seen.lock().expect("rounds").len(),
@@ -494,11 +433,11 @@ mod tests {
         // The blocker held the executor past the budget of both: neither runs.
         assert!(matches!(
             once.await.expect("task"),
-            Err(StoreError::TimedOut(_))
+            Err(CoordinatorError::TimedOut(_))
         ));
         assert!(matches!(
             twice.await.expect("task"),
-            Err(StoreError::TimedOut(_))
+            Err(CoordinatorError::TimedOut(_))
         ));
 
         let first = spawn_submit(&coalescer, Command::keyed(7));
@@ -506,7 +445,7 @@ mod tests {
         assert_eq!(first.await.expect("task").expect("ran"), 14);
         let second = second.await.expect("task");
         assert!(
-            matches!(second, Err(StoreError::TimedOut(_))),
+            matches!(second, Err(CoordinatorError::TimedOut(_))),
             "the duplicate's round would start after its budget: {second:?}"
         );
         let ran: Vec<Vec<Option<u32>>> = seen
@@ -578,7 +517,7 @@ mod tests {
         let mut answered = 0;
         for handle in queued {
             match handle.await.expect("task") {
-                Err(StoreError::Busy) => refused += 1,
+                Err(CoordinatorError::Busy) => refused += 1,
                 Ok(_) => answered += 1,
                 Err(other) => panic!("unexpected: {other:?}"),
             }

@@ -1,11 +1,14 @@
-//! Runs each operation of the contract against the store, detached from the caller.
+//! The service layer: runs each operation of the contract against the store, detached from the
+//! caller, gathers concurrent calls into shared statements (`coalesce`), counts the calls in
+//! flight (`in_flight`), and holds each call to its share of the time budget
+//! (`domain::budget`).
 //!
 //! tonic drops a handler's future when the client cancels or its deadline passes, and the
 //! server stops polling handlers when the grace period ends. Store work that has begun must not
 //! be cut off half-way by either, so every operation runs in its own task (tracked, so shutdown
 //! can wait for it) and is bounded by its own timeout instead.
 //!
-//! That timeout is enforced by the store itself (see `store::Budget`: a bounded wait for a
+//! That timeout is enforced by the store itself (see `domain::budget`: a bounded wait for a
 //! connection, then a statement the database ends), because only the database can stop a
 //! statement without leaving its outcome in doubt: an UNAVAILABLE after such a timeout means
 //! nothing was written. The task's own deadline, at the full operation timeout, is reached only
@@ -17,13 +20,19 @@ use std::time::Duration;
 
 use tokio_util::task::TaskTracker;
 
-use crate::coalesce::{Coalescer, CoalescerSettings, Coalescible, InFlight};
+pub mod coalesce;
+pub mod in_flight;
+
+use coalesce::{Coalescer, CoalescerSettings};
+pub use in_flight::InFlight;
+
+use crate::domain::budget::TimeBudget;
 use crate::domain::{
     CompleteCommand, Completion, ExtendLeaseCommand, Instant, KeyState, LookupQuery,
     MarkProcessedCommand, ProcessedEvent, Rejection, ReleaseCommand, TryStartCommand,
-    TryStartOutcome, key_id,
+    TryStartOutcome,
 };
-use crate::store::{Store, StoreError};
+use crate::store::{AnyStore, Store, StoreError};
 
 /// Why an operation did not produce its answer.
 #[derive(Debug, thiserror::Error)]
@@ -32,6 +41,16 @@ pub enum CoordinatorError {
     Rejected(#[from] Rejection),
     #[error(transparent)]
     Store(#[from] StoreError),
+    /// Too many calls are already waiting for the store; this one was not queued.
+    #[error("too many calls are waiting for the store")]
+    Busy,
+    /// The call did not get its answer within the operation timeout (or its statement could
+    /// not start within its queue budget, in which case nothing was run).
+    #[error("the store did not answer within {0:?}")]
+    TimedOut(Duration),
+    /// The service found itself in a state its own rules exclude: a bug.
+    #[error("the service is in a state it does not expect: {0}")]
+    Inconsistent(&'static str),
     /// The task running the operation panicked or was aborted: a bug, reported opaquely.
     #[error("the operation's task failed")]
     TaskFailed(#[source] tokio::task::JoinError),
@@ -45,13 +64,6 @@ pub struct Coalescing {
     /// The most calls in one batch.
     pub max_batch: usize,
 }
-
-/// The share of the operation timeout a call may wait before its statement starts (in its
-/// batch's first round or a later one). Batches take milliseconds, so a longer wait means the
-/// store is in trouble: failing fast, with nothing written, is then the better answer. The rest
-/// of the timeout is the store's (`store::Budget`: 35% connection wait, 50% statement, 5% to
-/// answer).
-const QUEUE_WAIT_SHARE: u32 = 10;
 
 #[derive(Clone)]
 struct Coalescers {
@@ -68,49 +80,34 @@ const MARK_IDS_PER_BATCH_SLOT: usize = 16;
 /// wait would outlast the queue budget anyway: refusing at once is kinder.
 const QUEUED_BATCHES: usize = 16;
 
-impl Coalescible for TryStartCommand {
-    type Key = (String, String);
-    fn conflict_key(&self) -> Option<Self::Key> {
-        Some(key_id(&self.namespace, &self.key))
-    }
-}
-
-impl Coalescible for CompleteCommand {
-    type Key = (String, String);
-    fn conflict_key(&self) -> Option<Self::Key> {
-        Some(key_id(&self.namespace, &self.key))
-    }
-}
-
-/// Marks of one id by several calls may share a statement: the statement takes the ids in call
-/// order, so the first call records the id and the later ones find it processed.
-impl Coalescible for MarkProcessedCommand {
-    type Key = ();
-    fn conflict_key(&self) -> Option<()> {
-        None
-    }
-    fn weight(&self) -> usize {
-        self.event_ids.len()
+impl CoordinatorError {
+    /// Whether a caller may expect the same call to succeed later.
+    pub fn is_transient(&self) -> bool {
+        match self {
+            Self::Busy | Self::TimedOut(_) => true,
+            Self::Store(store) => store.is_transient(),
+            Self::Rejected(_) | Self::TaskFailed(_) | Self::Inconsistent(_) => false,
+        }
     }
 }
 
 #[derive(Clone)]
-pub struct Coordinator<S> {
-    store: S,
+pub struct Coordinator {
+    store: AnyStore,
     tasks: TaskTracker,
     operation_timeout: Duration,
     coalescers: Option<Coalescers>,
     in_flight: InFlight,
 }
 
-impl<S: Store> Coordinator<S> {
+impl Coordinator {
     /// `tasks` tracks every operation in flight so that shutdown can wait for them. With
     /// `coalescing`, concurrent TryStarts, Completes and MarkProcesseds share statements (see
     /// `coalesce`).
     /// `in_flight` counts the calls the store has yet to finish, whether or not their callers
     /// still wait.
     pub fn new(
-        store: S,
+        store: AnyStore,
         tasks: TaskTracker,
         in_flight: InFlight,
         operation_timeout: Duration,
@@ -126,7 +123,7 @@ impl<S: Store> Coordinator<S> {
                 executors: coalescing.executors,
                 max_batch: coalescing.max_batch,
                 queue_capacity,
-                wait_budget: operation_timeout / QUEUE_WAIT_SHARE,
+                wait_budget: TimeBudget::of(operation_timeout).queue_wait,
                 timeout: operation_timeout,
             };
             let for_try_start = store.clone();
@@ -203,11 +200,11 @@ impl<S: Store> Coordinator<S> {
     /// of its own: a caller that leaves only stops waiting.
     async fn queued<T>(
         &self,
-        answer: impl Future<Output = Result<T, StoreError>>,
+        answer: impl Future<Output = Result<T, CoordinatorError>>,
     ) -> Result<T, CoordinatorError> {
         match tokio::time::timeout(self.operation_timeout, answer).await {
-            Ok(result) => Ok(result?),
-            Err(_elapsed) => Err(StoreError::TimedOut(self.operation_timeout).into()),
+            Ok(result) => result,
+            Err(_elapsed) => Err(CoordinatorError::TimedOut(self.operation_timeout)),
         }
     }
 
@@ -249,7 +246,7 @@ impl<S: Store> Coordinator<S> {
     /// await is dropped: the task runs on to its end.
     async fn run<T, F, Fut>(&self, operation: F) -> Result<T, CoordinatorError>
     where
-        F: FnOnce(S) -> Fut,
+        F: FnOnce(AnyStore) -> Fut,
         Fut: Future<Output = Result<T, StoreError>> + Send + 'static,
         T: Send + 'static,
     {
@@ -259,12 +256,12 @@ impl<S: Store> Coordinator<S> {
         let task = self.tasks.spawn(async move {
             let _in_flight = in_flight;
             match tokio::time::timeout(timeout, work).await {
-                Ok(result) => result,
-                Err(_elapsed) => Err(StoreError::TimedOut(timeout)),
+                Ok(result) => result.map_err(CoordinatorError::Store),
+                Err(_elapsed) => Err(CoordinatorError::TimedOut(timeout)),
             }
         });
         match task.await {
-            Ok(result) => Ok(result?),
+            Ok(result) => result,
             Err(join_error) => Err(CoordinatorError::TaskFailed(join_error)),
         }
     }

@@ -1,0 +1,44 @@
+//! PostgreSQL's failures, sorted by SQLSTATE into what a caller can act on.
+
+use crate::store::StoreError;
+
+/// Sorts a driver error into what a caller can act on, by SQLSTATE, never by message text.
+///
+/// A statement PostgreSQL aborted (a deadlock it broke, its `statement_timeout`) wrote nothing
+/// and is reported as such (UNAVAILABLE). No statement is tried again: a second one would need
+/// a second budget and could commit after the caller was told it timed out. Every statement
+/// that locks several rows locks them in one order, so deadlocks do not arise between them.
+pub(super) fn classify(error: sqlx::Error) -> StoreError {
+    let unavailable = match &error {
+        sqlx::Error::Io(_)
+        | sqlx::Error::Tls(_)
+        | sqlx::Error::PoolTimedOut
+        | sqlx::Error::PoolClosed
+        | sqlx::Error::WorkerCrashed => true,
+        sqlx::Error::Database(db) => {
+            let code = db.code().unwrap_or_default();
+            match code.as_ref() {
+                // undefined_table, undefined_column, undefined_object, undefined_function,
+                // invalid_schema_name: the schema is not (fully) migrated yet.
+                "42P01" | "42703" | "42704" | "42883" | "3F000" => {
+                    return StoreError::NotMigrated(db.message().to_owned());
+                }
+                // query_canceled (our statement_timeout), serialization_failure,
+                // deadlock_detected, lock_not_available, invalid_catalog_name (the database
+                // is not created yet), authentication failures.
+                "57014" | "40001" | "40P01" | "55P03" | "3D000" | "28000" | "28P01" => true,
+                // connection_exception, insufficient_resources, operator_intervention
+                // (admin_shutdown, crash_shutdown, cannot_connect_now).
+                other => {
+                    other.starts_with("08") || other.starts_with("53") || other.starts_with("57P")
+                }
+            }
+        }
+        _ => false,
+    };
+    if unavailable {
+        StoreError::Unavailable(error)
+    } else {
+        StoreError::Internal(error)
+    }
+}

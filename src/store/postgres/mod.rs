@@ -1,0 +1,444 @@
+//! The PostgreSQL store. Each state change is one guarded statement (`INSERT … ON CONFLICT …
+//! RETURNING`, `UPDATE … WHERE lease_token = $n RETURNING`), so no window opens between a read
+//! and a write, and no transaction stays open while a caller works: leases, not row locks.
+//!
+//! Every instant comes from the database clock. A statement that changes a key locks the row
+//! first and judges it, expiry included, by `clock_timestamp()` read once the lock is granted,
+//! not by `now()` (the instant the statement began): a statement that waited for a row lock
+//! must not act on the key as it was before the wait, or it could revive, or complete, a key
+//! that expired, and that others saw absent, while it waited. Plain reads (Lookup) use `now()`,
+//! the instant of their snapshot.
+
+mod error;
+mod rows;
+mod sql;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use sqlx::migrate::{MigrateDatabase, Migrator};
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::{PgPool, Postgres};
+
+use self::error::classify;
+use self::rows::{CompleteRow, GuardRow, KeyRow, MarkRow, TryStartBatchRow, TryStartRow};
+use self::sql::*;
+use super::schema;
+use super::{Store, StoreError};
+use crate::domain::batch::Round;
+use crate::domain::budget::TimeBudget;
+use crate::domain::{
+    CompleteCommand, Completion, ExtendLeaseCommand, GuardedKey, Instant, KeyRecord, KeyState,
+    LeaseToken, LookupQuery, MarkProcessedCommand, ProcessedEvent, Rejection, ReleaseCommand,
+    TryStartCommand, TryStartOutcome, classify_refusal, key_id,
+};
+
+static MIGRATOR: Migrator = sqlx::migrate!("./migrations/postgres");
+
+/// How the store connects.
+#[derive(Debug, Clone)]
+pub struct PgSettings {
+    pub url: String,
+    pub pool_size: u32,
+    /// The budget of one operation, shared out by [`TimeBudget`]: PostgreSQL itself stops a
+    /// statement that runs too long (`statement_timeout`), so a timeout it reports means that
+    /// nothing was written.
+    pub operation_timeout: Duration,
+}
+
+#[derive(Clone)]
+pub struct PgStore {
+    /// Serves the RPCs and the reaper.
+    pool: PgPool,
+    /// One connection of its own for health probes, so that a pool busy with calls does not
+    /// look like an unreachable database.
+    probe_pool: PgPool,
+    /// For migrations, which run on a connection of their own without a statement timeout.
+    migration_options: Arc<PgConnectOptions>,
+    url: String,
+}
+
+impl std::fmt::Debug for PgStore {
+    // The URL may carry a password: never print it.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PgStore").finish_non_exhaustive()
+    }
+}
+
+impl PgStore {
+    /// Builds the pool without connecting, so the service can start (and report NOT_SERVING)
+    /// while the database is still unreachable.
+    pub fn connect_lazy(settings: &PgSettings) -> Result<Self, sqlx::Error> {
+        let budget = TimeBudget::of(settings.operation_timeout);
+        let migration_options: PgConnectOptions = settings
+            .url
+            .parse::<PgConnectOptions>()?
+            .application_name("idempotency-coordinator");
+        let statement_timeout_ms = budget.statement.as_millis().max(1).to_string();
+        // Generic plans: every statement here is an index lookup or a walk over unnest()ed
+        // arrays, whose best plan does not depend on the values, and re-planning the larger
+        // statements for each call costs more than running them.
+        let options = migration_options.clone().options([
+            ("statement_timeout", statement_timeout_ms.as_str()),
+            ("plan_cache_mode", "force_generic_plan"),
+        ]);
+        let pool = PgPoolOptions::new()
+            .max_connections(settings.pool_size)
+            .acquire_timeout(budget.connection_wait)
+            .connect_lazy_with(options.clone());
+        let probe_pool = PgPoolOptions::new()
+            .max_connections(1)
+            .acquire_timeout(budget.connection_wait)
+            .connect_lazy_with(options);
+        Ok(Self {
+            pool,
+            probe_pool,
+            migration_options: Arc::new(migration_options),
+            url: settings.url.clone(),
+        })
+    }
+
+    /// The pool, for tests and tools that inspect the database directly.
+    pub fn pool(&self) -> &PgPool {
+        &self.pool
+    }
+}
+
+/// How often a guarded write is tried when the read that explains its refusal finds the caller
+/// to be the current holder of an in-progress key after all (the key changed in between).
+const GUARD_ATTEMPTS: usize = 3;
+
+impl PgStore {
+    /// Runs `write` (a statement guarded on the caller's token that answers a row only when it
+    /// applied: Release, ExtendLease) and answers that row, or, when it changed nothing, reads
+    /// the key to say why. Tokens are never reused
+    /// and completed keys never reopen, so what the read finds explains the refusal; should it
+    /// find the caller holding an in-progress key after all (which only a token guessed before
+    /// it was handed out can cause), the write is tried again.
+    async fn guarded_write<T, F, Fut>(
+        &self,
+        namespace: &str,
+        key: &str,
+        token: LeaseToken,
+        mut write: F,
+    ) -> Result<Result<T, Rejection>, StoreError>
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = Result<Option<T>, sqlx::Error>>,
+    {
+        for _ in 0..GUARD_ATTEMPTS {
+            if let Some(applied) = write().await.map_err(classify)? {
+                return Ok(Ok(applied));
+            }
+            let found: Option<GuardRow> = sqlx::query_as(GUARD_STATE)
+                .bind(namespace)
+                .bind(key)
+                .fetch_optional(&self.pool)
+                .await
+                .map_err(classify)?;
+            match classify_refusal(found.map(GuardedKey::from), token) {
+                Err(rejection) => return Ok(Err(rejection)),
+                // Without an offered response, a completed key is always ALREADY_COMPLETED.
+                Ok(Some(_)) => return Ok(Err(Rejection::AlreadyCompleted)),
+                Ok(None) => continue,
+            }
+        }
+        Err(StoreError::Inconsistent(
+            "a guarded write kept refusing the current holder of an in-progress key",
+        ))
+    }
+}
+
+/// `error` as the answer of each of `count` commands.
+fn failed<T>(error: StoreError, count: usize) -> Vec<Result<T, StoreError>> {
+    error.for_each_of(count).into_iter().map(Err).collect()
+}
+
+impl Store for PgStore {
+    async fn try_start(&self, command: TryStartCommand) -> Result<TryStartOutcome, StoreError> {
+        let row: TryStartRow = sqlx::query_as(TRY_START)
+            .bind(command.namespace.as_str())
+            .bind(command.key.as_str())
+            .bind(command.fingerprint.as_bytes())
+            .bind(command.lease_ttl.as_micros())
+            .bind(command.retention.as_micros())
+            .bind(command.attempt_id.as_ref().map(|a| a.as_str()))
+            .fetch_one(&self.pool)
+            .await
+            .map_err(classify)?;
+        Ok(TryStartOutcome::from_record(
+            row.key.into(),
+            row.newly_claimed,
+            &command,
+        ))
+    }
+
+    async fn complete(
+        &self,
+        command: CompleteCommand,
+    ) -> Result<Result<Completion, Rejection>, StoreError> {
+        let mut results = self.complete_batch(Round::one(command)).await;
+        results
+            .pop()
+            .unwrap_or(Err(StoreError::Inconsistent("a completion was not run")))
+    }
+
+    /// One statement for the whole round (its keys are distinct).
+    async fn try_start_batch(
+        &self,
+        round: Round<TryStartCommand>,
+    ) -> Vec<Result<TryStartOutcome, StoreError>> {
+        if round.len() == 1 {
+            // A lone call takes the one-row statement, whose plan is simpler.
+            let mut results = Vec::with_capacity(1);
+            for command in round {
+                results.push(self.try_start(command).await);
+            }
+            return results;
+        }
+        let namespaces: Vec<&str> = round.iter().map(|c| c.namespace.as_str()).collect();
+        let keys: Vec<&str> = round.iter().map(|c| c.key.as_str()).collect();
+        let fingerprints: Vec<&[u8]> = round.iter().map(|c| c.fingerprint.as_bytes()).collect();
+        let leases: Vec<i64> = round.iter().map(|c| c.lease_ttl.as_micros()).collect();
+        let retentions: Vec<i64> = round.iter().map(|c| c.retention.as_micros()).collect();
+        let attempt_ids: Vec<Option<&str>> = round
+            .iter()
+            .map(|c| c.attempt_id.as_ref().map(|a| a.as_str()))
+            .collect();
+        let rows: Vec<TryStartBatchRow> = match sqlx::query_as(TRY_START_BATCH)
+            .bind(&namespaces)
+            .bind(&keys)
+            .bind(&fingerprints)
+            .bind(&leases)
+            .bind(&retentions)
+            .bind(&attempt_ids)
+            .fetch_all(&self.pool)
+            .await
+        {
+            Ok(rows) => rows,
+            Err(error) => return failed(classify(error), round.len()),
+        };
+        let mut by_key: HashMap<(String, String), TryStartBatchRow> = rows
+            .into_iter()
+            .map(|row| ((row.namespace.clone(), row.key_name.clone()), row))
+            .collect();
+        round
+            .into_iter()
+            .map(
+                |command| match by_key.remove(&key_id(&command.namespace, &command.key)) {
+                    Some(row) => Ok(TryStartOutcome::from_record(
+                        row.key.into(),
+                        row.newly_claimed,
+                        &command,
+                    )),
+                    None => Err(StoreError::Inconsistent("a batched claim returned no row")),
+                },
+            )
+            .collect()
+    }
+
+    /// One statement for the whole round, like [`Self::try_start_batch`], which answers every
+    /// call of the round, refusals included.
+    async fn complete_batch(
+        &self,
+        round: Round<CompleteCommand>,
+    ) -> Vec<Result<Result<Completion, Rejection>, StoreError>> {
+        let namespaces: Vec<&str> = round.iter().map(|c| c.namespace.as_str()).collect();
+        let keys: Vec<&str> = round.iter().map(|c| c.key.as_str()).collect();
+        let tokens: Vec<i64> = round.iter().map(|c| c.lease_token.get()).collect();
+        let responses: Vec<&[u8]> = round.iter().map(|c| c.response.as_bytes()).collect();
+        let retentions: Vec<Option<i64>> = round
+            .iter()
+            .map(|c| c.retention.map(|r| r.as_micros()))
+            .collect();
+        let rows: Vec<CompleteRow> = match sqlx::query_as(COMPLETE)
+            .bind(&namespaces)
+            .bind(&keys)
+            .bind(&tokens)
+            .bind(&responses)
+            .bind(&retentions)
+            .fetch_all(&self.pool)
+            .await
+        {
+            Ok(rows) => rows,
+            Err(error) => return failed(classify(error), round.len()),
+        };
+        if rows.len() != round.len() {
+            return failed(
+                StoreError::Inconsistent("a Complete statement did not answer one row per call"),
+                round.len(),
+            );
+        }
+        round
+            .into_iter()
+            .zip(rows)
+            .map(|(command, row)| row.answer(command.lease_token))
+            .collect()
+    }
+
+    async fn release(&self, command: ReleaseCommand) -> Result<Result<(), Rejection>, StoreError> {
+        let outcome = self
+            .guarded_write(
+                command.namespace.as_str(),
+                command.key.as_str(),
+                command.lease_token,
+                || {
+                    sqlx::query_as::<_, (i64,)>(RELEASE)
+                        .bind(command.namespace.as_str())
+                        .bind(command.key.as_str())
+                        .bind(command.lease_token.get())
+                        .fetch_optional(&self.pool)
+                },
+            )
+            .await?;
+        Ok(outcome.map(drop))
+    }
+
+    async fn extend_lease(
+        &self,
+        command: ExtendLeaseCommand,
+    ) -> Result<Result<Instant, Rejection>, StoreError> {
+        let checkpoint = command.checkpoint.as_ref().map(|c| c.as_bytes());
+        let outcome = self
+            .guarded_write(
+                command.namespace.as_str(),
+                command.key.as_str(),
+                command.lease_token,
+                || {
+                    sqlx::query_as::<_, (Instant,)>(EXTEND_LEASE)
+                        .bind(command.namespace.as_str())
+                        .bind(command.key.as_str())
+                        .bind(command.lease_token.get())
+                        .bind(command.lease_ttl.as_micros())
+                        .bind(checkpoint.is_some())
+                        .bind(checkpoint)
+                        .fetch_optional(&self.pool)
+                },
+            )
+            .await?;
+        Ok(outcome.map(|(lease_expires_at,)| lease_expires_at))
+    }
+
+    async fn lookup(&self, query: LookupQuery) -> Result<KeyState, StoreError> {
+        let row: Option<KeyRow> = sqlx::query_as(LOOKUP)
+            .bind(query.namespace.as_str())
+            .bind(query.key.as_str())
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(classify)?;
+        Ok(KeyState::of(row.map(KeyRecord::from)))
+    }
+
+    async fn mark_processed(
+        &self,
+        command: MarkProcessedCommand,
+    ) -> Result<Vec<ProcessedEvent>, StoreError> {
+        let mut results = self.mark_processed_batch(Round::one(command)).await;
+        results
+            .pop()
+            .unwrap_or(Err(StoreError::Inconsistent("a mark was not run")))
+    }
+
+    /// Every call in one statement: their ids in call order, so that an id two calls carry is
+    /// new for the first and already processed for the second, exactly as one after another;
+    /// the rows are then handed back call by call.
+    async fn mark_processed_batch(
+        &self,
+        round: Round<MarkProcessedCommand>,
+    ) -> Vec<Result<Vec<ProcessedEvent>, StoreError>> {
+        let commands = round.into_commands();
+        let total: usize = commands.iter().map(|c| c.event_ids.len()).sum();
+        let mut consumers: Vec<&str> = Vec::with_capacity(total);
+        let mut ids: Vec<&str> = Vec::with_capacity(total);
+        let mut retentions: Vec<i64> = Vec::with_capacity(total);
+        for command in &commands {
+            for id in &command.event_ids {
+                consumers.push(command.consumer.as_str());
+                ids.push(id.as_str());
+                retentions.push(command.retention.as_micros());
+            }
+        }
+        let rows: Result<Vec<MarkRow>, StoreError> = sqlx::query_as(MARK_PROCESSED)
+            .bind(&consumers)
+            .bind(&ids)
+            .bind(&retentions)
+            .fetch_all(&self.pool)
+            .await
+            .map_err(classify);
+        match rows {
+            Ok(rows) if rows.len() == total => {
+                let mut rows = rows.into_iter().map(|row| ProcessedEvent {
+                    event_id: row.event_id,
+                    already_processed: row.already_processed,
+                    processed_at: row.processed_at,
+                });
+                commands
+                    .iter()
+                    .map(|command| Ok(rows.by_ref().take(command.event_ids.len()).collect()))
+                    .collect()
+            }
+            Ok(_) => commands
+                .iter()
+                .map(|_| {
+                    Err(StoreError::Inconsistent(
+                        "a statement of marks returned a row count unlike its ids",
+                    ))
+                })
+                .collect(),
+            Err(error) => failed(error, commands.len()),
+        }
+    }
+
+    async fn reap_expired_keys(&self, limit: u32) -> Result<u64, StoreError> {
+        let (deleted,): (i64,) = sqlx::query_as(REAP_KEYS)
+            .bind(i64::from(limit))
+            .fetch_one(&self.pool)
+            .await
+            .map_err(classify)?;
+        Ok(deleted.unsigned_abs())
+    }
+
+    async fn reap_expired_events(&self, limit: u32) -> Result<u64, StoreError> {
+        let (deleted,): (i64,) = sqlx::query_as(REAP_EVENTS)
+            .bind(i64::from(limit))
+            .fetch_one(&self.pool)
+            .await
+            .map_err(classify)?;
+        Ok(deleted.unsigned_abs())
+    }
+
+    async fn migrate(&self) -> Result<(), StoreError> {
+        // A database that does not exist yet is created, so a first start needs nothing by
+        // hand; where the role may not create databases, the original error is reported.
+        if let Ok(false) = Postgres::database_exists(&self.url).await {
+            if let Err(error) = Postgres::create_database(&self.url).await {
+                tracing::warn!(error = %error, "could not create the database");
+            } else {
+                tracing::info!("created the database");
+            }
+        }
+        // A connection of its own, without the statement timeout: a migration may take long.
+        let connection = PgPoolOptions::new()
+            .max_connections(1)
+            .connect_with(PgConnectOptions::clone(&self.migration_options))
+            .await
+            .map_err(classify)?;
+        let migrated = MIGRATOR.run(&connection).await;
+        connection.close().await;
+        migrated.map_err(|error| schema::migration_error(error, classify))
+    }
+
+    async fn probe(&self) -> Result<(), StoreError> {
+        let (version,): (i64,) = sqlx::query_as(schema::SCHEMA_VERSION)
+            .fetch_one(&self.probe_pool)
+            .await
+            .map_err(classify)?;
+        schema::require_version(&MIGRATOR, version)
+    }
+
+    async fn close(&self) {
+        self.probe_pool.close().await;
+        self.pool.close().await;
+    }
+}

@@ -1,0 +1,133 @@
+//! Rows as PostgreSQL's statements return them, and what they mean in the domain.
+
+use sqlx::FromRow;
+
+use crate::domain::{
+    Completion, GuardedKey, Instant, KeyRecord, LeaseToken, Rejection, classify_refusal,
+};
+use crate::store::StoreError;
+use crate::store::schema::{attempt_number, stored_duration};
+
+/// A key's row, as every statement that reads one returns it.
+#[derive(FromRow)]
+pub(super) struct KeyRow {
+    pub(super) lease_token: i64,
+    pub(super) attempt: i32,
+    pub(super) attempt_id: Option<String>,
+    pub(super) lease_expires_at: Instant,
+    pub(super) fingerprint: Vec<u8>,
+    pub(super) checkpoint: Option<Vec<u8>>,
+    pub(super) response: Option<Vec<u8>>,
+    pub(super) completed_at: Option<Instant>,
+    pub(super) retention_us: i64,
+    pub(super) expires_at: Instant,
+}
+
+#[derive(FromRow)]
+pub(super) struct TryStartRow {
+    pub(super) newly_claimed: bool,
+    #[sqlx(flatten)]
+    pub(super) key: KeyRow,
+}
+
+/// A row of [`super::sql::TRY_START_BATCH`]: which key it is, and the key as TryStart left it.
+#[derive(FromRow)]
+pub(super) struct TryStartBatchRow {
+    pub(super) namespace: String,
+    #[sqlx(rename = "key")]
+    pub(super) key_name: String,
+    pub(super) newly_claimed: bool,
+    #[sqlx(flatten)]
+    pub(super) key: KeyRow,
+}
+
+impl From<KeyRow> for KeyRecord {
+    fn from(row: KeyRow) -> Self {
+        Self {
+            fingerprint: row.fingerprint,
+            lease_token: LeaseToken::from_stored(row.lease_token),
+            attempt: attempt_number(i64::from(row.attempt)),
+            attempt_id: row.attempt_id,
+            lease_expires_at: row.lease_expires_at,
+            checkpoint: row.checkpoint,
+            response: row.response,
+            completed_at: row.completed_at,
+            retention: stored_duration(row.retention_us),
+            expires_at: row.expires_at,
+        }
+    }
+}
+
+#[derive(FromRow)]
+pub(super) struct GuardRow {
+    pub(super) lease_token: i64,
+    pub(super) completed_at: Option<Instant>,
+    pub(super) expires_at: Instant,
+    pub(super) same_response: bool,
+}
+
+impl From<GuardRow> for GuardedKey {
+    fn from(row: GuardRow) -> Self {
+        Self {
+            lease_token: LeaseToken::from_stored(row.lease_token),
+            completion: row.completed_at.map(|completed_at| Completion {
+                completed_at,
+                expires_at: row.expires_at,
+            }),
+            same_response: row.same_response,
+        }
+    }
+}
+
+/// A row of [`super::sql::COMPLETE`], one per call in call order: the completion if it applied, and
+/// otherwise the key as it stood under the lock (all `NULL` if there was no row).
+#[derive(FromRow)]
+pub(super) struct CompleteRow {
+    pub(super) applied_at: Option<Instant>,
+    pub(super) applied_expires_at: Option<Instant>,
+    pub(super) live: bool,
+    pub(super) lease_token: Option<i64>,
+    pub(super) completed_at: Option<Instant>,
+    pub(super) expires_at: Option<Instant>,
+    pub(super) same_response: bool,
+}
+
+impl CompleteRow {
+    /// The call's answer, as the one-key judgement of a guarded write would give it.
+    pub(super) fn answer(
+        self,
+        token: LeaseToken,
+    ) -> Result<Result<Completion, Rejection>, StoreError> {
+        if let (Some(completed_at), Some(expires_at)) = (self.applied_at, self.applied_expires_at) {
+            return Ok(Ok(Completion {
+                completed_at,
+                expires_at,
+            }));
+        }
+        let found = match (self.live, self.lease_token, self.expires_at) {
+            (true, Some(lease_token), Some(expires_at)) => Some(GuardedKey {
+                lease_token: LeaseToken::from_stored(lease_token),
+                completion: self.completed_at.map(|completed_at| Completion {
+                    completed_at,
+                    expires_at,
+                }),
+                same_response: self.same_response,
+            }),
+            _ => None,
+        };
+        match classify_refusal(found, token) {
+            Err(rejection) => Ok(Err(rejection)),
+            Ok(Some(completion)) => Ok(Ok(completion)),
+            Ok(None) => Err(StoreError::Inconsistent(
+                "a Complete was refused to the holder of a live, open key",
+            )),
+        }
+    }
+}
+
+#[derive(FromRow)]
+pub(super) struct MarkRow {
+    pub(super) event_id: String,
+    pub(super) processed_at: Instant,
+    pub(super) already_processed: bool,
+}

@@ -1,0 +1,371 @@
+//! Every statement of the PostgreSQL store. The statements share pieces (the columns of a key,
+//! TryStart's decision table), so they are put together here with `concat!` rather than read
+//! from separate files.
+
+/// The columns of [`KeyRow`], for statements that return one.
+macro_rules! key_columns {
+    ($alias:literal) => {
+        concat!(
+            $alias,
+            "lease_token, ",
+            $alias,
+            "attempt, ",
+            $alias,
+            "attempt_id, ",
+            $alias,
+            "lease_expires_at, ",
+            $alias,
+            "fingerprint, ",
+            $alias,
+            "checkpoint, ",
+            $alias,
+            "response, ",
+            $alias,
+            "completed_at, ",
+            $alias,
+            "retention_us, ",
+            $alias,
+            "expires_at"
+        )
+    };
+}
+
+/// The heart of TryStart's conflict branch, shared by the one-row and the batch statements:
+/// the key's new columns for each `t.action`, given `t.lease_end` and `t.retention_end`
+/// (computed by each statement from its own inputs) and the decision below. A new claim draws
+/// its fencing token here, under the row's lock, so that it is greater than the token of
+/// whoever held the key before, however long the statement waited for the lock; it records
+/// the statement's ticket (`excluded.claim_ticket`), by which the statement recognises its
+/// claim.
+macro_rules! claim_assignments {
+    () => {
+        r#"
+    (fingerprint, lease_token, claim_ticket, attempt, attempt_id, lease_expires_at, checkpoint,
+     response, completed_at, retention_us, expires_at) =
+    (SELECT
+        CASE t.action WHEN 'fresh' THEN excluded.fingerprint ELSE k.fingerprint END,
+        CASE WHEN t.action IN ('fresh', 'takeover') THEN nextval('lease_token_seq')
+             ELSE k.lease_token END,
+        CASE WHEN t.action IN ('fresh', 'takeover') THEN excluded.claim_ticket
+             ELSE k.claim_ticket END,
+        CASE t.action WHEN 'fresh' THEN 1 WHEN 'takeover' THEN k.attempt + 1
+             ELSE k.attempt END,
+        CASE WHEN t.action IN ('fresh', 'takeover') THEN excluded.attempt_id
+             ELSE k.attempt_id END,
+        CASE t.action
+             WHEN 'reenter' THEN greatest(k.lease_expires_at, t.lease_end)
+             WHEN 'none' THEN k.lease_expires_at
+             ELSE t.lease_end END,
+        CASE t.action WHEN 'fresh' THEN NULL ELSE k.checkpoint END,
+        CASE t.action WHEN 'fresh' THEN NULL ELSE k.response END,
+        CASE t.action WHEN 'fresh' THEN NULL ELSE k.completed_at END,
+        CASE WHEN t.action IN ('fresh', 'takeover') THEN excluded.retention_us
+             ELSE k.retention_us END,
+        CASE t.action
+             WHEN 'fresh' THEN t.retention_end
+             WHEN 'takeover' THEN greatest(k.expires_at, t.retention_end)
+             WHEN 'reenter' THEN greatest(k.expires_at, t.lease_end)
+             ELSE k.expires_at END
+"#
+    };
+}
+
+/// The contract's TryStart order on the locked row `k`, by the clock read under the lock
+/// (`locked.at`); the closing of the sub-selects that [`claim_assignments!`] opens.
+macro_rules! claim_action {
+    () => {
+        r#"
+        CASE
+            WHEN k.expires_at <= locked.at THEN 'fresh'
+            WHEN k.fingerprint <> excluded.fingerprint THEN 'none'
+            WHEN k.completed_at IS NOT NULL THEN 'none'
+            WHEN k.attempt_id = excluded.attempt_id THEN 'reenter'
+            WHEN k.lease_expires_at > locked.at THEN 'none'
+            ELSE 'takeover'
+        END AS action) AS t)
+"#
+    };
+}
+
+/// TryStart as one statement. The proposed row always carries a freshly drawn token; on
+/// conflict, `action` applies the contract's order to the existing row, as it stands once its
+/// lock is held and by the clock read at that moment (`t.at`). It is the table of
+/// `domain::claim_action` and `domain::claimed_record`, in SQL:
+///
+/// - `fresh`: the row's retention is over, so the key is absent: claim it anew (attempt 1).
+/// - `none`: another fingerprint, a completed key, or a lease still running: change nothing.
+/// - `reenter`: the holder's own attempt_id: same token, lease renewed to the later expiry.
+/// - `takeover`: the lease ran out: new token, attempt + 1, checkpoint handed over.
+///
+/// The update always happens (even for `none`, as a no-op) so that RETURNING reports the row as
+/// it stands under the lock, never a stale snapshot; the caller got a new claim exactly when the
+/// row carries the ticket this statement drew (a fresh insert uses it as its token too: the
+/// statement waits for no other row first).
+pub(super) const TRY_START: &str = concat!(
+    r#"
+WITH new_token AS (SELECT nextval('lease_token_seq') AS value),
+     claimed AS (SELECT clock_timestamp() AS at)
+INSERT INTO idempotency_keys AS k
+    (namespace, key, fingerprint, lease_token, claim_ticket, attempt, attempt_id,
+     lease_expires_at, checkpoint, response, completed_at, retention_us, expires_at)
+SELECT $1, $2, $3, new_token.value, new_token.value, 1, $6,
+       claimed.at + $4 * interval '1 microsecond',
+       NULL, NULL, NULL, $5,
+       claimed.at + greatest($4, $5) * interval '1 microsecond'
+FROM new_token CROSS JOIN claimed
+ON CONFLICT (namespace, key) DO UPDATE SET
+"#,
+    claim_assignments!(),
+    r#"     FROM (SELECT clock_timestamp() AS at) AS locked
+     CROSS JOIN LATERAL (SELECT
+        locked.at AS at,
+        locked.at + $4 * interval '1 microsecond' AS lease_end,
+        locked.at + greatest($4, $5) * interval '1 microsecond' AS retention_end,
+"#,
+    claim_action!(),
+    r#"
+RETURNING coalesce(k.claim_ticket = (SELECT value FROM new_token), false) AS newly_claimed, "#,
+    key_columns!("k.")
+);
+
+/// TryStart for many keys in one statement: the same table as [`TRY_START`], row by row. Each
+/// call draws a ticket, by which the statement recognises its claims. The rows are then
+/// inserted in key order (`COLLATE "C"`, the order every statement that locks several keys
+/// takes them in), and each row draws its token and reads the clock only when its turn comes,
+/// after the rows before it have been inserted or locked (PostgreSQL evaluates the volatile
+/// columns above the sort, one row at a time). A row that conflicts is judged, and draws any
+/// new token, under its lock. The input carries each call's lease and retention, which the
+/// conflict branch looks up by key (keys are distinct within one statement).
+pub(super) const TRY_START_BATCH: &str = concat!(
+    r#"
+WITH input AS (
+    SELECT * FROM unnest($1::text[], $2::text[], $3::bytea[], $4::bigint[], $5::bigint[],
+                         $6::text[])
+        AS i(namespace, key, fingerprint, lease_us, retention_us, attempt_id)
+),
+drawn AS MATERIALIZED (
+    SELECT i.*, nextval('lease_token_seq') AS ticket FROM input AS i
+)
+INSERT INTO idempotency_keys AS k
+    (namespace, key, fingerprint, lease_token, claim_ticket, attempt, attempt_id,
+     lease_expires_at, checkpoint, response, completed_at, retention_us, expires_at)
+SELECT r.namespace, r.key, r.fingerprint, r.token, r.ticket, 1, r.attempt_id,
+       r.at + r.lease_us * interval '1 microsecond', NULL, NULL, NULL, r.retention_us,
+       r.at + greatest(r.lease_us, r.retention_us) * interval '1 microsecond'
+FROM (
+    SELECT d.*, nextval('lease_token_seq') AS token, clock_timestamp() AS at
+    FROM drawn AS d
+    ORDER BY d.namespace COLLATE "C", d.key COLLATE "C"
+) AS r
+ON CONFLICT (namespace, key) DO UPDATE SET
+"#,
+    claim_assignments!(),
+    r#"     FROM (SELECT d.lease_us, d.retention_us FROM drawn AS d
+           WHERE d.namespace = excluded.namespace AND d.key = excluded.key) AS p
+     CROSS JOIN (SELECT clock_timestamp() AS at) AS locked
+     CROSS JOIN LATERAL (SELECT
+        locked.at + p.lease_us * interval '1 microsecond' AS lease_end,
+        locked.at + greatest(p.lease_us, p.retention_us) * interval '1 microsecond'
+            AS retention_end,
+"#,
+    claim_action!(),
+    r#"
+RETURNING k.namespace, k.key,
+          coalesce(k.claim_ticket = (SELECT d.ticket FROM drawn AS d
+                                     WHERE d.namespace = k.namespace AND d.key = k.key),
+                   false) AS newly_claimed, "#,
+    key_columns!("k.")
+);
+
+/// Complete, for one key or many, in one statement that answers every call. The rows are
+/// locked in key order before anything is judged; once all are held, the clock is read once
+/// (`judged.at`), and each call's key is judged by it: the holder's own in-progress key is
+/// completed (stamped with that instant, the checkpoint dropped), and for every other call the
+/// row as it stood under the lock comes back, which says why it was refused
+/// (`domain::classify_refusal`), so no second statement is needed to explain a refusal.
+pub(super) const COMPLETE: &str = r#"
+WITH input AS (
+    SELECT * FROM unnest($1::text[], $2::text[], $3::bigint[], $4::bytea[], $5::bigint[])
+        WITH ORDINALITY AS i(namespace, key, lease_token, response, retention_us, position)
+),
+locked AS MATERIALIZED (
+    SELECT k.namespace, k.key, k.lease_token, k.completed_at, k.expires_at, k.retention_us,
+           k.response
+    FROM idempotency_keys AS k
+    JOIN input AS i ON k.namespace = i.namespace AND k.key = i.key
+    ORDER BY k.namespace COLLATE "C", k.key COLLATE "C"
+    FOR UPDATE OF k
+),
+judged AS MATERIALIZED (
+    SELECT clock_timestamp() AS at FROM (SELECT count(*) FROM locked) AS every_lock_held
+),
+completed AS (
+    UPDATE idempotency_keys AS k
+    SET (response, completed_at, checkpoint, retention_us, expires_at) =
+        (i.response, j.at, NULL::bytea, coalesce(i.retention_us, l.retention_us),
+         j.at + coalesce(i.retention_us, l.retention_us) * interval '1 microsecond')
+    FROM locked AS l
+    JOIN input AS i ON i.namespace = l.namespace AND i.key = l.key
+    CROSS JOIN judged AS j
+    WHERE k.namespace = l.namespace AND k.key = l.key
+      AND l.lease_token = i.lease_token AND l.completed_at IS NULL AND l.expires_at > j.at
+    RETURNING k.namespace, k.key, k.completed_at, k.expires_at
+)
+SELECT c.completed_at AS applied_at,
+       c.expires_at AS applied_expires_at,
+       coalesce(l.expires_at > j.at, false) AS live,
+       l.lease_token,
+       l.completed_at,
+       l.expires_at,
+       coalesce(l.response = i.response, false) AS same_response
+FROM input AS i
+CROSS JOIN judged AS j
+LEFT JOIN locked AS l ON l.namespace = i.namespace AND l.key = i.key
+LEFT JOIN completed AS c ON c.namespace = i.namespace AND c.key = i.key
+ORDER BY i.position
+"#;
+
+/// The key's row, locked before anything is judged. Release and ExtendLease decide on
+/// the row this yields, by the clock read after the lock was granted. (A plain `UPDATE … WHERE
+/// expires_at > clock_timestamp()` would judge the row while scanning, before waiting for the
+/// lock, and keep that verdict when the lock holder leaves the row unchanged.)
+macro_rules! locked_key {
+    () => {
+        r#"WITH locked AS MATERIALIZED (
+    SELECT namespace, key, lease_token, completed_at, expires_at, retention_us
+    FROM idempotency_keys
+    WHERE namespace = $1 AND key = $2
+    FOR UPDATE
+)
+"#
+    };
+}
+
+/// Read after a guarded write (Release, ExtendLease) changed nothing, to say why. Tokens are
+/// never reused and a completed key never returns to progress, so what this finds explains the
+/// refusal. No response is offered, so a completed key is never "the same completion".
+pub(super) const GUARD_STATE: &str = r#"
+SELECT lease_token, completed_at, expires_at, false AS same_response
+FROM idempotency_keys
+WHERE namespace = $1 AND key = $2 AND expires_at > now()
+"#;
+
+pub(super) const RELEASE: &str = concat!(
+    locked_key!(),
+    r#"DELETE FROM idempotency_keys AS k
+USING locked AS l
+WHERE k.namespace = l.namespace AND k.key = l.key
+  AND l.lease_token = $3 AND l.completed_at IS NULL AND l.expires_at > clock_timestamp()
+RETURNING k.lease_token
+"#
+);
+
+/// The lease becomes now + ttl (which may shorten it); retention stretches to cover it.
+/// `$5` says whether a checkpoint was sent at all, so that an empty one still replaces.
+pub(super) const EXTEND_LEASE: &str = concat!(
+    locked_key!(),
+    r#"UPDATE idempotency_keys AS k
+SET (lease_expires_at, expires_at, checkpoint) =
+    (SELECT c.at + $4 * interval '1 microsecond',
+            greatest(l.expires_at, c.at + $4 * interval '1 microsecond'),
+            CASE WHEN $5 THEN $6::bytea ELSE k.checkpoint END
+     FROM (SELECT clock_timestamp() AS at) AS c)
+FROM locked AS l
+WHERE k.namespace = l.namespace AND k.key = l.key
+  AND l.lease_token = $3 AND l.completed_at IS NULL AND l.expires_at > clock_timestamp()
+RETURNING k.lease_expires_at
+"#
+);
+
+pub(super) const LOOKUP: &str = concat!(
+    "SELECT ",
+    key_columns!(""),
+    " FROM idempotency_keys WHERE namespace = $1 AND key = $2 AND expires_at > now()"
+);
+
+/// MarkProcessed as one statement, for one call or for many: row `i` of the input is event
+/// `$2[i]` of consumer `$1[i]`, to be kept for `$3[i]`, and the rows come in call order. Each
+/// distinct (consumer, id) is inserted once, with its first occurrence's retention, in sorted
+/// order (so concurrent statements lock rows in the same order and do not deadlock); a live row
+/// is kept as it is, an expired one is recorded anew. The update always happens so that
+/// RETURNING reports every id with the row as it stands under its lock. `mark_batch` tells
+/// rows this statement recorded from rows it found; within the statement, only an id's first
+/// position counts as new, exactly as if the calls had come one after another.
+///
+/// Unlike the key statements, expiry is judged by `now()`: a row live at that instant is left
+/// untouched and reported as processed, which was true then, so waiting for its lock changes
+/// nothing that anyone could have observed in between.
+pub(super) const MARK_PROCESSED: &str = r#"
+WITH batch AS (SELECT nextval('mark_batch_seq') AS id),
+requested AS (
+    SELECT r.consumer COLLATE "C" AS consumer, r.event_id COLLATE "C" AS event_id,
+           r.retention_us, r.position
+    FROM unnest($1::text[], $2::text[], $3::bigint[]) WITH ORDINALITY
+        AS r(consumer, event_id, retention_us, position)
+),
+first_requests AS (
+    SELECT DISTINCT ON (consumer, event_id) consumer, event_id, retention_us
+    FROM requested
+    ORDER BY consumer, event_id, position
+),
+recorded AS (
+    INSERT INTO processed_events AS e (consumer, event_id, processed_at, expires_at, mark_batch)
+    SELECT f.consumer, f.event_id, now(), now() + f.retention_us * interval '1 microsecond',
+           batch.id
+    FROM first_requests AS f CROSS JOIN batch
+    ORDER BY f.consumer, f.event_id
+    ON CONFLICT (consumer, event_id) DO UPDATE SET
+        processed_at = CASE WHEN e.expires_at <= now() THEN excluded.processed_at
+                            ELSE e.processed_at END,
+        expires_at = CASE WHEN e.expires_at <= now() THEN excluded.expires_at
+                          ELSE e.expires_at END,
+        mark_batch = CASE WHEN e.expires_at <= now() THEN excluded.mark_batch
+                          ELSE e.mark_batch END
+    RETURNING e.consumer, e.event_id, e.processed_at,
+              e.mark_batch = (SELECT id FROM batch) AS recorded_now
+)
+SELECT r.event_id,
+       rec.processed_at,
+       NOT (rec.recorded_now
+            AND r.position = min(r.position) OVER (PARTITION BY r.consumer, r.event_id))
+           AS already_processed
+FROM requested AS r
+JOIN recorded AS rec ON rec.consumer = r.consumer AND rec.event_id = r.event_id
+ORDER BY r.position
+"#;
+
+/// Deletes a bounded batch of expired keys, skipping rows another transaction holds (another
+/// replica's reaper, or a TryStart reclaiming the key), oldest expiry first.
+pub(super) const REAP_KEYS: &str = r#"
+WITH doomed AS (
+    SELECT namespace, key FROM idempotency_keys
+    WHERE expires_at <= now()
+    ORDER BY expires_at
+    LIMIT $1
+    FOR UPDATE SKIP LOCKED
+),
+deleted AS (
+    DELETE FROM idempotency_keys AS k
+    USING doomed AS d
+    WHERE k.namespace = d.namespace AND k.key = d.key AND k.expires_at <= now()
+    RETURNING 1
+)
+SELECT count(*) FROM deleted
+"#;
+
+pub(super) const REAP_EVENTS: &str = r#"
+WITH doomed AS (
+    SELECT consumer, event_id FROM processed_events
+    WHERE expires_at <= now()
+    ORDER BY expires_at
+    LIMIT $1
+    FOR UPDATE SKIP LOCKED
+),
+deleted AS (
+    DELETE FROM processed_events AS e
+    USING doomed AS d
+    WHERE e.consumer = d.consumer AND e.event_id = d.event_id AND e.expires_at <= now()
+    RETURNING 1
+)
+SELECT count(*) FROM deleted
+"#;

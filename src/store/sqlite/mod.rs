@@ -1,0 +1,334 @@
+//! The embedded SQLite store, for a single instance: no database server to install, the data in
+//! one file. It keeps the same contract as the PostgreSQL store with SQLite's own means:
+//!
+//! - **One writer.** Every change runs in a `BEGIN IMMEDIATE` transaction on the one writer
+//!   connection, so it holds the database's write lock from its first read to its commit: the
+//!   read, the decision (the domain's own functions, [`claim_action`] and friends) and the write
+//!   are atomic, and concurrent callers are served one after another. Reads (Lookup, health)
+//!   use a pool of their own and never wait for the writer (WAL mode).
+//! - **One clock.** Instants come from SQLite's clock (`julianday('now')`, millisecond
+//!   resolution), read inside the write transaction, once the lock is held.
+//! - **Durability.** `synchronous = FULL`: a completion that was acknowledged survives a power
+//!   loss, not only a crash of the process.
+//! - **Bounded waits**, shared out like PostgreSQL's ([`TimeBudget`]): the wait for the writer,
+//!   then `busy_timeout`; a write whose operation has used up both by its commit is rolled back
+//!   instead, so a timeout leaves nothing written.
+//!
+//! Several processes on one file would each believe they are the only writer of their own
+//! pool; the store is for one instance only (PostgreSQL is the store for replicas).
+
+mod error;
+mod ops;
+mod rows;
+mod sql;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use sqlx::migrate::Migrator;
+use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
+use sqlx::{SqliteConnection, SqlitePool};
+
+use self::error::classify;
+use self::ops::{claim_in, complete_in, extend_in, mark_in, now, release_in};
+use self::rows::KeyRow;
+use self::sql::{LOOKUP_LIVE_KEY, REAP_EVENTS, REAP_KEYS};
+use super::schema;
+use super::{Store, StoreError};
+use crate::domain::batch::Round;
+use crate::domain::budget::TimeBudget;
+use crate::domain::{
+    CompleteCommand, Completion, ExtendLeaseCommand, Instant, KeyRecord, KeyState, LookupQuery,
+    MarkProcessedCommand, ProcessedEvent, Rejection, ReleaseCommand, TryStartCommand,
+    TryStartOutcome,
+};
+
+static MIGRATOR: Migrator = sqlx::migrate!("./migrations/sqlite");
+
+/// Where the embedded store keeps its data when nothing else is configured.
+pub const DEFAULT_PATH: &str = "./data/coordinator.db";
+
+#[derive(Debug, Clone)]
+pub struct SqliteSettings {
+    pub path: PathBuf,
+    /// Connections for reads; writes always go through the one writer.
+    pub pool_size: u32,
+    /// The budget of one operation, shared out by [`TimeBudget`].
+    pub operation_timeout: Duration,
+}
+
+#[derive(Clone)]
+pub struct SqliteStore {
+    writer: SqlitePool,
+    readers: SqlitePool,
+    /// One reader of its own for health probes, so that reads keeping the pool busy do not look
+    /// like an unreachable file.
+    probe_reader: SqlitePool,
+    operation_timeout: Duration,
+    /// Set once the schema is known to be current, so that an operation on an unmigrated file
+    /// is told apart from other failures without reading error texts.
+    schema_ready: Arc<AtomicBool>,
+}
+
+impl std::fmt::Debug for SqliteStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SqliteStore").finish_non_exhaustive()
+    }
+}
+
+impl SqliteStore {
+    /// Prepares the pools without opening the file; the folder is created if missing, the file
+    /// when the writer first connects.
+    pub fn open_lazy(settings: &SqliteSettings) -> Result<Self, std::io::Error> {
+        if let Some(folder) = settings.path.parent()
+            && !folder.as_os_str().is_empty()
+        {
+            std::fs::create_dir_all(folder)?;
+        }
+        let budget = TimeBudget::of(settings.operation_timeout);
+        let options = SqliteConnectOptions::new()
+            .filename(&settings.path)
+            .journal_mode(SqliteJournalMode::Wal)
+            .synchronous(SqliteSynchronous::Full)
+            .busy_timeout(budget.statement);
+        let writer = SqlitePoolOptions::new()
+            .max_connections(1)
+            .acquire_timeout(budget.connection_wait)
+            .connect_lazy_with(options.clone().create_if_missing(true));
+        let readers = SqlitePoolOptions::new()
+            .max_connections(settings.pool_size)
+            .acquire_timeout(budget.connection_wait)
+            .connect_lazy_with(options.clone());
+        let probe_reader = SqlitePoolOptions::new()
+            .max_connections(1)
+            .acquire_timeout(budget.connection_wait)
+            .connect_lazy_with(options);
+        Ok(Self {
+            writer,
+            readers,
+            probe_reader,
+            operation_timeout: settings.operation_timeout,
+            schema_ready: Arc::new(AtomicBool::new(false)),
+        })
+    }
+
+    /// The file a `sqlite://` URL names (`sqlite://./data/x.db`, `sqlite:///var/lib/x.db`).
+    /// Options after `?` and in-memory databases are refused: the service's settings say how it
+    /// opens the file, and its data must outlive the process.
+    pub fn path_from_url(url: &str) -> Result<PathBuf, String> {
+        let path = url.strip_prefix("sqlite://").unwrap_or(url);
+        if path.is_empty() {
+            return Err(
+                "a sqlite:// URL needs a file path, e.g. sqlite://./data/coordinator.db".into(),
+            );
+        }
+        if path.contains('?') {
+            return Err("a sqlite:// URL takes a file path only, without ?options".into());
+        }
+        if path == ":memory:" || path.starts_with("file:") {
+            return Err("the embedded store needs a file: its data must survive a restart".into());
+        }
+        Ok(PathBuf::from(path))
+    }
+
+    /// Fails with [`StoreError::NotMigrated`] until the schema has been seen current.
+    async fn ensure_schema(&self) -> Result<(), StoreError> {
+        if self.schema_ready.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        self.probe().await
+    }
+
+    /// Takes the write lock for one operation, which must commit within its budget.
+    async fn begin_write(&self) -> Result<Write, StoreError> {
+        let budget = TimeBudget::of(self.operation_timeout);
+        let deadline = tokio::time::Instant::now() + budget.connection_wait + budget.statement;
+        self.ensure_schema().await?;
+        let tx = self
+            .writer
+            .begin_with("BEGIN IMMEDIATE")
+            .await
+            .map_err(classify)?;
+        Ok(Write {
+            tx,
+            deadline,
+            budget: self.operation_timeout,
+        })
+    }
+
+    /// Deletes at most `limit` rows that `sql` selects as expired, in one statement on the
+    /// writer (so it runs between writes, never inside one).
+    async fn reap(&self, sql: &'static str, limit: u32) -> Result<u64, StoreError> {
+        self.ensure_schema().await?;
+        let deleted = sqlx::query(sql)
+            .bind(i64::from(limit))
+            .execute(&self.writer)
+            .await
+            .map_err(classify)?;
+        Ok(deleted.rows_affected())
+    }
+}
+
+/// A write transaction and the deadline of its operation.
+struct Write {
+    tx: sqlx::Transaction<'static, sqlx::Sqlite>,
+    deadline: tokio::time::Instant,
+    budget: Duration,
+}
+
+impl Write {
+    /// Commits, unless the operation ran out of time on the way: then it rolls back and says
+    /// so, because an answer of UNAVAILABLE must mean that nothing was written.
+    async fn commit(self) -> Result<(), StoreError> {
+        if tokio::time::Instant::now() > self.deadline {
+            self.tx.rollback().await.map_err(classify)?;
+            return Err(StoreError::TimedOut(self.budget));
+        }
+        self.tx.commit().await.map_err(classify)
+    }
+}
+
+impl SqliteStore {
+    /// Applies `apply` to each of `commands` in one write transaction, one after another (so
+    /// that duplicates resolve as if the calls came one after another), at one reading of the
+    /// clock, with one commit: one `fsync` for all. Any failure fails every command, and
+    /// nothing is written.
+    async fn write_all<C, T>(
+        &self,
+        commands: Vec<C>,
+        apply: impl AsyncFn(&mut SqliteConnection, Instant, &C) -> Result<T, StoreError>,
+    ) -> Vec<Result<T, StoreError>> {
+        let count = commands.len();
+        let applied = async {
+            let mut write = self.begin_write().await?;
+            let now = now(&mut write.tx).await?;
+            let mut answers = Vec::with_capacity(count);
+            for command in &commands {
+                answers.push(apply(&mut write.tx, now, command).await?);
+            }
+            write.commit().await?;
+            Ok::<_, StoreError>(answers)
+        };
+        match applied.await {
+            Ok(answers) => answers.into_iter().map(Ok).collect(),
+            Err(error) => error.for_each_of(count).into_iter().map(Err).collect(),
+        }
+    }
+
+    /// [`Self::write_all`] for one command.
+    async fn write_one<C, T>(
+        &self,
+        command: C,
+        apply: impl AsyncFn(&mut SqliteConnection, Instant, &C) -> Result<T, StoreError>,
+    ) -> Result<T, StoreError> {
+        self.write_all(vec![command], apply)
+            .await
+            .pop()
+            .unwrap_or(Err(StoreError::Inconsistent("a write was not run")))
+    }
+}
+
+impl Store for SqliteStore {
+    async fn try_start(&self, command: TryStartCommand) -> Result<TryStartOutcome, StoreError> {
+        self.write_one(command, claim_in).await
+    }
+
+    async fn try_start_batch(
+        &self,
+        round: Round<TryStartCommand>,
+    ) -> Vec<Result<TryStartOutcome, StoreError>> {
+        self.write_all(round.into_commands(), claim_in).await
+    }
+
+    async fn complete(
+        &self,
+        command: CompleteCommand,
+    ) -> Result<Result<Completion, Rejection>, StoreError> {
+        self.write_one(command, complete_in).await
+    }
+
+    async fn complete_batch(
+        &self,
+        round: Round<CompleteCommand>,
+    ) -> Vec<Result<Result<Completion, Rejection>, StoreError>> {
+        self.write_all(round.into_commands(), complete_in).await
+    }
+
+    async fn release(&self, command: ReleaseCommand) -> Result<Result<(), Rejection>, StoreError> {
+        self.write_one(command, release_in).await
+    }
+
+    async fn extend_lease(
+        &self,
+        command: ExtendLeaseCommand,
+    ) -> Result<Result<Instant, Rejection>, StoreError> {
+        self.write_one(command, extend_in).await
+    }
+
+    async fn lookup(&self, query: LookupQuery) -> Result<KeyState, StoreError> {
+        self.ensure_schema().await?;
+        // One statement, so that the clock and the row are read in one snapshot.
+        let row: Option<KeyRow> = sqlx::query_as(LOOKUP_LIVE_KEY)
+            .bind(query.namespace.as_str())
+            .bind(query.key.as_str())
+            .fetch_optional(&self.readers)
+            .await
+            .map_err(classify)?;
+        Ok(KeyState::of(row.map(KeyRecord::from)))
+    }
+
+    async fn mark_processed(
+        &self,
+        command: MarkProcessedCommand,
+    ) -> Result<Vec<ProcessedEvent>, StoreError> {
+        self.write_one(command, mark_in).await
+    }
+
+    async fn mark_processed_batch(
+        &self,
+        round: Round<MarkProcessedCommand>,
+    ) -> Vec<Result<Vec<ProcessedEvent>, StoreError>> {
+        self.write_all(round.into_commands(), mark_in).await
+    }
+
+    async fn reap_expired_keys(&self, limit: u32) -> Result<u64, StoreError> {
+        self.reap(REAP_KEYS, limit).await
+    }
+
+    async fn reap_expired_events(&self, limit: u32) -> Result<u64, StoreError> {
+        self.reap(REAP_EVENTS, limit).await
+    }
+
+    async fn migrate(&self) -> Result<(), StoreError> {
+        MIGRATOR
+            .run(&self.writer)
+            .await
+            .map_err(|error| schema::migration_error(error, classify))?;
+        self.schema_ready.store(true, Ordering::Release);
+        Ok(())
+    }
+
+    async fn probe(&self) -> Result<(), StoreError> {
+        let found: Result<(i64,), sqlx::Error> = sqlx::query_as(schema::SCHEMA_VERSION)
+            .fetch_one(&self.probe_reader)
+            .await;
+        let version = match found {
+            Ok((version,)) => version,
+            // A file without the migrations table (result code 1, SQLITE_ERROR), or no file at
+            // all (14, SQLITE_CANTOPEN: readers do not create it), has not been migrated yet.
+            Err(sqlx::Error::Database(db)) if matches!(db.code().as_deref(), Some("1" | "14")) => 0,
+            Err(other) => return Err(classify(other)),
+        };
+        schema::require_version(&MIGRATOR, version)?;
+        self.schema_ready.store(true, Ordering::Release);
+        Ok(())
+    }
+
+    async fn close(&self) {
+        self.probe_reader.close().await;
+        self.readers.close().await;
+        self.writer.close().await;
+    }
+}
