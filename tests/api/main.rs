@@ -19,5 +19,6 @@ mod release;
 mod retention;
 mod security;
 mod shutdown;
+mod store_suite;
 mod try_start;
 mod validation;

@@ -1,0 +1,142 @@
+//! Complete, Release, ExtendLease and Lookup on the trait: the guarded writes and which
+//! refusal wins.
+
+use std::time::Duration;
+
+use idempotency_coordinator::domain::{KeyState, Rejection, TryStartOutcome};
+use idempotency_coordinator::store::Store;
+use idempotency_testkit::TestDatabase;
+
+use super::*;
+
+async fn token_of<S: Store>(store: &S, name: &str) -> idempotency_coordinator::domain::LeaseToken {
+    match store.try_start(claim(name)).await.expect("claim") {
+        TryStartOutcome::Started(claim) => claim.lease_token,
+        other => panic!("expected started, got {other:?}"),
+    }
+}
+
+async fn a_completed_key_is_replayed_and_looked_up_with_its_response<S: Store>(
+    store: S,
+    _: &TestDatabase,
+) {
+    let held = token_of(&store, "k").await;
+    let completion = store
+        .complete(complete("k", held, b"answer"))
+        .await
+        .expect("store")
+        .expect("completed");
+    assert_eq!(
+        store.try_start(claim("k")).await.expect("replay"),
+        TryStartOutcome::Completed {
+            response: b"answer".to_vec(),
+            completion: completion.clone()
+        }
+    );
+    assert_eq!(
+        store.lookup(lookup("k")).await.expect("lookup"),
+        KeyState::Completed {
+            response: b"answer".to_vec(),
+            fingerprint: b"f1".to_vec(),
+            completion: completion.clone()
+        }
+    );
+    assert_eq!(
+        store
+            .complete(complete("k", held, b"answer"))
+            .await
+            .expect("store"),
+        Ok(completion),
+        "the same completion again, with the same timestamps"
+    );
+    assert_eq!(
+        store
+            .complete(complete("k", held, b"another"))
+            .await
+            .expect("store"),
+        Err(Rejection::AlreadyCompleted)
+    );
+}
+
+async fn refusals_come_in_the_contracts_order<S: Store>(store: S, _: &TestDatabase) {
+    let held = token_of(&store, "k").await;
+    let stranger = token(held.get() + 1000);
+    assert_eq!(
+        store
+            .complete(complete("absent", held, b"x"))
+            .await
+            .expect("store"),
+        Err(Rejection::KeyNotFound)
+    );
+    assert_eq!(
+        store.release(release("k", stranger)).await.expect("store"),
+        Err(Rejection::LeaseLost)
+    );
+    assert_eq!(
+        store
+            .extend_lease(extend("k", stranger, Duration::from_secs(5)))
+            .await
+            .expect("store"),
+        Err(Rejection::LeaseLost)
+    );
+    store
+        .complete(complete("k", held, b"done"))
+        .await
+        .expect("store")
+        .expect("completed");
+    assert_eq!(
+        store.release(release("k", held)).await.expect("store"),
+        Err(Rejection::AlreadyCompleted)
+    );
+    assert_eq!(
+        store
+            .extend_lease(extend("k", held, Duration::from_secs(5)))
+            .await
+            .expect("store"),
+        Err(Rejection::AlreadyCompleted)
+    );
+}
+
+async fn release_makes_the_key_absent<S: Store>(store: S, _: &TestDatabase) {
+    let held = token_of(&store, "k").await;
+    assert!(matches!(
+        store.lookup(lookup("k")).await.expect("lookup"),
+        KeyState::InProgress { attempt: 1, .. }
+    ));
+    store
+        .release(release("k", held))
+        .await
+        .expect("store")
+        .expect("released");
+    assert_eq!(
+        store.lookup(lookup("k")).await.expect("lookup"),
+        KeyState::Absent
+    );
+}
+
+async fn extend_lease_sets_the_lease_from_now_and_may_shorten_it<S: Store>(
+    store: S,
+    database: &TestDatabase,
+) {
+    let held = token_of(&store, "k").await;
+    let before = database.now().await;
+    let shortened = store
+        .extend_lease(extend("k", held, Duration::from_secs(1)))
+        .await
+        .expect("store")
+        .expect("extended");
+    let after = database.now().await;
+    assert!(shortened > before + chrono::Duration::milliseconds(900));
+    assert!(shortened <= after + chrono::Duration::seconds(1));
+    assert!(matches!(
+        store.lookup(lookup("k")).await.expect("lookup"),
+        KeyState::InProgress { lease_expires_at, .. } if lease_expires_at == shortened
+    ));
+}
+
+store_suite!(
+    a_completed_key_is_replayed_and_looked_up_with_its_response,
+    refusals_come_in_the_contracts_order,
+    release_makes_the_key_absent,
+    extend_lease_sets_the_lease_from_now_and_may_shorten_it,
+);

@@ -1,0 +1,181 @@
+//! The store conformance suite: the contract's rules checked on the `Store` trait itself, with
+//! no gRPC in between, by tests generic over `S: Store` and instantiated once per backend
+//! (`store_suite!`), beside the end-to-end suites that run both stores through the wire.
+
+mod batches;
+mod keys;
+mod lifecycle;
+
+use std::time::Duration;
+
+use idempotency_coordinator::domain::{
+    AttemptId, CompleteCommand, EventId, EventRetention, ExtendLeaseCommand, Fingerprint, Key,
+    KeyRetention, LeaseToken, LeaseTtl, LookupQuery, MarkProcessedCommand, ReleaseCommand,
+    ResponseBody, Scope, TryStartCommand,
+};
+use idempotency_coordinator::store::Store;
+use idempotency_coordinator::store::postgres::{PgSettings, PgStore};
+use idempotency_coordinator::store::sqlite::{SqliteSettings, SqliteStore};
+use idempotency_testkit::{Backend, TestDatabase};
+
+/// Runs each named test, an `async fn<S: Store>(S, &TestDatabase)`, on a freshly migrated store
+/// of each backend, called through the trait alone.
+macro_rules! store_suite {
+    ($($test:ident),+ $(,)?) => {
+        mod postgres {
+            $(
+                #[tokio::test]
+                async fn $test() {
+                    let (store, database) = crate::store_suite::postgres().await;
+                    super::$test(store, &database).await
+                }
+            )+
+        }
+        mod sqlite {
+            $(
+                #[tokio::test]
+                async fn $test() {
+                    let (store, database) = crate::store_suite::sqlite().await;
+                    super::$test(store, &database).await
+                }
+            )+
+        }
+    };
+}
+pub(crate) use store_suite;
+
+const OPERATION_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// A migrated PostgreSQL store on a fresh database.
+pub async fn postgres() -> (PgStore, TestDatabase) {
+    let database = TestDatabase::create(Backend::Postgres).await;
+    let store = PgStore::connect_lazy(&PgSettings {
+        url: database.url.clone(),
+        pool_size: 4,
+        operation_timeout: OPERATION_TIMEOUT,
+    })
+    .expect("a valid URL");
+    ready(store, database).await
+}
+
+/// A migrated SQLite store in a fresh folder.
+pub async fn sqlite() -> (SqliteStore, TestDatabase) {
+    let database = TestDatabase::create(Backend::Sqlite).await;
+    let store = SqliteStore::open_lazy(&SqliteSettings {
+        path: database.sqlite_path().to_owned(),
+        pool_size: 4,
+        operation_timeout: OPERATION_TIMEOUT,
+    })
+    .expect("the folder exists");
+    ready(store, database).await
+}
+
+async fn ready<S: Store>(store: S, database: TestDatabase) -> (S, TestDatabase) {
+    assert!(
+        store.probe().await.is_err(),
+        "a fresh database is not migrated yet"
+    );
+    store.migrate().await.expect("migrate");
+    store.probe().await.expect("migrated and reachable");
+    (store, database)
+}
+
+pub const NAMESPACE: &str = "suite";
+
+fn scope(name: &str) -> Scope {
+    Scope::parse(name.into()).expect("scope")
+}
+
+fn key(name: &str) -> Key {
+    Key::parse(name.into()).expect("key")
+}
+
+/// TryStart of `name` with fingerprint `f1`, a 30 s lease, 1 h retention and no attempt id.
+pub fn claim(name: &str) -> TryStartCommand {
+    TryStartCommand {
+        namespace: scope(NAMESPACE),
+        key: key(name),
+        fingerprint: Fingerprint::parse(b"f1".to_vec()).expect("fingerprint"),
+        lease_ttl: LeaseTtl::parse(Duration::from_secs(30)).expect("lease"),
+        retention: KeyRetention::parse(Duration::from_secs(3600)).expect("retention"),
+        attempt_id: None,
+    }
+}
+
+pub fn with_fingerprint(mut command: TryStartCommand, fingerprint: &[u8]) -> TryStartCommand {
+    command.fingerprint = Fingerprint::parse(fingerprint.to_vec()).expect("fingerprint");
+    command
+}
+
+pub fn with_attempt(mut command: TryStartCommand, attempt: &str) -> TryStartCommand {
+    command.attempt_id = AttemptId::parse(attempt.into()).expect("attempt id");
+    command
+}
+
+pub fn with_lease(mut command: TryStartCommand, lease: Duration) -> TryStartCommand {
+    command.lease_ttl = LeaseTtl::parse(lease).expect("lease");
+    command
+}
+
+pub fn token(value: i64) -> LeaseToken {
+    LeaseToken::parse(u64::try_from(value).expect("positive")).expect("token")
+}
+
+pub fn complete(name: &str, lease_token: LeaseToken, response: &[u8]) -> CompleteCommand {
+    CompleteCommand {
+        namespace: scope(NAMESPACE),
+        key: key(name),
+        lease_token,
+        response: ResponseBody::parse(response.to_vec(), 1 << 20).expect("response"),
+        retention: None,
+    }
+}
+
+pub fn release(name: &str, lease_token: LeaseToken) -> ReleaseCommand {
+    ReleaseCommand {
+        namespace: scope(NAMESPACE),
+        key: key(name),
+        lease_token,
+    }
+}
+
+pub fn extend(name: &str, lease_token: LeaseToken, lease: Duration) -> ExtendLeaseCommand {
+    ExtendLeaseCommand {
+        namespace: scope(NAMESPACE),
+        key: key(name),
+        lease_token,
+        lease_ttl: LeaseTtl::parse(lease).expect("lease"),
+        checkpoint: None,
+    }
+}
+
+pub fn lookup(name: &str) -> LookupQuery {
+    LookupQuery {
+        namespace: scope(NAMESPACE),
+        key: key(name),
+    }
+}
+
+pub fn mark(consumer: &str, ids: &[&str]) -> MarkProcessedCommand {
+    MarkProcessedCommand {
+        consumer: scope(consumer),
+        event_ids: ids
+            .iter()
+            .map(|id| EventId::parse((*id).into()).expect("event id"))
+            .collect(),
+        retention: EventRetention::parse(Duration::from_secs(3600)).expect("retention"),
+    }
+}
+
+/// Waits until the database clock has passed `instant`.
+pub async fn until_database_clock_passes(
+    database: &TestDatabase,
+    instant: chrono::DateTime<chrono::Utc>,
+) {
+    crate::support::eventually(
+        Duration::from_secs(10),
+        "the database clock passes",
+        || async { database.now().await > instant },
+    )
+    .await;
+}
