@@ -12,10 +12,11 @@
 //! ending in `*` (`payments-*`), or `*` for every scope. Only the SHA-256 of a token is stored;
 //! `idempotency-coordinator token new` makes a token and prints its line.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
+use std::num::NonZeroU32;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, RwLock};
-use std::time::Instant;
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
 
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
@@ -102,18 +103,10 @@ fn hash(token: &str) -> [u8; 32] {
     Sha256::digest(token.as_bytes()).into()
 }
 
-fn to_hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
-
+/// A SHA-256 hash written as 64 hex digits (either case).
 fn from_hex(text: &str) -> Option<[u8; 32]> {
-    if text.len() != 64 || !text.is_ascii() {
-        return None;
-    }
     let mut out = [0u8; 32];
-    for (i, byte) in out.iter_mut().enumerate() {
-        *byte = u8::from_str_radix(text.get(2 * i..2 * i + 2)?, 16).ok()?;
-    }
+    hex::decode_to_slice(text, &mut out).ok()?;
     Some(out)
 }
 
@@ -225,37 +218,43 @@ pub fn new_token(name: &str, scopes: &str) -> Result<(String, String), String> {
     parse_scopes(scopes)?;
     let mut secret = [0u8; 32];
     getrandom::fill(&mut secret).map_err(|e| format!("no randomness: {e}"))?;
-    let token = format!("{TOKEN_PREFIX}{}", to_hex(&secret));
-    let line = format!("{name} sha256:{} {scopes}", to_hex(&hash(&token)));
+    let token = format!("{TOKEN_PREFIX}{}", hex::encode(secret));
+    let line = format!("{name} sha256:{} {scopes}", hex::encode(hash(&token)));
     Ok((token, line))
 }
 
-/// A token bucket per caller: `rate` requests a second, bursts of up to `rate`.
-#[derive(Debug)]
+/// A rate per caller: `rate` requests a second, in bursts of up to `rate`. `governor`'s keyed
+/// limiter (GCRA, lock-free) keeps one small state per caller name and says how long a refused
+/// caller must wait; states of callers not seen for a while are dropped on each reload.
 struct RateLimiter {
-    rate: f64,
-    buckets: Mutex<HashMap<String, (f64, Instant)>>,
+    limiter: governor::DefaultKeyedRateLimiter<String>,
+}
+
+impl std::fmt::Debug for RateLimiter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RateLimiter").finish_non_exhaustive()
+    }
 }
 
 impl RateLimiter {
-    fn admit(&self, caller: &str) -> bool {
-        let now = Instant::now();
-        // A panic elsewhere while holding the lock leaves the buckets usable.
-        let mut buckets = self
-            .buckets
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        let (tokens, last) = buckets.entry(caller.to_owned()).or_insert((self.rate, now));
-        let refilled =
-            (*tokens + now.duration_since(*last).as_secs_f64() * self.rate).min(self.rate);
-        *last = now;
-        if refilled >= 1.0 {
-            *tokens = refilled - 1.0;
-            true
-        } else {
-            *tokens = refilled;
-            false
+    fn new(rate: NonZeroU32) -> Self {
+        Self {
+            limiter: governor::RateLimiter::keyed(governor::Quota::per_second(rate)),
         }
+    }
+
+    /// `Ok` when `caller` may make a call now, else how long until it may.
+    fn admit(&self, caller: &str) -> Result<(), Duration> {
+        use governor::clock::{Clock, DefaultClock};
+        self.limiter
+            .check_key(&caller.to_owned())
+            .map_err(|not_until| not_until.wait_time_from(DefaultClock::default().now()))
+    }
+
+    /// Forgets callers whose state is back to a full burst.
+    fn forget_idle(&self) {
+        self.limiter.retain_recent();
+        self.limiter.shrink_to_fit();
     }
 }
 
@@ -266,8 +265,11 @@ pub enum Refusal {
     Unauthenticated,
     /// A known caller asking for a scope it was not given.
     PermissionDenied { caller: String },
-    /// A known caller over its request rate.
-    RateLimited { caller: String },
+    /// A known caller over its request rate, who may call again after `retry_after`.
+    RateLimited {
+        caller: String,
+        retry_after: Duration,
+    },
 }
 
 /// The tokens in force (reloaded on SIGHUP) and the rate limit.
@@ -284,10 +286,7 @@ impl Authenticator {
         Ok(Self {
             path: path.to_owned(),
             tokens: RwLock::new(Arc::new(tokens)),
-            rate_limit: rate_limit.map(|rate| RateLimiter {
-                rate: f64::from(rate),
-                buckets: Mutex::new(HashMap::new()),
-            }),
+            rate_limit: rate_limit.and_then(NonZeroU32::new).map(RateLimiter::new),
         })
     }
 
@@ -296,6 +295,9 @@ impl Authenticator {
     pub fn reload(&self) -> Result<usize, TokensFileError> {
         let tokens = TokenSet::load(&self.path)?;
         let count = tokens.len();
+        if let Some(limiter) = &self.rate_limit {
+            limiter.forget_idle();
+        }
         *self
             .tokens
             .write()
@@ -331,10 +333,15 @@ impl Authenticator {
     /// that every call, refused scopes included, spends the caller's budget.
     pub fn within_rate(&self, caller: &Caller) -> Result<(), Refusal> {
         match &self.rate_limit {
-            Some(limiter) if !limiter.admit(&caller.name) => Err(Refusal::RateLimited {
-                caller: caller.name.clone(),
-            }),
-            _ => Ok(()),
+            Some(limiter) => {
+                limiter
+                    .admit(&caller.name)
+                    .map_err(|retry_after| Refusal::RateLimited {
+                        caller: caller.name.clone(),
+                        retry_after,
+                    })
+            }
+            None => Ok(()),
         }
     }
 
@@ -459,12 +466,17 @@ mod tests {
 
     #[test]
     fn the_rate_limit_admits_bursts_of_its_rate_then_refuses() {
-        let limiter = RateLimiter {
-            rate: 3.0,
-            buckets: Mutex::new(HashMap::new()),
-        };
-        let admitted = (0..10).filter(|_| limiter.admit("a")).count();
+        let limiter = RateLimiter::new(NonZeroU32::new(3).expect("non-zero"));
+        let admitted = (0..10).filter(|_| limiter.admit("a").is_ok()).count();
         assert_eq!(admitted, 3);
-        assert!(limiter.admit("b"), "each caller has a bucket of its own");
+        let wait = limiter.admit("a").expect_err("over the rate");
+        assert!(
+            wait > Duration::ZERO && wait <= Duration::from_millis(334),
+            "the real wait for one more call at 3/s: {wait:?}"
+        );
+        assert!(
+            limiter.admit("b").is_ok(),
+            "each caller has a budget of its own"
+        );
     }
 }

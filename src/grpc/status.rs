@@ -77,10 +77,13 @@ pub fn refused(refusal: Refusal) -> Status {
                 error_info("PERMISSION_DENIED"),
             )
         }
-        Refusal::RateLimited { caller } => {
-            tracing::debug!(caller, "call refused: over the rate limit");
+        Refusal::RateLimited {
+            caller,
+            retry_after,
+        } => {
+            tracing::debug!(caller, ?retry_after, "call refused: over the rate limit");
             let mut details = error_info("RATE_LIMITED");
-            details.set_retry_info(Some(Duration::from_secs(1)));
+            details.set_retry_info(Some(retry_after));
             Status::with_error_details(
                 Code::ResourceExhausted,
                 "this token is over its request rate; retry later",

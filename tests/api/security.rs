@@ -14,6 +14,7 @@ use tonic_health::pb::health_check_response::ServingStatus;
 use crate::support::process::ServerProcess;
 use crate::support::security::*;
 use crate::support::*;
+use tonic_types::StatusExt;
 
 fn try_start_on(scope: &str, key: &str) -> pb::TryStartRequest {
     pb::TryStartRequest {
@@ -251,10 +252,23 @@ async fn the_rate_limit_answers_resource_exhausted_per_token(backend: Backend) {
     .await;
     let mut busy = authed_client(app.endpoint(), Bearer::token(&busy)).await;
     let mut codes = Vec::new();
+    let mut waits = Vec::new();
     for _ in 0..20 {
         let answer = busy.lookup(lookup("k")).await;
+        if let Err(status) = &answer
+            && let Some(retry) = status.get_error_details().retry_info()
+        {
+            waits.push(retry.retry_delay.expect("a delay"));
+        }
         codes.push(answer.err().map_or(Code::Ok, |s| s.code()));
     }
+    // The refusal says how long until the next call is allowed: at 5/s, at most 200 ms.
+    assert!(!waits.is_empty(), "refusals carry RetryInfo: {codes:?}");
+    assert!(
+        waits.iter().all(|wait| *wait > std::time::Duration::ZERO
+            && *wait <= std::time::Duration::from_millis(200)),
+        "{waits:?}"
+    );
     assert!(
         codes[..5].iter().all(|c| *c == Code::Ok),
         "a burst of the rate: {codes:?}"
