@@ -1,6 +1,7 @@
 //! The idempotency coordinator: claims idempotency keys, stores and replays the results of
 //! operations, and deduplicates consumed events, for services in any language, over gRPC, on one
-//! shared PostgreSQL store. See ARCHITECTURE.md for the map and the invariants.
+//! shared PostgreSQL store or an embedded SQLite file. See ARCHITECTURE.md for the map and the
+//! invariants, and docs/contract.md for the behaviour callers rely on.
 
 #![forbid(unsafe_code)]
 
