@@ -9,7 +9,14 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
-from conftest import Coordinator, LogWatch, RawService, unique_key
+from support import (
+    Coordinator,
+    LogWatch,
+    RawService,
+    ReplyDroppingProxy,
+    await_condition,
+    unique_key,
+)
 
 from idempotency_client import (
     FingerprintMismatch,
@@ -113,8 +120,12 @@ def test_a_stored_final_error_is_replayed_instead_of_running_again(
         return None
 
     with IdempotencyClient(coordinator.address) as client:
-        first = client.run_once(NAMESPACE, key, declined, request=ORDER, error_result=as_http_answer)
-        again = client.run_once(NAMESPACE, key, declined, request=ORDER, error_result=as_http_answer)
+        first = client.run_once(
+            NAMESPACE, key, declined, request=ORDER, error_result=as_http_answer
+        )
+        again = client.run_once(
+            NAMESPACE, key, declined, request=ORDER, error_result=as_http_answer
+        )
 
     assert first.value == again.value == {"status": 402, "error": "insufficient funds"}
     assert (first.replayed, again.replayed, runs.value) == (False, True, 1)
@@ -218,6 +229,44 @@ def test_try_start_is_retried_until_a_restarted_server_answers(
     assert (runs.value, attempts) == (1, [1])
     assert (replay.value, replay.replayed) == ("ch_3", True)
     assert raw.lookup(NAMESPACE, key).completed.response == b'"ch_3"'
+
+
+def test_a_try_start_whose_answer_was_lost_is_retried_into_the_same_claim(
+    coordinator: Coordinator, raw: RawService
+) -> None:
+    key = unique_key()
+    runs = Counter()
+    attempts: list[int] = []
+
+    def charge(lease: Lease) -> str:
+        runs.add()
+        attempts.append(lease.attempt)
+        return "ch_4"
+
+    proxy = ReplyDroppingProxy(coordinator.address)
+    try:
+        with (
+            IdempotencyClient(proxy.address, call_timeout=1.0) as client,
+            ThreadPoolExecutor(1) as pool,
+        ):
+            # A call that sets the connection up, then the answers go missing.
+            assert client.mark_processed("proxy-warmup", [key]) == [key]
+            proxy.drop_replies()
+            # The lease (30 s) outlives the test: a retry with a new attempt_id would find the
+            # key in progress and, with no wait, fail with InProgress instead of running.
+            run = pool.submit(client.run_once, NAMESPACE, key, charge, request=ORDER)
+            await_condition(
+                lambda: raw.state(NAMESPACE, key) == "in_progress", "the first TryStart's claim"
+            )
+            assert runs.value == 0
+            proxy.heal()
+            outcome = run.result(30)
+    finally:
+        proxy.close()
+
+    assert (outcome.value, outcome.replayed) == ("ch_4", False)
+    assert (runs.value, attempts) == (1, [1])
+    assert raw.lookup(NAMESPACE, key).completed.response == b'"ch_4"'
 
 
 def test_a_key_reused_for_another_request_is_a_fingerprint_mismatch(
