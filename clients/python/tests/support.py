@@ -60,7 +60,14 @@ def await_condition(condition: Callable[[], bool], what: str, limit: float = 10.
 class Coordinator:
     """One coordinator process; `stop` and `start` again keep its port and its store."""
 
-    def __init__(self, store_args: Sequence[str], extra_args: Sequence[str], folder: Path) -> None:
+    def __init__(
+        self,
+        store_args: Sequence[str],
+        extra_args: Sequence[str],
+        folder: Path,
+        tls_roots: bytes | None = None,
+    ) -> None:
+        self._tls_roots = tls_roots
         self._store_args = list(store_args)
         self._extra_args = list(extra_args)
         self._folder = folder
@@ -100,7 +107,12 @@ class Coordinator:
         self._await_serving()
 
     def _await_serving(self) -> None:
-        with grpc.insecure_channel(self.address) as channel:
+        channel = (
+            grpc.insecure_channel(self.address)
+            if self._tls_roots is None
+            else grpc.secure_channel(self.address, grpc.ssl_channel_credentials(self._tls_roots))
+        )
+        with channel:
             check = channel.unary_unary(
                 "/grpc.health.v1.Health/Check",
                 request_serializer=health_pb2.HealthCheckRequest.SerializeToString,
@@ -157,8 +169,8 @@ def start_coordinator(store_args: list[str], tmp_path: Path) -> Iterator[StartCo
     """Starts coordinators on the test's store, with extra flags; all are stopped afterwards."""
     started: list[Coordinator] = []
 
-    def start(*extra_args: str) -> Coordinator:
-        coordinator = Coordinator(store_args, extra_args, tmp_path)
+    def start(*extra_args: str, tls_roots: bytes | None = None) -> Coordinator:
+        coordinator = Coordinator(store_args, extra_args, tmp_path, tls_roots)
         started.append(coordinator)
         return coordinator
 
