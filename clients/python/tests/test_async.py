@@ -3,30 +3,31 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 
 import pytest
-from support import Coordinator, RawService, unique_key
+from support import Coordinator, LogWatch, RawService, unique_key
 
 from idempotency_client import AsyncIdempotencyClient, AsyncLease, FingerprintMismatch, LeaseLost
 
 ORDER = {"order_id": 7}
 
 
-def test_async_concurrent_callers_run_the_work_once(coordinator: Coordinator) -> None:
+def test_async_concurrent_callers_run_the_work_once(
+    coordinator: Coordinator, watch_log: Callable[[str], LogWatch]
+) -> None:
     key = unique_key()
     runs: list[int] = []
+    second_caller_waits = watch_log("in progress; polling")
 
     async def main() -> None:
         holding = asyncio.Event()
-        second_asked = asyncio.Event()
 
         async def charge(lease: AsyncLease) -> dict[str, str]:
             runs.append(lease.attempt)
             holding.set()
-            await second_asked.wait()
-            # Give the second caller's first TryStart time to see the key held: the work's
-            # duration, bounded, rather than a synchronisation the result depends on.
-            await asyncio.sleep(0.2)
+            # Finish only once the other caller has found the key in progress.
+            assert await asyncio.to_thread(second_caller_waits.seen.wait, 10)
             return {"charge": "ch_async"}
 
         async with (
@@ -38,7 +39,6 @@ def test_async_concurrent_callers_run_the_work_once(coordinator: Coordinator) ->
             second_run = asyncio.create_task(
                 second.run_once("orders", key, charge, request=ORDER, wait=10)
             )
-            second_asked.set()
             outcomes = await asyncio.wait_for(asyncio.gather(first_run, second_run), 30)
             with pytest.raises(FingerprintMismatch):
                 await second.run_once("orders", key, charge, request={"order_id": 8})

@@ -135,7 +135,7 @@ def test_heartbeat_keeps_work_three_times_longer_than_its_lease_the_only_holder(
     coordinator: Coordinator, raw: RawService
 ) -> None:
     key = unique_key()
-    lease_ttl = 0.6
+    lease_ttl = 1.0
     answers_meanwhile: list[str | None] = []
 
     def long_work(lease: Lease) -> str:
@@ -164,8 +164,10 @@ def test_a_lost_lease_cancels_the_work_and_the_new_holders_result_stands(
     second_finished = threading.Event()
     cancellation_seen: list[bool] = []
     second_attempt: list[int] = []
+    handed_over: list[bytes | None] = []
 
     def stalled_work(lease: Lease) -> str:
+        lease.save_checkpoint(b"step-1")
         holding.set()
         assert second_finished.wait(SIGNAL_LIMIT)
         cancellation_seen.append(lease.cancelled.wait(SIGNAL_LIMIT))
@@ -173,6 +175,7 @@ def test_a_lost_lease_cancels_the_work_and_the_new_holders_result_stands(
 
     def takeover_work(lease: Lease) -> str:
         second_attempt.append(lease.attempt)
+        handed_over.append(lease.checkpoint)
         return "second"
 
     with (
@@ -200,6 +203,7 @@ def test_a_lost_lease_cancels_the_work_and_the_new_holders_result_stands(
 
     assert (taken_over.value, taken_over.replayed, second_attempt) == ("second", False, [2])
     assert cancellation_seen == [True]
+    assert handed_over == [b"step-1"]
     assert raw.lookup(NAMESPACE, key).completed.response == b'"second"'
     assert (replay.value, replay.replayed) == ("second", True)
 

@@ -302,7 +302,10 @@ class IdempotencyClient:
             try:
                 value: Any = work(lease)
             except Exception as error:
-                final = spec.error_result(error) if spec.error_result is not None else None
+                # A lost lease is never a result to store: the new holder owns the key.
+                if spec.error_result is None or lease.lost:
+                    raise
+                final = spec.error_result(error)
                 if final is None:
                     raise
                 value = final
