@@ -66,8 +66,10 @@ class Coordinator:
         extra_args: Sequence[str],
         folder: Path,
         tls_roots: bytes | None = None,
+        await_serving: bool = True,
     ) -> None:
         self._tls_roots = tls_roots
+        self._await_serving_on_start = await_serving
         self._store_args = list(store_args)
         self._extra_args = list(extra_args)
         self._folder = folder
@@ -104,7 +106,8 @@ class Coordinator:
 
         await_condition(listening, "the coordinator's address file", STARTUP_LIMIT)
         self.address = address_file.read_text().strip()
-        self._await_serving()
+        if self._await_serving_on_start:
+            self._await_serving()
 
     def _await_serving(self) -> None:
         channel = (

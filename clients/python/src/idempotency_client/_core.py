@@ -18,7 +18,7 @@ import rfc8785
 from google.protobuf import duration_pb2, timestamp_pb2
 
 from ._proto.idempotency.v1 import idempotency_pb2 as pb
-from .errors import CallError, DeadlineExceeded, FingerprintMismatch, Unavailable
+from .errors import CallError, DeadlineExceeded, FingerprintMismatch, RateLimited, Unavailable
 
 T = TypeVar("T")
 
@@ -42,9 +42,10 @@ def instant(timestamp: timestamp_pb2.Timestamp) -> dt.datetime:
 
 @dataclass(frozen=True)
 class RetryPolicy:
-    """How calls that failed with `UNAVAILABLE` or a deadline are retried: exponential backoff
-    with jitter, from `initial_delay` up to `max_delay` between tries, for at most `total`
-    seconds in all. A `RetryInfo` from the service lengthens a pause, never shortens it."""
+    """How calls that failed with `UNAVAILABLE`, a deadline or a rate limit are retried:
+    exponential backoff with jitter, from `initial_delay` up to `max_delay` between tries, for
+    at most `total` seconds in all. A `RetryInfo` from the service lengthens a pause, never
+    shortens it."""
 
     initial_delay: float = 0.05
     max_delay: float = 2.0
@@ -60,9 +61,21 @@ class RetryPolicy:
             step = min(self.max_delay, step * self.multiplier)
 
 
+#: Says whether a failed call may be sent again as it was.
+RetryWhen = Callable[[CallError], bool]
+
+
 def is_transient(error: CallError) -> bool:
-    """A failure after which the same call may succeed and cannot have done anything twice."""
-    return isinstance(error, Unavailable | DeadlineExceeded)
+    """A failure after which the same call may succeed: the service was unreachable, slow, or
+    asked the caller to slow down. For calls whose repetition is harmless (TryStart with its
+    attempt_id, Complete with the same response, Release, ExtendLease, Lookup)."""
+    return isinstance(error, Unavailable | DeadlineExceeded | RateLimited)
+
+
+def is_rate_limited(error: CallError) -> bool:
+    """Refused at the door before anything ran, so that even a call whose repetition is not
+    harmless (MarkProcessed) may be sent again."""
+    return isinstance(error, RateLimited)
 
 
 @dataclass(frozen=True)

@@ -25,6 +25,7 @@ from ._core import (
     Outcome,
     Replay,
     RetryPolicy,
+    RetryWhen,
     RunSpec,
     Started,
     TlsConfig,
@@ -32,6 +33,7 @@ from ._core import (
     duration_message,
     holder_poll_delays,
     instant,
+    is_rate_limited,
     is_transient,
     new_ids,
     read_claim,
@@ -85,13 +87,13 @@ class AsyncLease:
     async def save_checkpoint(self, checkpoint: bytes) -> None:
         """Saves progress (at most 64 KiB) and renews the lease; raises `LeaseLost` when the key
         is no longer this holder's."""
-        await self._extend(checkpoint, retry=True)
+        await self._extend(checkpoint, retry=is_transient)
 
     def raise_if_cancelled(self) -> None:
         if self._lost_because is not None:
             raise LeaseLost() from self._lost_because
 
-    async def _extend(self, checkpoint: bytes | None, *, retry: bool) -> None:
+    async def _extend(self, checkpoint: bytes | None, *, retry: RetryWhen | None) -> None:
         sent_at = _now()
         try:
             answer = await self._client._call(
@@ -117,7 +119,7 @@ async def _heartbeat(lease: AsyncLease, interval: float) -> None:
     while True:
         await asyncio.sleep(interval)
         try:
-            await lease._extend(None, retry=False)
+            await lease._extend(None, retry=None)
         except LeaseLost:
             log.warning("lease lost in namespace %s; cancelling the work", lease.namespace)
             return
@@ -239,12 +241,14 @@ class AsyncIdempotencyClient:
     async def mark_processed(
         self, consumer: str, event_ids: Iterable[str], *, retention: Duration | None = None
     ) -> list[str]:
-        """Records that `consumer` handled the events and returns the ids that were new. Not
-        retried, for the reason `IdempotencyClient.mark_processed` gives."""
+        """Records that `consumer` handled the events and returns the ids that were new. Retried
+        only when rate limited, for the reason `IdempotencyClient.mark_processed` gives."""
         request = pb.MarkProcessedRequest(consumer=consumer, event_ids=list(event_ids))
         if retention is not None:
             request.retention.CopyFrom(duration_message(retention))
-        answer = await self._call(self._stub.mark_processed, request, "MarkProcessed", retry=False)
+        answer = await self._call(
+            self._stub.mark_processed, request, "MarkProcessed", retry=is_rate_limited
+        )
         return new_ids(answer)
 
     async def _claim(self, spec: RunSpec) -> tuple[Started | Replay, float]:
@@ -255,7 +259,10 @@ class AsyncIdempotencyClient:
         while True:
             asked_at = _now()
             answer = await self._call(
-                self._stub.try_start, spec.try_start_request(attempt_id), "TryStart", retry=True
+                self._stub.try_start,
+                spec.try_start_request(attempt_id),
+                "TryStart",
+                retry=is_transient,
             )
             claim = read_claim(spec, answer)
             if not isinstance(claim, HeldElsewhere):
@@ -308,7 +315,7 @@ class AsyncIdempotencyClient:
     async def _release(self, spec: RunSpec, lease: AsyncLease) -> None:
         try:
             await self._call(
-                self._stub.release, spec.release_request(lease.token), "Release", retry=True
+                self._stub.release, spec.release_request(lease.token), "Release", retry=is_transient
             )
         except KeyNotFound:
             pass  # Already absent: an earlier try of this Release worked, or the key expired.
@@ -324,7 +331,7 @@ class AsyncIdempotencyClient:
                 self._stub.complete,
                 spec.complete_request(lease.token, response),
                 "Complete",
-                retry=True,
+                retry=is_transient,
             )
         except KeyNotFound as error:
             raise LeaseLost("the key expired or was released while the work ran") from error
@@ -333,7 +340,7 @@ class AsyncIdempotencyClient:
                 self._stub.lookup,
                 pb.LookupRequest(namespace=spec.namespace, key=spec.key),
                 "Lookup",
-                retry=True,
+                retry=is_transient,
             )
             if state.WhichOneof("state") == "completed" and state.completed.response == response:
                 return
@@ -345,9 +352,9 @@ class AsyncIdempotencyClient:
         request: Request,
         name: str,
         *,
-        retry: bool,
+        retry: RetryWhen | None,
     ) -> Response:
-        """One call, retried on `UNAVAILABLE` and deadlines within the retry policy."""
+        """One call, sent again while `retry` says so, within the retry policy's total time."""
         pauses = self._retry.delays()
         give_up_at = _now() + self._retry.total
         while True:
@@ -358,7 +365,7 @@ class AsyncIdempotencyClient:
                     rpc_error.code(), rpc_error.details() or "", rpc_error.trailing_metadata()
                 )
                 pause = max(next(pauses), error.retry_after or 0.0)
-                if not (retry and is_transient(error)) or _now() + pause > give_up_at:
+                if retry is None or not retry(error) or _now() + pause > give_up_at:
                     raise error from rpc_error
             log.info("%s failed (%s); retrying in %.2fs", name, error, pause)
             await asyncio.sleep(pause)

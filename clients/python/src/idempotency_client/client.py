@@ -20,6 +20,7 @@ from ._core import (
     Outcome,
     Replay,
     RetryPolicy,
+    RetryWhen,
     RunSpec,
     Started,
     TlsConfig,
@@ -27,6 +28,7 @@ from ._core import (
     duration_message,
     holder_poll_delays,
     instant,
+    is_rate_limited,
     is_transient,
     new_ids,
     read_claim,
@@ -89,14 +91,14 @@ class Lease:
         """Saves progress (at most 64 KiB) and renews the lease. If this holder dies, the caller
         that takes the key over finds it in `lease.checkpoint`. Raises `LeaseLost` when the key
         is no longer this holder's."""
-        self._extend(checkpoint, retry=True)
+        self._extend(checkpoint, retry=is_transient)
 
     def raise_if_cancelled(self) -> None:
         """Raises `LeaseLost` once the lease is lost; for work that checks between steps."""
         if self._lost_because is not None:
             raise LeaseLost() from self._lost_because
 
-    def _extend(self, checkpoint: bytes | None, *, retry: bool) -> None:
+    def _extend(self, checkpoint: bytes | None, *, retry: RetryWhen | None) -> None:
         sent_at = time.monotonic()
         try:
             answer = self._client._call(
@@ -135,7 +137,7 @@ class _Heartbeat:
     def _beat(self) -> None:
         while not self._stopped.wait(self._interval):
             try:
-                self._lease._extend(None, retry=False)
+                self._lease._extend(None, retry=None)
             except LeaseLost:
                 log.warning(
                     "lease lost in namespace %s; cancelling the work", self._lease.namespace
@@ -156,9 +158,9 @@ class IdempotencyClient:
 
     `target` is the service's address; `token` is sent as `authorization: Bearer <token>`;
     `tls` turns TLS on (`TlsConfig()` trusts the system's roots); `call_timeout` bounds each
-    call in seconds; `retry` says how calls that failed with `UNAVAILABLE` or a deadline are
-    retried; `channel_options` go to grpc as they are. Thread-safe; close it when done (or use
-    it as a context manager)."""
+    call in seconds; `retry` says how calls that failed with `UNAVAILABLE`, a deadline or a
+    rate limit are retried; `channel_options` go to grpc as they are. Thread-safe; close it
+    when done (or use it as a context manager)."""
 
     def __init__(
         self,
@@ -257,12 +259,15 @@ class IdempotencyClient:
         self, consumer: str, event_ids: Iterable[str], *, retention: Duration | None = None
     ) -> list[str]:
         """Records that `consumer` handled the events (1-1000, atomically) and returns the ids
-        that were new, in request order. Not retried: a retry after a lost answer would report
-        the events as seen before, and the caller would skip them."""
+        that were new, in request order. Retried only when rate limited (refused before it ran):
+        a retry after a lost answer would report the events as seen before, and the caller
+        would skip them."""
         request = pb.MarkProcessedRequest(consumer=consumer, event_ids=list(event_ids))
         if retention is not None:
             request.retention.CopyFrom(duration_message(retention))
-        answer = self._call(self._stub.mark_processed, request, "MarkProcessed", retry=False)
+        answer = self._call(
+            self._stub.mark_processed, request, "MarkProcessed", retry=is_rate_limited
+        )
         return new_ids(answer)
 
     def _claim(self, spec: RunSpec) -> tuple[Started | Replay, float]:
@@ -276,7 +281,10 @@ class IdempotencyClient:
         while True:
             asked_at = time.monotonic()
             answer = self._call(
-                self._stub.try_start, spec.try_start_request(attempt_id), "TryStart", retry=True
+                self._stub.try_start,
+                spec.try_start_request(attempt_id),
+                "TryStart",
+                retry=is_transient,
             )
             claim = read_claim(spec, answer)
             if not isinstance(claim, HeldElsewhere):
@@ -326,7 +334,9 @@ class IdempotencyClient:
         """Gives the claim up so that a retry starts fresh. A failure here only delays that retry
         until the lease runs out, so it is logged, not raised over the work's own error."""
         try:
-            self._call(self._stub.release, spec.release_request(lease.token), "Release", retry=True)
+            self._call(
+                self._stub.release, spec.release_request(lease.token), "Release", retry=is_transient
+            )
         except KeyNotFound:
             pass  # Already absent: an earlier try of this Release worked, or the key expired.
         except LeaseLost as error:
@@ -340,7 +350,7 @@ class IdempotencyClient:
                 self._stub.complete,
                 spec.complete_request(lease.token, response),
                 "Complete",
-                retry=True,
+                retry=is_transient,
             )
         except KeyNotFound as error:
             raise LeaseLost("the key expired or was released while the work ran") from error
@@ -351,7 +361,7 @@ class IdempotencyClient:
                 self._stub.lookup,
                 pb.LookupRequest(namespace=spec.namespace, key=spec.key),
                 "Lookup",
-                retry=True,
+                retry=is_transient,
             )
             if state.WhichOneof("state") == "completed" and state.completed.response == response:
                 return
@@ -363,10 +373,10 @@ class IdempotencyClient:
         request: Request,
         name: str,
         *,
-        retry: bool,
+        retry: RetryWhen | None,
     ) -> Response:
-        """One call, retried on `UNAVAILABLE` and deadlines (with the same request, so a TryStart
-        keeps its attempt_id) within the retry policy's total time."""
+        """One call, sent again while `retry` says so (the same request, so a TryStart keeps its
+        attempt_id), within the retry policy's total time."""
         pauses = self._retry.delays()
         give_up_at = time.monotonic() + self._retry.total
         while True:
@@ -375,7 +385,7 @@ class IdempotencyClient:
             except grpc.RpcError as rpc_error:
                 error = _typed_error(rpc_error)
                 pause = max(next(pauses), error.retry_after or 0.0)
-                if not (retry and is_transient(error)) or time.monotonic() + pause > give_up_at:
+                if retry is None or not retry(error) or time.monotonic() + pause > give_up_at:
                     raise error from rpc_error
             log.info("%s failed (%s); retrying in %.2fs", name, error, pause)
             time.sleep(pause)
