@@ -330,6 +330,10 @@ def test_events_are_marked_once_and_processed_once(coordinator: Coordinator) -> 
             second_event,
         ]
         assert client.mark_processed(consumer, [second_event]) == []
+        with pytest.raises(InvalidArgument) as refused:
+            client.mark_processed(consumer, ["evt-fine", "evt-\nbroken"])
+        assert refused.value.fields == ("event_ids[1]",)
+        assert client.mark_processed(consumer, ["evt-fine"]) == ["evt-fine"]
 
         handled = client.process_once(consumer, "evt-email-1", lambda lease: runs.add())
         redelivered = client.process_once(consumer, "evt-email-1", lambda lease: runs.add())
