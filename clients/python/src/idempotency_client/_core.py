@@ -1,0 +1,302 @@
+"""What the sync and asyncio clients share: options, encodings, and reading the service's answers.
+
+Nothing here does I/O, so both clients make the same decisions from the same answers.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import json
+import random
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any, Generic, Protocol, TypeVar
+
+import grpc
+import rfc8785
+from google.protobuf import duration_pb2, timestamp_pb2
+
+from ._proto.idempotency.v1 import idempotency_pb2 as pb
+from .errors import CallError, DeadlineExceeded, FingerprintMismatch, RateLimited, Unavailable
+
+T = TypeVar("T")
+
+#: A duration: seconds as a number, or a timedelta.
+Duration = float | dt.timedelta
+
+
+def seconds(duration: Duration) -> float:
+    return duration.total_seconds() if isinstance(duration, dt.timedelta) else float(duration)
+
+
+def duration_message(duration: Duration) -> duration_pb2.Duration:
+    message = duration_pb2.Duration()
+    message.FromTimedelta(dt.timedelta(seconds=seconds(duration)))
+    return message
+
+
+def instant(timestamp: timestamp_pb2.Timestamp) -> dt.datetime:
+    return timestamp.ToDatetime(tzinfo=dt.timezone.utc)
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """How calls that failed with `UNAVAILABLE`, a deadline or a rate limit are retried:
+    exponential backoff with jitter, from `initial_delay` up to `max_delay` between tries, for
+    at most `total` seconds in all. A `RetryInfo` from the service lengthens a pause, never
+    shortens it."""
+
+    initial_delay: float = 0.05
+    max_delay: float = 2.0
+    multiplier: float = 2.0
+    total: float = 30.0
+
+    def delays(self) -> Iterator[float]:
+        """Pauses between tries, each drawn between half and all of the exponential step, so that
+        callers that failed together do not retry together."""
+        step = self.initial_delay
+        while True:
+            yield random.uniform(step / 2, step)
+            step = min(self.max_delay, step * self.multiplier)
+
+
+#: Says whether a failed call may be sent again as it was.
+RetryWhen = Callable[[CallError], bool]
+
+
+def is_transient(error: CallError) -> bool:
+    """A failure after which the same call may succeed: the service was unreachable, slow, or
+    asked the caller to slow down. For calls whose repetition is harmless (TryStart with its
+    attempt_id, Complete with the same response, Release, ExtendLease, Lookup)."""
+    return isinstance(error, Unavailable | DeadlineExceeded | RateLimited)
+
+
+def is_rate_limited(error: CallError) -> bool:
+    """Refused at the door before anything ran, so that even a call whose repetition is not
+    harmless (MarkProcessed) may be sent again."""
+    return isinstance(error, RateLimited)
+
+
+@dataclass(frozen=True)
+class TlsConfig:
+    """TLS for the channel. All fields are PEM bytes; None for `root_certificates` means the
+    system's roots. Give `private_key` and `certificate_chain` for mutual TLS."""
+
+    root_certificates: bytes | None = None
+    private_key: bytes | None = None
+    certificate_chain: bytes | None = None
+
+    def credentials(self) -> grpc.ChannelCredentials:
+        return grpc.ssl_channel_credentials(
+            root_certificates=self.root_certificates,
+            private_key=self.private_key,
+            certificate_chain=self.certificate_chain,
+        )
+
+
+def call_metadata(token: str | None) -> tuple[tuple[str, str], ...]:
+    """The bearer token as call metadata. Sent per call rather than as call credentials, which
+    gRPC refuses on plaintext channels (loopback, or behind a mesh)."""
+    return (("authorization", f"Bearer {token}"),) if token else ()
+
+
+class Codec(Protocol):
+    """Turns a work's result into the stored response and back."""
+
+    def encode(self, value: Any) -> bytes: ...
+
+    def decode(self, data: bytes) -> Any: ...
+
+
+class JsonCodec:
+    """Results as compact UTF-8 JSON (the default): readable by clients in other languages."""
+
+    def encode(self, value: Any) -> bytes:
+        return json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode()
+
+    def decode(self, data: bytes) -> Any:
+        return json.loads(data)
+
+
+class BytesCodec:
+    """Results that are already bytes, stored as they are."""
+
+    def encode(self, value: Any) -> bytes:
+        if not isinstance(value, bytes | bytearray | memoryview):
+            raise TypeError(f"BytesCodec stores bytes, not {type(value).__name__}")
+        return bytes(value)
+
+    def decode(self, data: bytes) -> Any:
+        return data
+
+
+JSON = JsonCodec()
+
+
+def fingerprint_of(request: object) -> bytes:
+    """SHA-256 of the request: of its bytes as they are, or of its RFC 8785 canonical JSON, so
+    that equal requests hash alike whatever the order of their keys or the language that made
+    them."""
+    if isinstance(request, bytes | bytearray | memoryview):
+        return hashlib.sha256(request).digest()
+    return hashlib.sha256(rfc8785.dumps(request)).digest()  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True)
+class Outcome(Generic[T]):
+    """What `run_once` returns: the result, and whether it was replayed from an earlier run
+    (True) or produced by this call's own work (False)."""
+
+    value: T
+    replayed: bool
+
+
+#: Turns an error raised by the work into a final result to store, or None to release the key.
+ErrorResult = Callable[[Exception], Any]
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """One `run_once`, its options checked once and in the units the calls need."""
+
+    namespace: str
+    key: str
+    fingerprint: bytes
+    lease_ttl: float
+    retention: float | None
+    wait: float
+    heartbeat_interval: float | None
+    codec: Codec
+    error_result: ErrorResult | None
+
+    @classmethod
+    def build(
+        cls,
+        namespace: str,
+        key: str,
+        *,
+        request: object,
+        fingerprint: bytes | None,
+        lease_ttl: Duration,
+        retention: Duration | None,
+        wait: Duration,
+        heartbeat: bool | Duration,
+        codec: Codec,
+        error_result: ErrorResult | None,
+    ) -> RunSpec:
+        # Only what the service cannot judge is checked here; it refuses bad names, keys and
+        # bounds itself, naming the field, and a second copy of its rules would drift.
+        ttl = seconds(lease_ttl)
+        waiting = seconds(wait)
+        if waiting < 0:
+            raise ValueError(f"wait must not be negative (got {waiting}s)")
+        if heartbeat is True:
+            interval: float | None = ttl / 3
+        elif heartbeat is False:
+            interval = None
+        else:
+            interval = seconds(heartbeat)
+            if interval <= 0:
+                raise ValueError(f"heartbeat must be positive (got {interval}s)")
+        if fingerprint is None:
+            fingerprint = b"" if request is None else fingerprint_of(request)
+        return cls(
+            namespace=namespace,
+            key=key,
+            fingerprint=fingerprint,
+            lease_ttl=ttl,
+            retention=None if retention is None else seconds(retention),
+            wait=waiting,
+            heartbeat_interval=interval,
+            codec=codec,
+            error_result=error_result,
+        )
+
+    def try_start_request(self, attempt_id: str) -> pb.TryStartRequest:
+        request = pb.TryStartRequest(
+            namespace=self.namespace,
+            key=self.key,
+            fingerprint=self.fingerprint,
+            lease_ttl=duration_message(self.lease_ttl),
+            attempt_id=attempt_id,
+        )
+        if self.retention is not None:
+            request.retention.CopyFrom(duration_message(self.retention))
+        return request
+
+    def complete_request(self, token: int, response: bytes) -> pb.CompleteRequest:
+        # The retention given to TryStart already covers the completion: Complete without one
+        # keeps the key as long as it was claimed for.
+        return pb.CompleteRequest(
+            namespace=self.namespace, key=self.key, lease_token=token, response=response
+        )
+
+    def release_request(self, token: int) -> pb.ReleaseRequest:
+        return pb.ReleaseRequest(namespace=self.namespace, key=self.key, lease_token=token)
+
+    def extend_request(self, token: int, checkpoint: bytes | None) -> pb.ExtendLeaseRequest:
+        request = pb.ExtendLeaseRequest(
+            namespace=self.namespace,
+            key=self.key,
+            lease_token=token,
+            lease_ttl=duration_message(self.lease_ttl),
+        )
+        if checkpoint is not None:
+            request.checkpoint = checkpoint
+        return request
+
+
+@dataclass(frozen=True)
+class Started:
+    token: int
+    attempt: int
+    checkpoint: bytes | None
+    lease_expires_at: dt.datetime
+
+
+@dataclass(frozen=True)
+class Replay:
+    response: bytes
+
+
+@dataclass(frozen=True)
+class HeldElsewhere:
+    lease_expires_at: dt.datetime
+    attempt: int
+
+
+def read_claim(spec: RunSpec, answer: pb.TryStartResponse) -> Started | Replay | HeldElsewhere:
+    """Sorts a TryStart answer; a fingerprint mismatch is final, so it is raised here."""
+    outcome = answer.WhichOneof("outcome")
+    if outcome == "started":
+        started = answer.started
+        return Started(
+            token=started.lease_token,
+            attempt=started.attempt,
+            checkpoint=started.checkpoint if started.HasField("checkpoint") else None,
+            lease_expires_at=instant(started.lease_expires_at),
+        )
+    if outcome == "completed":
+        return Replay(answer.completed.response)
+    if outcome == "in_progress":
+        return HeldElsewhere(
+            lease_expires_at=instant(answer.in_progress.lease_expires_at),
+            attempt=answer.in_progress.attempt,
+        )
+    if outcome == "fingerprint_mismatch":
+        raise FingerprintMismatch(spec.namespace, spec.key)
+    raise CallError(
+        f"TryStart answered an outcome this client does not know: {outcome}",
+        code=grpc.StatusCode.UNKNOWN,
+    )
+
+
+def holder_poll_delays() -> Iterator[float]:
+    """Pauses between TryStarts while another caller holds the key: quick at first (most work is
+    short), then at most one a second."""
+    return RetryPolicy(initial_delay=0.05, max_delay=1.0, multiplier=1.5).delays()
+
+
+def new_ids(answer: pb.MarkProcessedResponse) -> list[str]:
+    return [result.event_id for result in answer.results if not result.already_processed]

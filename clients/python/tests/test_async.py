@@ -1,0 +1,84 @@
+"""The asyncio client against the real coordinator."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+import pytest
+from support import Coordinator, LogWatch, RawService, unique_key
+
+from idempotency_client import AsyncIdempotencyClient, AsyncLease, FingerprintMismatch, LeaseLost
+
+ORDER = {"order_id": 7}
+
+
+def test_async_concurrent_callers_run_the_work_once(
+    coordinator: Coordinator, watch_log: Callable[[str], LogWatch]
+) -> None:
+    key = unique_key()
+    runs: list[int] = []
+    second_caller_waits = watch_log("in progress; polling")
+
+    async def main() -> None:
+        holding = asyncio.Event()
+
+        async def charge(lease: AsyncLease) -> dict[str, str]:
+            runs.append(lease.attempt)
+            holding.set()
+            # Finish only once the other caller has found the key in progress.
+            assert await asyncio.to_thread(second_caller_waits.seen.wait, 10)
+            return {"charge": "ch_async"}
+
+        async with (
+            AsyncIdempotencyClient(coordinator.address) as first,
+            AsyncIdempotencyClient(coordinator.address) as second,
+        ):
+            first_run = asyncio.create_task(first.run_once("orders", key, charge, request=ORDER))
+            await asyncio.wait_for(holding.wait(), 10)
+            second_run = asyncio.create_task(
+                second.run_once("orders", key, charge, request=ORDER, wait=10)
+            )
+            outcomes = await asyncio.wait_for(asyncio.gather(first_run, second_run), 30)
+            with pytest.raises(FingerprintMismatch):
+                await second.run_once("orders", key, charge, request={"order_id": 8})
+
+        assert outcomes[0].value == outcomes[1].value == {"charge": "ch_async"}
+        assert [outcome.replayed for outcome in outcomes] == [False, True]
+
+    asyncio.run(main())
+    assert runs == [1]
+
+
+def test_async_lost_lease_cancels_the_work_task(coordinator: Coordinator, raw: RawService) -> None:
+    key = unique_key()
+    work_was_cancelled: list[bool] = []
+
+    async def main() -> None:
+        holding = asyncio.Event()
+
+        async def stalled(lease: AsyncLease) -> str:
+            holding.set()
+            try:
+                await asyncio.sleep(30)
+            except asyncio.CancelledError:
+                work_was_cancelled.append(lease.cancelled.is_set())
+                raise
+            return "first"
+
+        async def takeover(lease: AsyncLease) -> str:
+            return "second"
+
+        async with AsyncIdempotencyClient(coordinator.address) as client:
+            first_run = asyncio.create_task(
+                client.run_once("orders", key, stalled, request=ORDER, lease_ttl=0.5, heartbeat=2)
+            )
+            await asyncio.wait_for(holding.wait(), 10)
+            second = await client.run_once("orders", key, takeover, request=ORDER, wait=10)
+            assert (second.value, second.replayed) == ("second", False)
+            with pytest.raises(LeaseLost):
+                await asyncio.wait_for(first_run, 10)
+
+    asyncio.run(main())
+    assert work_was_cancelled == [True]
+    assert raw.lookup("orders", key).completed.response == b'"second"'
