@@ -92,6 +92,12 @@ pub struct DatabaseArgs {
     /// Log format.
     #[arg(long, env = "IDEMPOTENCY_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
+
+    /// PostgreSQL only: where to LISTEN for other replicas' Completes and Releases (which wake
+    /// waiting TryStarts), when not --database-url: a direct connection to the same database,
+    /// for deployments whose --database-url goes through a pooler in transaction mode.
+    #[arg(long, env = "IDEMPOTENCY_NOTIFY_DATABASE_URL", hide_env_values = true)]
+    pub notify_database_url: Option<String>,
 }
 
 #[derive(Debug, Clone, Args)]
@@ -209,6 +215,18 @@ pub struct ServeArgs {
     /// file is written aside and renamed into place: a reader never sees half an address.
     #[arg(long, env = "IDEMPOTENCY_ADDRESS_FILE")]
     pub address_file: Option<std::path::PathBuf>,
+
+    /// The most TryStarts that may wait for a key's holder at once (their `wait`); beyond it a
+    /// TryStart answers at once, as without `wait`. 0 turns waiting off.
+    #[arg(long, env = "IDEMPOTENCY_MAX_WAITERS", default_value_t = 10_000,
+          value_parser = clap::value_parser!(u32).range(0..=1_000_000))]
+    pub max_waiters: u32,
+
+    /// A waiting TryStart looks at its key again at least this often (100ms-10m), whatever
+    /// else wakes it: the last resort should a change notification be lost unnoticed.
+    #[arg(long, env = "IDEMPOTENCY_WAITER_RECHECK_INTERVAL", default_value = "5s",
+          value_parser = parse_duration)]
+    pub waiter_recheck_interval: Duration,
 }
 
 fn parse_duration(text: &str) -> Result<Duration, String> {
@@ -252,6 +270,26 @@ pub struct Settings {
     pub security: SecuritySettings,
     /// `None`: every call runs on its own.
     pub coalescing: Option<crate::service::Coalescing>,
+    pub waiting: crate::service::waiting::WaitSettings,
+}
+
+fn within(
+    flag: &'static str,
+    value: Duration,
+    min: Duration,
+    max: Duration,
+) -> Result<Duration, SettingError> {
+    if value < min || value > max {
+        return Err(SettingError {
+            flag,
+            problem: format!(
+                "must be between {} and {}",
+                humantime::format_duration(min),
+                humantime::format_duration(max)
+            ),
+        });
+    }
+    Ok(value)
 }
 
 fn nonzero(flag: &'static str, value: Duration) -> Result<Duration, SettingError> {
@@ -275,10 +313,31 @@ impl DatabaseArgs {
                 path: self.sqlite_path.clone(),
             },
         };
+        let notify_url = match (&self.notify_database_url, &location) {
+            (None, _) => None,
+            (Some(url), StoreLocation::Postgres { .. }) => match StoreLocation::from_url(url) {
+                Ok(StoreLocation::Postgres { url }) => Some(url),
+                _ => {
+                    return Err(SettingError {
+                        flag: "notify-database-url",
+                        problem: "must be a postgres:// URL".into(),
+                    });
+                }
+            },
+            (Some(_), StoreLocation::Sqlite { .. }) => {
+                return Err(SettingError {
+                    flag: "notify-database-url",
+                    problem: "applies to PostgreSQL only: the embedded store has one writer, \
+                              which wakes its own waiters"
+                        .into(),
+                });
+            }
+        };
         Ok(StoreSettings {
             location,
             pool_size: self.pool_size,
             operation_timeout: nonzero("operation-timeout", self.operation_timeout)?,
+            notify_url,
         })
     }
 }
@@ -369,6 +428,15 @@ impl ServeArgs {
             shutdown_grace: self.shutdown_grace,
             operation_timeout,
             security: self.security()?,
+            waiting: crate::service::waiting::WaitSettings {
+                max_waiters: self.max_waiters as usize,
+                recheck_interval: within(
+                    "waiter-recheck-interval",
+                    self.waiter_recheck_interval,
+                    Duration::from_millis(100),
+                    Duration::from_secs(600),
+                )?,
+            },
             coalescing: (!self.no_coalesce).then_some(crate::service::Coalescing {
                 executors: self.coalesce_executors as usize,
                 max_batch: self.coalesce_max_batch as usize,

@@ -8,6 +8,7 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 use crate::health::{HealthState, ServingStatus};
+use crate::service::waiting::DatabaseClock;
 use crate::store::Store;
 use crate::telemetry::error_chain;
 
@@ -23,6 +24,7 @@ pub struct ReadinessSettings {
 pub async fn monitor<S: Store>(
     store: S,
     health: HealthState,
+    clock: DatabaseClock,
     settings: ReadinessSettings,
     shutdown: CancellationToken,
 ) {
@@ -47,6 +49,9 @@ pub async fn monitor<S: Store>(
 
         let checked = tokio::time::timeout(settings.check_timeout, store.probe()).await;
         let ready = matches!(checked, Ok(Ok(())));
+        if ready {
+            measure_clock(&store, &clock, settings.check_timeout).await;
+        }
         let previous = health.set_store_ready(ready);
         match (previous, checked) {
             (ServingStatus::Serving, _) | (ServingStatus::ShuttingDown, _) if ready => {}
@@ -67,5 +72,14 @@ pub async fn monitor<S: Store>(
             _ = shutdown.cancelled() => return,
             _ = tokio::time::sleep(settings.check_interval) => {}
         }
+    }
+}
+
+/// Reads the database clock and records how far it is from the service's, for waiters that
+/// sleep until a lease ends by the database clock. A failed reading keeps the last estimate.
+async fn measure_clock<S: Store>(store: &S, clock: &DatabaseClock, timeout: Duration) {
+    let before = chrono::Utc::now();
+    if let Ok(Ok(read)) = tokio::time::timeout(timeout, store.clock()).await {
+        clock.record(before, read, chrono::Utc::now());
     }
 }

@@ -21,7 +21,8 @@ use crate::grpc::{self, Security, TlsMaterial};
 use crate::health::HealthState;
 use crate::readiness;
 use crate::reaper;
-use crate::service::{Coordinator, InFlight};
+use crate::service::waiting::{DatabaseClock, Waiters};
+use crate::service::{Coordinator, InFlight, Waiting};
 use crate::store::{AnyStore, OpenError, Store};
 
 /// How long past the grace period the process may take to let go of what is left.
@@ -58,6 +59,8 @@ pub struct Application {
     store_work: TaskTracker,
     /// The calls the store has yet to finish.
     in_flight: InFlight,
+    /// The TryStarts waiting for a key's holder (`None` with `--max-waiters 0`).
+    waiters: Option<Waiters>,
     settings: Settings,
 }
 
@@ -82,6 +85,7 @@ impl Application {
             security,
             store_work: TaskTracker::new(),
             in_flight: InFlight::default(),
+            waiters: (settings.waiting.max_waiters > 0).then(|| Waiters::new(settings.waiting)),
             settings,
         })
     }
@@ -106,6 +110,12 @@ impl Application {
         self.in_flight.clone()
     }
 
+    /// The TryStarts waiting for a key's holder (a handle that stays valid while the service
+    /// runs), unless waiting is off.
+    pub fn waiters(&self) -> Option<Waiters> {
+        self.waiters.clone()
+    }
+
     pub async fn run_until_stopped(self, shutdown: CancellationToken) -> Result<(), StartupError> {
         let Self {
             listener,
@@ -113,21 +123,44 @@ impl Application {
             store_work,
             in_flight,
             security,
+            waiters,
             settings,
             ..
         } = self;
         let health = HealthState::new();
+        let clock = DatabaseClock::default();
+        let waiting = waiters.map(|waiters| Waiting {
+            waiters,
+            clock: clock.clone(),
+            shutdown: shutdown.clone(),
+        });
+        // Changes committed by any replica wake this replica's waiters.
+        let key_watch = tokio::spawn({
+            let store = store.clone();
+            let shutdown = shutdown.clone();
+            async move { store.watch_keys(shutdown).await }
+        });
+        let waking = waiting.as_ref().map(|waiting| {
+            tokio::spawn(
+                waiting
+                    .waiters
+                    .clone()
+                    .follow(store.key_events(), shutdown.clone()),
+            )
+        });
         let coordinator = Coordinator::new(
             store.clone(),
             store_work.clone(),
             in_flight,
             settings.operation_timeout,
             settings.coalescing,
+            waiting,
         );
 
         let monitor = tokio::spawn(readiness::monitor(
             store.clone(),
             health.clone(),
+            clock,
             settings.readiness.clone(),
             shutdown.clone(),
         ));
@@ -183,6 +216,10 @@ impl Application {
         let finished = tokio::time::timeout_at(exit_by, async {
             let _ = reaper.await;
             let _ = monitor.await;
+            let _ = key_watch.await;
+            if let Some(waking) = waking {
+                let _ = waking.await;
+            }
             store_work.wait().await;
             store.close().await;
         })

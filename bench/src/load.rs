@@ -183,6 +183,7 @@ fn try_start(key: String) -> TryStartRequest {
         lease_ttl: None,
         retention: None,
         attempt_id: String::new(),
+        wait: None,
     }
 }
 

@@ -11,7 +11,7 @@ use chrono::{DateTime, Utc};
 
 pub use values::{
     AttemptId, Checkpoint, EventId, EventRetention, Fingerprint, Invalid, Key, KeyRetention,
-    LeaseToken, LeaseTtl, MAX_EVENT_IDS, ResponseBody, Scope,
+    LeaseToken, LeaseTtl, MAX_EVENT_IDS, ResponseBody, Scope, WaitTime,
 };
 
 /// An instant read from the database clock.
@@ -34,6 +34,32 @@ pub struct TryStartCommand {
     pub lease_ttl: LeaseTtl,
     pub retention: KeyRetention,
     pub attempt_id: Option<AttemptId>,
+}
+
+/// A key's identity as change notifications carry it: the SHA-256 of namespace, U+001F and key,
+/// in lowercase hex (the PostgreSQL store computes the same in SQL). It names the key without
+/// revealing it to whoever can read notifications.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct KeyHash(String);
+
+impl KeyHash {
+    pub fn of(namespace: &Scope, key: &Key) -> Self {
+        use sha2::{Digest, Sha256};
+        let mut hasher = Sha256::new();
+        hasher.update(namespace.as_str().as_bytes());
+        hasher.update([0x1f]);
+        hasher.update(key.as_str().as_bytes());
+        Self(hex::encode(hasher.finalize()))
+    }
+
+    /// A hash received from elsewhere (a notification), if it is one.
+    pub fn from_hex(text: &str) -> Option<Self> {
+        let is_hash = text.len() == 64
+            && text
+                .bytes()
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b));
+        is_hash.then(|| Self(text.to_owned()))
+    }
 }
 
 /// A key's identity across namespaces, owned: what batches compare and look keys up by.
@@ -130,6 +156,8 @@ pub enum KeyState {
         lease_expires_at: Instant,
         attempt: u32,
         fingerprint: Vec<u8>,
+        /// The holder's attempt id: never shown to callers, used to tell re-entry apart.
+        attempt_id: Option<String>,
     },
     Completed {
         response: Vec<u8>,
@@ -138,7 +166,58 @@ pub enum KeyState {
     },
 }
 
+/// What a waiting TryStart should do about its key, judged from a read of it (see
+/// [`KeyState::recheck`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Recheck {
+    /// TryStart would answer this now, without changing anything.
+    Answer(TryStartOutcome),
+    /// Another caller's lease holds the key until then, unless it has run out by now.
+    Held {
+        lease_expires_at: Instant,
+        attempt: u32,
+    },
+    /// TryStart would claim, take over or re-enter the key: only TryStart itself may decide.
+    Claimable,
+}
+
 impl KeyState {
+    /// Judges the key for a waiting `command` by TryStart's order, without writing: what only
+    /// answers (a mismatch, a completion) is answered; whatever would change the key is left
+    /// to TryStart.
+    pub fn recheck(&self, command: &TryStartCommand) -> Recheck {
+        match self {
+            Self::Absent => Recheck::Claimable,
+            Self::Completed { fingerprint, .. } | Self::InProgress { fingerprint, .. }
+                if fingerprint.as_slice() != command.fingerprint.as_bytes() =>
+            {
+                Recheck::Answer(TryStartOutcome::FingerprintMismatch)
+            }
+            Self::Completed {
+                response,
+                completion,
+                ..
+            } => Recheck::Answer(TryStartOutcome::Completed {
+                response: response.clone(),
+                completion: completion.clone(),
+            }),
+            Self::InProgress { attempt_id, .. }
+                if attempt_id.is_some()
+                    && attempt_id.as_deref() == command.attempt_id.as_ref().map(|a| a.as_str()) =>
+            {
+                Recheck::Claimable
+            }
+            Self::InProgress {
+                lease_expires_at,
+                attempt,
+                ..
+            } => Recheck::Held {
+                lease_expires_at: *lease_expires_at,
+                attempt: *attempt,
+            },
+        }
+    }
+
     /// What Lookup reports for `record`, the key's row if it is live (expired rows are absent).
     pub fn of(record: Option<KeyRecord>) -> Self {
         match record {
@@ -161,6 +240,7 @@ impl KeyState {
                 lease_expires_at: record.lease_expires_at,
                 attempt: record.attempt,
                 fingerprint: record.fingerprint,
+                attempt_id: record.attempt_id,
             },
         }
     }

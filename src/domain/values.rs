@@ -250,6 +250,12 @@ macro_rules! bounded_duration {
 }
 
 bounded_duration!(
+    /// How long a TryStart may wait for the key's holder: 0 (answer at once) to 60 s.
+    WaitTime,
+    Duration::ZERO,
+    Duration::from_secs(60)
+);
+bounded_duration!(
     /// How long a claim holds a key: 100 ms to 24 h.
     LeaseTtl,
     Duration::from_millis(100),

@@ -11,7 +11,7 @@ use crate::domain::{
     AttemptId, Checkpoint, Claim, CompleteCommand, Completion, EventId, EventRetention,
     ExtendLeaseCommand, Fingerprint, Instant, Invalid, Key, KeyRetention, KeyState, LeaseToken,
     LeaseTtl, Limits, LookupQuery, MAX_EVENT_IDS, MarkProcessedCommand, ProcessedEvent,
-    ReleaseCommand, ResponseBody, Scope, TryStartCommand, TryStartOutcome,
+    ReleaseCommand, ResponseBody, Scope, TryStartCommand, TryStartOutcome, WaitTime,
 };
 use crate::proto::idempotency::v1 as pb;
 
@@ -73,10 +73,17 @@ pub fn timestamp(instant: Instant) -> prost_types::Timestamp {
     }
 }
 
-pub fn try_start_command(
+/// A TryStart as the caller asked for it: the command, and how long it may wait for a holder.
+#[derive(Debug, Clone)]
+pub struct TryStartCall {
+    pub command: TryStartCommand,
+    pub wait: WaitTime,
+}
+
+pub fn try_start_call(
     request: pb::TryStartRequest,
     limits: &Limits,
-) -> Result<TryStartCommand, Status> {
+) -> Result<TryStartCall, Status> {
     let mut v = Violations::default();
     let namespace = v.check("namespace", Scope::parse(request.namespace));
     let key = v.check("key", Key::parse(request.key));
@@ -92,6 +99,12 @@ pub fn try_start_command(
             .map_or(Ok(limits.default_key_retention), key_retention),
     );
     let attempt_id = v.check("attempt_id", AttemptId::parse(request.attempt_id));
+    let wait = v.check(
+        "wait",
+        request.wait.map_or(WaitTime::parse(Duration::ZERO), |raw| {
+            WaitTime::parse(std_duration(raw, WaitTime::BOUNDS)?)
+        }),
+    );
     match (
         namespace,
         key,
@@ -99,6 +112,7 @@ pub fn try_start_command(
         lease_ttl,
         retention,
         attempt_id,
+        wait,
     ) {
         (
             Some(namespace),
@@ -107,13 +121,17 @@ pub fn try_start_command(
             Some(lease_ttl),
             Some(retention),
             Some(attempt_id),
-        ) => Ok(TryStartCommand {
-            namespace,
-            key,
-            fingerprint,
-            lease_ttl,
-            retention,
-            attempt_id,
+            Some(wait),
+        ) => Ok(TryStartCall {
+            command: TryStartCommand {
+                namespace,
+                key,
+                fingerprint,
+                lease_ttl,
+                retention,
+                attempt_id,
+            },
+            wait,
         }),
         _ => Err(v.into_status()),
     }
@@ -296,6 +314,7 @@ pub fn lookup_response(state: KeyState) -> pb::LookupResponse {
             lease_expires_at,
             attempt,
             fingerprint,
+            ..
         } => State::InProgress(pb::KeyInProgress {
             lease_expires_at: Some(timestamp(lease_expires_at)),
             attempt,
@@ -420,6 +439,16 @@ mod tests {
     }
     const LEASE: (i128, i128) = (100_000_000, 86_400 * 1_000_000_000);
     const RETENTION: (i128, i128) = (1_000_000_000, 30 * 86_400 * 1_000_000_000);
+    const WAIT: (i128, i128) = (0, 60 * 1_000_000_000);
+
+    /// Waits around TryStart's bounds (0 and 60 s), malformed ones included.
+    fn wait_time() -> impl Strategy<Value = Option<prost_types::Duration>> {
+        let seconds = prop::sample::select(vec![-1i64, 0, 1, 59, 60, 61, 1_000_000]);
+        let nanos = prop::sample::select(vec![-1i32, 0, 1, 999_999_999, 1_000_000_000]);
+        proptest::option::of(
+            (seconds, nanos).prop_map(|(seconds, nanos)| prost_types::Duration { seconds, nanos }),
+        )
+    }
 
     fn violations(status: &Status) -> Vec<String> {
         status
@@ -440,6 +469,7 @@ mod tests {
             lease_ttl in duration(),
             retention in duration(),
             attempt_id in text(&[0, 1, 64, 128, 129]),
+            wait in wait_time(),
         ) {
             let mut expected = Vec::new();
             if !scope_ok(&namespace) { expected.push("namespace"); }
@@ -448,10 +478,11 @@ mod tests {
             if !duration_ok(&lease_ttl, LEASE.0, LEASE.1) { expected.push("lease_ttl"); }
             if !duration_ok(&retention, RETENTION.0, RETENTION.1) { expected.push("retention"); }
             if !attempt_id.is_empty() && !id_ok(&attempt_id, 128) { expected.push("attempt_id"); }
+            if !duration_ok(&wait, WAIT.0, WAIT.1) { expected.push("wait"); }
             let request = pb::TryStartRequest {
-                namespace, key, fingerprint, lease_ttl, retention, attempt_id,
+                namespace, key, fingerprint, lease_ttl, retention, attempt_id, wait,
             };
-            match try_start_command(request, &limits()) {
+            match try_start_call(request, &limits()) {
                 Ok(_) => prop_assert!(expected.is_empty(), "accepted despite {expected:?}"),
                 Err(status) => {
                     prop_assert_eq!(status.code(), tonic::Code::InvalidArgument);

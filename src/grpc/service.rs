@@ -29,6 +29,28 @@ fn rpc_span(rpc: &'static str) -> Span {
     tracing::info_span!("rpc", rpc, namespace = field::Empty, outcome = field::Empty)
 }
 
+/// When the caller stops waiting, from its `grpc-timeout` header (gRPC over HTTP/2: up to 8
+/// digits and a unit, H M S m u n), if it sent one.
+fn deadline(metadata: &tonic::metadata::MetadataMap) -> Option<tokio::time::Instant> {
+    let value = metadata.get("grpc-timeout")?.to_str().ok()?;
+    let split = value.len().checked_sub(1)?;
+    let (digits, unit) = (value.get(..split)?, value.get(split..)?);
+    if digits.is_empty() || digits.len() > 8 {
+        return None;
+    }
+    let amount: u64 = digits.parse().ok()?;
+    let timeout = match unit {
+        "H" => std::time::Duration::from_secs(amount.checked_mul(3600)?),
+        "M" => std::time::Duration::from_secs(amount.checked_mul(60)?),
+        "S" => std::time::Duration::from_secs(amount),
+        "m" => std::time::Duration::from_millis(amount),
+        "u" => std::time::Duration::from_micros(amount),
+        "n" => std::time::Duration::from_nanos(amount),
+        _ => return None,
+    };
+    tokio::time::Instant::now().checked_add(timeout)
+}
+
 fn record_scope(scope: &str) {
     Span::current().record("namespace", scope);
 }
@@ -70,12 +92,15 @@ impl IdempotencyService for IdempotencyApi {
         request: Request<pb::TryStartRequest>,
     ) -> Result<Response<pb::TryStartResponse>, Status> {
         async {
-            let command = parsed(convert::try_start_command(
-                request.into_inner(),
-                &self.limits,
-            ))?;
-            record_scope(command.namespace.as_str());
-            let outcome = finish(self.coordinator.try_start(command).await, |o| o.name())?;
+            let deadline = deadline(request.metadata());
+            let call = parsed(convert::try_start_call(request.into_inner(), &self.limits))?;
+            record_scope(call.command.namespace.as_str());
+            let outcome = finish(
+                self.coordinator
+                    .try_start_waiting(call.command, call.wait, deadline)
+                    .await,
+                |o| o.name(),
+            )?;
             Ok(Response::new(convert::try_start_response(outcome)))
         }
         .instrument(rpc_span("TryStart"))

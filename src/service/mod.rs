@@ -22,17 +22,22 @@ use tokio_util::task::TaskTracker;
 
 pub mod coalesce;
 pub mod in_flight;
+pub mod waiting;
 
 use coalesce::{Coalescer, CoalescerSettings};
 pub use in_flight::InFlight;
+use waiting::{DatabaseClock, Waiters, answer_by};
+
+use crate::domain::Recheck;
 
 use crate::domain::budget::TimeBudget;
 use crate::domain::{
-    CompleteCommand, Completion, ExtendLeaseCommand, Instant, KeyState, LookupQuery,
+    CompleteCommand, Completion, ExtendLeaseCommand, Instant, KeyHash, KeyState, LookupQuery,
     MarkProcessedCommand, ProcessedEvent, Rejection, ReleaseCommand, TryStartCommand,
-    TryStartOutcome,
+    TryStartOutcome, WaitTime,
 };
 use crate::store::{AnyStore, Store, StoreError};
+use tokio_util::sync::CancellationToken;
 
 /// Why an operation did not produce its answer.
 #[derive(Debug, thiserror::Error)]
@@ -91,9 +96,23 @@ impl CoordinatorError {
     }
 }
 
+/// What TryStarts that wait need: who waits, the database clock, and the signal to stop
+/// waiting.
+#[derive(Clone)]
+pub struct Waiting {
+    pub waiters: Waiters,
+    pub clock: DatabaseClock,
+    pub shutdown: CancellationToken,
+}
+
+/// A waiter whose holder's lease the database still calls running, although it should have
+/// ended by our estimate of the database clock, looks again after this, then twice as long.
+const LEASE_RECHECK: Duration = Duration::from_millis(5);
+
 #[derive(Clone)]
 pub struct Coordinator {
     store: AnyStore,
+    waiting: Option<Waiting>,
     tasks: TaskTracker,
     operation_timeout: Duration,
     coalescers: Option<Coalescers>,
@@ -112,6 +131,7 @@ impl Coordinator {
         in_flight: InFlight,
         operation_timeout: Duration,
         coalescing: Option<Coalescing>,
+        waiting: Option<Waiting>,
     ) -> Self {
         let coalescers = coalescing.map(|coalescing| {
             let queue_capacity = coalescing
@@ -166,10 +186,115 @@ impl Coordinator {
         });
         Self {
             store,
+            waiting,
             tasks,
             operation_timeout,
             coalescers,
             in_flight,
+        }
+    }
+
+    /// TryStart that, when another caller's running lease holds the key, waits up to `wait`
+    /// (and a little less than the caller's `deadline`) for the holder to complete, release or
+    /// let its lease run out, and answers what a TryStart would answer at that moment (see
+    /// `waiting`). Beyond the replica's waiter limit, or without time to wait, it answers at
+    /// once.
+    pub async fn try_start_waiting(
+        &self,
+        command: TryStartCommand,
+        wait: WaitTime,
+        deadline: Option<tokio::time::Instant>,
+    ) -> Result<TryStartOutcome, CoordinatorError> {
+        let (Some(waiting), Some(answer_at)) = (&self.waiting, answer_by(wait.get(), deadline))
+        else {
+            return self.try_start(command).await;
+        };
+        let Some(mut registration) = waiting
+            .waiters
+            .register(KeyHash::of(&command.namespace, &command.key))
+        else {
+            return self.try_start(command).await;
+        };
+        let recheck_interval = waiting.waiters.settings().recheck_interval;
+        let query = LookupQuery {
+            namespace: command.namespace.clone(),
+            key: command.key.clone(),
+        };
+        // The last `in_progress` seen, answered when the wait runs out.
+        let mut last: Option<TryStartOutcome> = None;
+        let mut seen_lease_end = None;
+        let mut lease_recheck = LEASE_RECHECK;
+        loop {
+            registration.mark_seen();
+            let held = match self.lookup(query.clone()).await?.recheck(&command) {
+                Recheck::Answer(outcome) => return Ok(outcome),
+                Recheck::Held {
+                    lease_expires_at,
+                    attempt,
+                } if !waiting.clock.has_passed(lease_expires_at) => {
+                    Some(TryStartOutcome::InProgress {
+                        lease_expires_at,
+                        attempt,
+                    })
+                }
+                Recheck::Held { .. } | Recheck::Claimable => match registration.try_claim() {
+                    // One waiter of this replica at a time asks TryStart, which decides; the
+                    // others sleep until it has its answer, then look again.
+                    Some(_claiming) => {
+                        let outcome = self.try_start(command.clone()).await;
+                        registration.tell_others();
+                        match outcome? {
+                            held @ TryStartOutcome::InProgress { .. } => Some(held),
+                            answer => return Ok(answer),
+                        }
+                    }
+                    None => None,
+                },
+            };
+            if held.is_some() {
+                last = held;
+            }
+            let now = tokio::time::Instant::now();
+            let mut look_again = now + recheck_interval;
+            if let Some(TryStartOutcome::InProgress {
+                lease_expires_at, ..
+            }) = &last
+            {
+                let lease_ends = waiting.clock.local_instant(*lease_expires_at);
+                if seen_lease_end == Some(*lease_expires_at) && lease_ends <= now {
+                    // The database still calls the lease running although our estimate of
+                    // its clock says it has ended: back off rather than ask again at once.
+                    look_again = look_again.min(now + lease_recheck);
+                    lease_recheck = (lease_recheck * 2).min(recheck_interval);
+                } else {
+                    look_again = look_again.min(lease_ends);
+                    lease_recheck = LEASE_RECHECK;
+                }
+                seen_lease_end = Some(*lease_expires_at);
+            }
+            if now >= answer_at || waiting.shutdown.is_cancelled() {
+                return self.answer_now(command, last).await;
+            }
+            tokio::select! {
+                () = registration.changed() => {}
+                () = tokio::time::sleep_until(look_again) => {}
+                () = tokio::time::sleep_until(answer_at) => return self.answer_now(command, last).await,
+                // Shutdown answers every waiter at once, with the key as it stands.
+                () = waiting.shutdown.cancelled() => return self.try_start(command).await,
+            }
+        }
+    }
+
+    /// The answer of a wait that ends: the last `in_progress` seen, or, if the waiter never saw
+    /// one, what TryStart answers now.
+    async fn answer_now(
+        &self,
+        command: TryStartCommand,
+        last: Option<TryStartOutcome>,
+    ) -> Result<TryStartOutcome, CoordinatorError> {
+        match last {
+            Some(outcome) => Ok(outcome),
+            None => self.try_start(command).await,
         }
     }
 

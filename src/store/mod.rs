@@ -10,9 +10,12 @@ use std::future::Future;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use tokio::sync::broadcast;
+use tokio_util::sync::CancellationToken;
+
 use crate::domain::batch::Round;
 use crate::domain::{
-    CompleteCommand, Completion, ExtendLeaseCommand, Instant, KeyState, LookupQuery,
+    CompleteCommand, Completion, ExtendLeaseCommand, Instant, KeyHash, KeyState, LookupQuery,
     MarkProcessedCommand, ProcessedEvent, Rejection, ReleaseCommand, TryStartCommand,
     TryStartOutcome,
 };
@@ -20,6 +23,16 @@ use crate::domain::{
 pub use error::StoreError;
 pub use postgres::PgStore;
 pub use sqlite::SqliteStore;
+
+/// A change that may end a wait on a key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum KeyEvent {
+    /// The key was completed or released, by this replica or another, and committed.
+    Changed(KeyHash),
+    /// Changes may have been missed (the store's listener reconnected, or a subscriber fell
+    /// behind): every waiter should look again.
+    Missed,
+}
 
 /// The operations of the contract on one shared store. Each state change is atomic, and every
 /// instant it computes comes from the store's own clock.
@@ -100,6 +113,19 @@ pub trait Store: Clone + Send + Sync + 'static {
 
     /// Closes the store's connections once the operations in flight have ended.
     fn close(&self) -> impl Future<Output = ()> + Send;
+
+    /// The store's clock now (the one clock of leases and retention).
+    fn clock(&self) -> impl Future<Output = Result<Instant, StoreError>> + Send;
+
+    /// Changes to keys as they commit, from every replica sharing the store (see
+    /// [`Store::watch_keys`]).
+    fn key_events(&self) -> broadcast::Receiver<KeyEvent>;
+
+    /// Runs until `shutdown`, feeding [`Store::key_events`] with what other processes commit
+    /// (PostgreSQL: `LISTEN`, on one connection per replica, reconnected when it drops, with a
+    /// [`KeyEvent::Missed`] each time). A store whose only writer is this process sends its
+    /// events as it commits and has nothing to watch.
+    fn watch_keys(&self, shutdown: CancellationToken) -> impl Future<Output = ()> + Send;
 }
 
 /// Where the data lives.
@@ -134,6 +160,9 @@ pub struct StoreSettings {
     pub pool_size: u32,
     /// The budget of one store operation.
     pub operation_timeout: Duration,
+    /// PostgreSQL only: where to `LISTEN` for other replicas' changes, when not the database
+    /// URL itself (a connection pooler in transaction mode cannot hold a `LISTEN`).
+    pub notify_url: Option<String>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -157,6 +186,7 @@ impl AnyStore {
         match &settings.location {
             StoreLocation::Postgres { url } => PgStore::connect_lazy(&postgres::PgSettings {
                 url: url.clone(),
+                notify_url: settings.notify_url.clone(),
                 pool_size: settings.pool_size,
                 operation_timeout: settings.operation_timeout,
             })
@@ -264,5 +294,20 @@ impl Store for AnyStore {
 
     async fn close(&self) {
         delegate!(self, store => store.close())
+    }
+
+    async fn clock(&self) -> Result<Instant, StoreError> {
+        delegate!(self, store => store.clock())
+    }
+
+    fn key_events(&self) -> broadcast::Receiver<KeyEvent> {
+        match self {
+            Self::Postgres(store) => store.key_events(),
+            Self::Sqlite(store) => store.key_events(),
+        }
+    }
+
+    async fn watch_keys(&self, shutdown: CancellationToken) {
+        delegate!(self, store => store.watch_keys(shutdown))
     }
 }

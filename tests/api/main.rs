@@ -22,3 +22,4 @@ mod shutdown;
 mod store_suite;
 mod try_start;
 mod validation;
+mod wait;

@@ -227,6 +227,7 @@ async fn apply(
                     lease_ttl: None,
                     retention: None,
                     attempt_id: ATTEMPTS[attempt].into(),
+                    wait: None,
                 })
                 .await
                 .map_err(|s| TestCaseError::fail(format!("TryStart failed: {s:?}")))?;

@@ -221,6 +221,7 @@ async fn every_bad_field_gets_its_own_violation_in_field_order(backend: Backend)
         lease_ttl: dur(0, 1),
         retention: dur(0, 1),
         attempt_id: "x".repeat(200),
+        wait: dur(61, 0),
     };
     refused_try_start(
         &app,
@@ -233,6 +234,7 @@ async fn every_bad_field_gets_its_own_violation_in_field_order(backend: Backend)
             "lease_ttl",
             "retention",
             "attempt_id",
+            "wait",
         ],
     )
     .await;

@@ -18,20 +18,22 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use sqlx::migrate::{MigrateDatabase, Migrator};
-use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::postgres::{PgConnectOptions, PgListener, PgPoolOptions};
 use sqlx::{PgPool, Postgres};
+use tokio::sync::broadcast;
+use tokio_util::sync::CancellationToken;
 
 use self::error::classify;
 use self::rows::{CompleteRow, GuardRow, KeyRow, MarkRow, TryStartBatchRow, TryStartRow};
 use self::sql::*;
 use super::schema;
-use super::{Store, StoreError};
+use super::{KeyEvent, Store, StoreError};
 use crate::domain::batch::Round;
 use crate::domain::budget::TimeBudget;
 use crate::domain::{
-    CompleteCommand, Completion, ExtendLeaseCommand, GuardedKey, Instant, KeyRecord, KeyState,
-    LeaseToken, LookupQuery, MarkProcessedCommand, ProcessedEvent, Rejection, ReleaseCommand,
-    TryStartCommand, TryStartOutcome, classify_refusal, key_id,
+    CompleteCommand, Completion, ExtendLeaseCommand, GuardedKey, Instant, KeyHash, KeyRecord,
+    KeyState, LeaseToken, LookupQuery, MarkProcessedCommand, ProcessedEvent, Rejection,
+    ReleaseCommand, TryStartCommand, TryStartOutcome, classify_refusal, key_id,
 };
 
 static MIGRATOR: Migrator = sqlx::migrate!("./migrations/postgres");
@@ -40,6 +42,8 @@ static MIGRATOR: Migrator = sqlx::migrate!("./migrations/postgres");
 #[derive(Debug, Clone)]
 pub struct PgSettings {
     pub url: String,
+    /// Where to `LISTEN` for changes, when not `url` (see `StoreSettings::notify_url`).
+    pub notify_url: Option<String>,
     pub pool_size: u32,
     /// The budget of one operation, shared out by [`TimeBudget`]: PostgreSQL itself stops a
     /// statement that runs too long (`statement_timeout`), so a timeout it reports means that
@@ -56,6 +60,9 @@ pub struct PgStore {
     probe_pool: PgPool,
     /// For migrations, which run on a connection of their own without a statement timeout.
     migration_options: Arc<PgConnectOptions>,
+    /// The one connection that `LISTEN`s for committed changes, held by [`Store::watch_keys`].
+    listen_pool: PgPool,
+    events: broadcast::Sender<KeyEvent>,
     url: String,
 }
 
@@ -91,9 +98,20 @@ impl PgStore {
             .max_connections(1)
             .acquire_timeout(budget.connection_wait)
             .connect_lazy_with(options);
+        let listen_options = match &settings.notify_url {
+            Some(url) => url.parse::<PgConnectOptions>()?,
+            None => migration_options.clone(),
+        }
+        .application_name("idempotency-coordinator listener");
+        let listen_pool = PgPoolOptions::new()
+            .max_connections(1)
+            .acquire_timeout(budget.connection_wait)
+            .connect_lazy_with(listen_options);
         Ok(Self {
             pool,
             probe_pool,
+            listen_pool,
+            events: broadcast::channel(EVENTS_QUEUED).0,
             migration_options: Arc::new(migration_options),
             url: settings.url.clone(),
         })
@@ -147,6 +165,37 @@ impl PgStore {
         Err(StoreError::Inconsistent(
             "a guarded write kept refusing the current holder of an in-progress key",
         ))
+    }
+}
+
+/// How many key events may wait for a slow subscriber before it is told it missed some.
+const EVENTS_QUEUED: usize = 4096;
+
+/// How long the listener waits before connecting again, at first and at most.
+const LISTEN_RETRY: (Duration, Duration) = (Duration::from_millis(100), Duration::from_secs(5));
+
+impl PgStore {
+    /// Listens on [`KEY_CHANNEL`] until the connection drops (answered `Ok`) or shutdown.
+    async fn listen_until_dropped(&self, shutdown: &CancellationToken) -> Result<(), sqlx::Error> {
+        let mut listener = PgListener::connect_with(&self.listen_pool).await?;
+        listener.listen(KEY_CHANNEL).await?;
+        // Whatever committed while nobody listened is unknown: every waiter looks again.
+        let _ = self.events.send(KeyEvent::Missed);
+        loop {
+            let next = tokio::select! {
+                () = shutdown.cancelled() => return Ok(()),
+                next = listener.try_recv() => next?,
+            };
+            match next {
+                Some(notification) => match KeyHash::from_hex(notification.payload()) {
+                    Some(hash) => {
+                        let _ = self.events.send(KeyEvent::Changed(hash));
+                    }
+                    None => tracing::debug!("ignored a notification that names no key"),
+                },
+                None => return Ok(()),
+            }
+        }
     }
 }
 
@@ -438,7 +487,43 @@ impl Store for PgStore {
     }
 
     async fn close(&self) {
+        self.listen_pool.close().await;
         self.probe_pool.close().await;
         self.pool.close().await;
+    }
+
+    async fn clock(&self) -> Result<Instant, StoreError> {
+        let (now,): (Instant,) = sqlx::query_as(CLOCK)
+            .fetch_one(&self.probe_pool)
+            .await
+            .map_err(classify)?;
+        Ok(now)
+    }
+
+    fn key_events(&self) -> broadcast::Receiver<KeyEvent> {
+        self.events.subscribe()
+    }
+
+    async fn watch_keys(&self, shutdown: CancellationToken) {
+        let mut retry = LISTEN_RETRY.0;
+        while !shutdown.is_cancelled() {
+            match self.listen_until_dropped(&shutdown).await {
+                Ok(()) => {
+                    retry = LISTEN_RETRY.0;
+                    if !shutdown.is_cancelled() {
+                        tracing::warn!("the listening connection dropped; reconnecting");
+                    }
+                }
+                Err(error) => {
+                    tracing::warn!(error = %crate::telemetry::error_chain(&error),
+                        ?retry, "cannot listen for other replicas' changes; retrying");
+                    retry = (retry * 2).min(LISTEN_RETRY.1);
+                }
+            }
+            tokio::select! {
+                () = shutdown.cancelled() => return,
+                () = tokio::time::sleep(retry) => {}
+            }
+        }
     }
 }

@@ -2,6 +2,24 @@
 //! TryStart's decision table), so they are put together here with `concat!` rather than read
 //! from separate files.
 
+/// The channel on which a committed Complete or Release announces its key, for TryStarts that
+/// wait on any replica (`LISTEN`).
+pub(super) const KEY_CHANNEL: &str = "idempotency_keys";
+
+/// `pg_notify` of the key of row `$alias`, by its hash (`domain::KeyHash`), never its name: the
+/// notification is sent when the statement's transaction commits, and only then.
+macro_rules! notify_key {
+    ($alias:literal) => {
+        concat!(
+            "pg_notify('idempotency_keys', encode(sha256(convert_to(",
+            $alias,
+            "namespace || chr(31) || ",
+            $alias,
+            "key, 'UTF8')), 'hex'))"
+        )
+    };
+}
+
 /// The columns of [`KeyRow`], for statements that return one.
 macro_rules! key_columns {
     ($alias:literal) => {
@@ -183,7 +201,8 @@ RETURNING k.namespace, k.key,
 /// completed (stamped with that instant, the checkpoint dropped), and for every other call the
 /// row as it stood under the lock comes back, which says why it was refused
 /// (`domain::classify_refusal`), so no second statement is needed to explain a refusal.
-pub(super) const COMPLETE: &str = r#"
+pub(super) const COMPLETE: &str = concat!(
+    r#"
 WITH input AS (
     SELECT * FROM unnest($1::text[], $2::text[], $3::bigint[], $4::bytea[], $5::bigint[])
         WITH ORDINALITY AS i(namespace, key, lease_token, response, retention_us, position)
@@ -209,7 +228,9 @@ completed AS (
     CROSS JOIN judged AS j
     WHERE k.namespace = l.namespace AND k.key = l.key
       AND l.lease_token = i.lease_token AND l.completed_at IS NULL AND l.expires_at > j.at
-    RETURNING k.namespace, k.key, k.completed_at, k.expires_at
+    RETURNING k.namespace, k.key, k.completed_at, k.expires_at, "#,
+    notify_key!("k."),
+    r#"
 )
 SELECT c.completed_at AS applied_at,
        c.expires_at AS applied_expires_at,
@@ -223,7 +244,8 @@ CROSS JOIN judged AS j
 LEFT JOIN locked AS l ON l.namespace = i.namespace AND l.key = i.key
 LEFT JOIN completed AS c ON c.namespace = i.namespace AND c.key = i.key
 ORDER BY i.position
-"#;
+"#
+);
 
 /// The key's row, locked before anything is judged. Release and ExtendLease decide on
 /// the row this yields, by the clock read after the lock was granted. (A plain `UPDATE … WHERE
@@ -252,13 +274,21 @@ WHERE namespace = $1 AND key = $2 AND expires_at > now()
 
 pub(super) const RELEASE: &str = concat!(
     locked_key!(),
-    r#"DELETE FROM idempotency_keys AS k
-USING locked AS l
-WHERE k.namespace = l.namespace AND k.key = l.key
-  AND l.lease_token = $3 AND l.completed_at IS NULL AND l.expires_at > clock_timestamp()
-RETURNING k.lease_token
+    r#", released AS (
+    DELETE FROM idempotency_keys AS k
+    USING locked AS l
+    WHERE k.namespace = l.namespace AND k.key = l.key
+      AND l.lease_token = $3 AND l.completed_at IS NULL AND l.expires_at > clock_timestamp()
+    RETURNING k.lease_token, "#,
+    notify_key!("k."),
+    r#"
+)
+SELECT lease_token FROM released
 "#
 );
+
+/// The database clock, for estimating how far the service's clock is from it.
+pub(super) const CLOCK: &str = "SELECT clock_timestamp()";
 
 /// The lease becomes now + ttl (which may shorten it); retention stretches to cover it.
 /// `$5` says whether a checkpoint was sent at all, so that an empty one still replaces.

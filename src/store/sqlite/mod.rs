@@ -30,20 +30,25 @@ use std::time::Duration;
 use sqlx::migrate::Migrator;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
 use sqlx::{SqliteConnection, SqlitePool};
+use tokio::sync::broadcast;
+use tokio_util::sync::CancellationToken;
 
 use self::error::classify;
 use self::ops::{claim_in, complete_in, extend_in, mark_in, now, release_in};
 use self::rows::KeyRow;
-use self::sql::{LOOKUP_LIVE_KEY, REAP_EVENTS, REAP_KEYS};
+use self::sql::{LOOKUP_LIVE_KEY, NOW, REAP_EVENTS, REAP_KEYS};
 use super::schema;
-use super::{Store, StoreError};
+use super::{KeyEvent, Store, StoreError};
 use crate::domain::batch::Round;
 use crate::domain::budget::TimeBudget;
 use crate::domain::{
-    CompleteCommand, Completion, ExtendLeaseCommand, Instant, KeyRecord, KeyState, LookupQuery,
-    MarkProcessedCommand, ProcessedEvent, Rejection, ReleaseCommand, TryStartCommand,
+    CompleteCommand, Completion, ExtendLeaseCommand, Instant, KeyHash, KeyRecord, KeyState,
+    LookupQuery, MarkProcessedCommand, ProcessedEvent, Rejection, ReleaseCommand, TryStartCommand,
     TryStartOutcome,
 };
+
+/// How many key events may wait for a slow subscriber before it is told it missed some.
+const EVENTS_QUEUED: usize = 4096;
 
 static MIGRATOR: Migrator = sqlx::migrate!("./migrations/sqlite");
 
@@ -70,6 +75,9 @@ pub struct SqliteStore {
     /// Set once the schema is known to be current, so that an operation on an unmigrated file
     /// is told apart from other failures without reading error texts.
     schema_ready: Arc<AtomicBool>,
+    /// Keys completed or released, sent once their transaction has committed: this process is
+    /// the file's only writer, so it sees every change itself.
+    events: broadcast::Sender<KeyEvent>,
 }
 
 impl std::fmt::Debug for SqliteStore {
@@ -111,6 +119,7 @@ impl SqliteStore {
             probe_reader,
             operation_timeout: settings.operation_timeout,
             schema_ready: Arc::new(AtomicBool::new(false)),
+            events: broadcast::channel(EVENTS_QUEUED).0,
         })
     }
 
@@ -217,6 +226,15 @@ impl SqliteStore {
         }
     }
 
+    /// Tells waiters that the keys whose writes succeeded changed (after the commit).
+    fn announce<T, E>(&self, keys: Vec<KeyHash>, results: &[Result<Result<T, E>, StoreError>]) {
+        for (key, result) in keys.into_iter().zip(results) {
+            if matches!(result, Ok(Ok(_))) {
+                let _ = self.events.send(KeyEvent::Changed(key));
+            }
+        }
+    }
+
     /// [`Self::write_all`] for one command.
     async fn write_one<C, T>(
         &self,
@@ -246,18 +264,30 @@ impl Store for SqliteStore {
         &self,
         command: CompleteCommand,
     ) -> Result<Result<Completion, Rejection>, StoreError> {
-        self.write_one(command, complete_in).await
+        let mut results = self.complete_batch(Round::one(command)).await;
+        results
+            .pop()
+            .unwrap_or(Err(StoreError::Inconsistent("a completion was not run")))
     }
 
     async fn complete_batch(
         &self,
         round: Round<CompleteCommand>,
     ) -> Vec<Result<Result<Completion, Rejection>, StoreError>> {
-        self.write_all(round.into_commands(), complete_in).await
+        let keys = round
+            .iter()
+            .map(|c| KeyHash::of(&c.namespace, &c.key))
+            .collect();
+        let results = self.write_all(round.into_commands(), complete_in).await;
+        self.announce(keys, &results);
+        results
     }
 
     async fn release(&self, command: ReleaseCommand) -> Result<Result<(), Rejection>, StoreError> {
-        self.write_one(command, release_in).await
+        let key = KeyHash::of(&command.namespace, &command.key);
+        let result = self.write_one(command, release_in).await;
+        self.announce(vec![key], std::slice::from_ref(&result));
+        result
     }
 
     async fn extend_lease(
@@ -330,5 +360,22 @@ impl Store for SqliteStore {
         self.probe_reader.close().await;
         self.readers.close().await;
         self.writer.close().await;
+    }
+
+    async fn clock(&self) -> Result<Instant, StoreError> {
+        let (now,): (i64,) = sqlx::query_as(NOW)
+            .fetch_one(&self.probe_reader)
+            .await
+            .map_err(classify)?;
+        Ok(rows::instant(now))
+    }
+
+    fn key_events(&self) -> broadcast::Receiver<KeyEvent> {
+        self.events.subscribe()
+    }
+
+    /// Nothing to watch: this process is the only writer and announces its own changes.
+    async fn watch_keys(&self, shutdown: CancellationToken) {
+        shutdown.cancelled().await;
     }
 }

@@ -51,6 +51,7 @@ pub async fn postgres() -> (PgStore, TestDatabase) {
     let database = TestDatabase::create(Backend::Postgres).await;
     let store = PgStore::connect_lazy(&PgSettings {
         url: database.url.clone(),
+        notify_url: None,
         pool_size: 4,
         operation_timeout: OPERATION_TIMEOUT,
     })

@@ -8,6 +8,7 @@ use idempotency_coordinator::Application;
 use idempotency_coordinator::config::{Cli, Command};
 use idempotency_coordinator::proto::idempotency::v1::idempotency_service_client::IdempotencyServiceClient;
 use idempotency_coordinator::service::InFlight;
+use idempotency_coordinator::service::waiting::Waiters;
 use idempotency_coordinator::startup::StartupError;
 use idempotency_coordinator::store::AnyStore;
 use tokio::task::JoinHandle;
@@ -39,6 +40,7 @@ pub struct TestApp {
     pub store: AnyStore,
     /// The calls in flight inside the server.
     in_flight: InFlight,
+    waiters: Option<Waiters>,
     shutdown: CancellationToken,
     server: Option<JoinHandle<Result<(), StartupError>>>,
     // Dropped last: the database outlives the server and the pool.
@@ -93,12 +95,14 @@ impl TestApp {
         let addr = app.local_addr();
         let store = app.store().clone();
         let in_flight = app.calls_in_flight();
+        let waiters = app.waiters();
         let shutdown = CancellationToken::new();
         let server = tokio::spawn(app.run_until_stopped(shutdown.clone()));
         Self {
             addr,
             store,
             in_flight,
+            waiters,
             shutdown,
             server: Some(server),
             database,
@@ -167,6 +171,21 @@ impl TestApp {
     /// Rows in both tables: the proof that a refused request wrote nothing.
     pub async fn total_rows(&self) -> i64 {
         self.count_rows("idempotency_keys").await + self.count_rows("processed_events").await
+    }
+
+    /// How many TryStarts wait for a key's holder now.
+    pub fn waiting(&self) -> usize {
+        self.waiters.as_ref().map_or(0, Waiters::waiting)
+    }
+
+    /// Waits until `count` TryStarts wait for a key's holder.
+    pub async fn wait_for_waiters(&self, count: usize) {
+        super::eventually(
+            Duration::from_secs(10),
+            "calls wait for the holder",
+            || async { self.waiting() >= count },
+        )
+        .await;
     }
 
     /// How many calls the server has yet to finish (see `wait_for_blocked`).

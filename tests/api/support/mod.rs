@@ -84,6 +84,7 @@ pub fn try_start(key: &str) -> pb::TryStartRequest {
         lease_ttl: None,
         retention: None,
         attempt_id: String::new(),
+        wait: None,
     }
 }
 
