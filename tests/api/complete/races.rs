@@ -1,0 +1,145 @@
+//! Writes at the same time: concurrent Completes store exactly one response, Complete racing
+//! Release has one winner, and a write that waited while the key expired finds it absent.
+
+use idempotency_coordinator::proto::idempotency::v1::{TryStartRequest, lookup_response::State};
+use tonic::Code;
+
+use crate::support::*;
+
+async fn concurrent_completes_by_the_holder_store_exactly_one_response(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+    let client = app.client().await;
+    let mut setup = client.clone();
+    let key = unique_key("complete-race");
+    let started = claim(&mut setup, try_start(&key)).await;
+
+    // Twenty Completes, two different responses, all at once.
+    let calls = (0..20).map(|index| {
+        let mut client = client.clone();
+        let key = key.clone();
+        let response = if index % 2 == 0 {
+            b"even".to_vec()
+        } else {
+            b"odd".to_vec()
+        };
+        tokio::spawn(async move {
+            let answer = client
+                .complete(complete(&key, started.lease_token, &response))
+                .await;
+            (response, answer)
+        })
+    });
+    let mut accepted = Vec::new();
+    for result in futures::future::join_all(calls).await {
+        let (response, answer) = result.expect("task");
+        match answer {
+            Ok(completion) => accepted.push((response, completion.into_inner())),
+            Err(status) => assert_error(&status, Code::FailedPrecondition, "ALREADY_COMPLETED"),
+        }
+    }
+    let stored = expect_completed(try_start_response(&setup, try_start(&key)).await);
+    assert!(!accepted.is_empty());
+    for (response, completion) in &accepted {
+        assert_eq!(
+            response, &stored.response,
+            "only the stored response is accepted"
+        );
+        assert_eq!(completion.completed_at, stored.completed_at);
+    }
+}
+
+async fn complete_racing_release_has_exactly_one_winner(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+    let client = app.client().await;
+    for round in 0..10 {
+        let key = unique_key(&format!("complete-release-{round}"));
+        let mut setup = client.clone();
+        let started = claim(&mut setup, try_start(&key)).await;
+        let (mut a, mut b) = (client.clone(), client.clone());
+        let (completed, released) = tokio::join!(
+            a.complete(complete(&key, started.lease_token, b"r")),
+            b.release(release(&key, started.lease_token)),
+        );
+        let state = key_state(&setup, &key).await;
+        match (completed, released) {
+            (Ok(_), Err(status)) => {
+                assert_error(&status, Code::FailedPrecondition, "ALREADY_COMPLETED");
+                assert!(matches!(state, State::Completed(_)));
+            }
+            (Err(status), Ok(_)) => {
+                assert_error(&status, Code::NotFound, "KEY_NOT_FOUND");
+                assert!(matches!(state, State::Absent(_)));
+            }
+            other => panic!("exactly one of Complete and Release wins: {other:?}"),
+        }
+    }
+}
+
+/// The holder's call of each kind, as a boxed future, so that the three can wait side by side.
+type Call = std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), tonic::Status>> + Send>>;
+
+fn holders_call(kind: &str, client: &Client, key: &str, token: u64) -> Call {
+    let mut client = client.clone();
+    let key = key.to_owned();
+    match kind {
+        "Complete" => Box::pin(async move {
+            client
+                .complete(complete(&key, token, b"too late"))
+                .await
+                .map(drop)
+        }),
+        "Release" => Box::pin(async move { client.release(release(&key, token)).await.map(drop) }),
+        _ => Box::pin(async move { client.extend_lease(extend(&key, token)).await.map(drop) }),
+    }
+}
+
+async fn a_write_that_waited_while_the_key_expired_is_key_not_found(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+    let mut client = app.client().await;
+    let mut claimed = Vec::new();
+    for kind in ["Complete", "Release", "ExtendLease"] {
+        let key = unique_key(kind);
+        let started = claim(
+            &mut client,
+            TryStartRequest {
+                retention: secs(1),
+                lease_ttl: millis(200),
+                ..try_start(&key)
+            },
+        )
+        .await;
+        claimed.push((kind, key, started.lease_token));
+    }
+    let keys: Vec<&str> = claimed.iter().map(|(_, key, _)| key.as_str()).collect();
+    let hold = app.database.hold_keys(&keys).await;
+    let waiting: Vec<_> = claimed
+        .iter()
+        .map(|(kind, key, token)| {
+            let call = holders_call(kind, &client, key, *token);
+            (*kind, key.clone(), tokio::spawn(call))
+        })
+        .collect();
+    app.wait_for_blocked(3).await;
+    let latest_expiry = app.database.latest_key_expiry().await;
+    eventually(
+        std::time::Duration::from_secs(5),
+        "the keys expired",
+        || async { app.db_now().await > latest_expiry },
+    )
+    .await;
+    hold.release().await;
+
+    // Each call waited for its row while the key expired; it must judge the key as it is once
+    // it holds the row (absent), not as it was when the call began.
+    for (kind, key, call) in waiting {
+        let status = call.await.expect("task").expect_err(kind);
+        assert_error(&status, Code::NotFound, "KEY_NOT_FOUND");
+        assert!(matches!(key_state(&client, &key).await, State::Absent(_)));
+    }
+}
+
+for_each_backend!(
+    concurrent_completes_by_the_holder_store_exactly_one_response,
+    complete_racing_release_has_exactly_one_winner,
+    a_write_that_waited_while_the_key_expired_is_key_not_found,
+);

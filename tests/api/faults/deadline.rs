@@ -1,0 +1,78 @@
+//! Scenario 5: callers that give up; a client deadline in the middle of Complete and of
+//! TryStart leaves a consistent store, and the retry gets the claim back.
+
+use std::time::Duration;
+
+use idempotency_coordinator::proto::idempotency::v1::{TryStartRequest, lookup_response::State};
+use tonic::Code;
+
+use crate::support::*;
+
+/// Scenario 5, on both stores: a client deadline in the middle of Complete and of TryStart.
+async fn a_caller_deadline_mid_call_leaves_a_consistent_store_and_a_recoverable_claim(
+    backend: Backend,
+) {
+    let app = TestApp::spawn(backend).await;
+    let mut client = app.client().await;
+
+    let done = unique_key("deadline-complete");
+    let held = claim(&mut client, try_start(&done)).await;
+    let abandoned = unique_key("deadline-claim");
+    claim(
+        &mut client,
+        TryStartRequest {
+            lease_ttl: millis(100),
+            ..try_start(&abandoned)
+        },
+    )
+    .await;
+    wait_for_lease_expiry(&app, &client, &abandoned).await;
+    let retry = TryStartRequest {
+        attempt_id: "give-up-then-retry".into(),
+        ..try_start(&abandoned)
+    };
+
+    let hold = app.database.hold_keys(&[&done, &abandoned]).await;
+    let mut complete_request =
+        tonic::Request::new(complete(&done, held.lease_token, b"finished anyway"));
+    complete_request.set_timeout(Duration::from_millis(300));
+    let mut claim_request = tonic::Request::new(retry.clone());
+    claim_request.set_timeout(Duration::from_millis(300));
+    let (mut a, mut b) = (client.clone(), client.clone());
+    let (completed, claimed) =
+        tokio::join!(a.complete(complete_request), b.try_start(claim_request));
+    for status in [
+        completed.expect_err("deadline"),
+        claimed.expect_err("deadline"),
+    ] {
+        assert!(
+            matches!(status.code(), Code::DeadlineExceeded | Code::Cancelled),
+            "the caller's deadline ended the call: {status:?}"
+        );
+    }
+    app.wait_for_blocked(2).await;
+    hold.release().await;
+
+    // The work the callers gave up on ran to its end: the key is completed...
+    eventually(
+        Duration::from_secs(10),
+        "the Complete committed",
+        || async { matches!(key_state(&client, &done).await, State::Completed(_)) },
+    )
+    .await;
+    // ...and the claim was taken; the retry with the same attempt_id gets it back.
+    let token = || app.database.key_lease_token(&abandoned);
+    eventually(Duration::from_secs(10), "the claim committed", || async {
+        token().await != 0 && {
+            let mut client = client.clone();
+            let answer = client.lookup(lookup(&abandoned)).await.expect("Lookup");
+            matches!(state(answer.into_inner()), State::InProgress(held) if held.attempt == 2)
+        }
+    })
+    .await;
+    let recovered = claim(&mut client, retry).await;
+    assert_eq!(recovered.lease_token, token().await);
+    assert_eq!(recovered.attempt, 2);
+}
+
+for_each_backend!(a_caller_deadline_mid_call_leaves_a_consistent_store_and_a_recoverable_claim,);

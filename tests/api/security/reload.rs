@@ -1,0 +1,113 @@
+//! SIGHUP on the real binary: the tokens file is reloaded without dropping calls, a broken one
+//! is refused, and without a tokens file the signal leaves the service running.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use tonic::Code;
+
+use crate::support::process::ServerProcess;
+use crate::support::security::*;
+use crate::support::*;
+
+/// The real binary: SIGHUP reloads the tokens file while other callers keep calling.
+async fn sighup_reloads_tokens_without_dropping_calls(backend: Backend) {
+    let (first, first_line) = token("first", "*");
+    let (steady, steady_line) = token("steady", "*");
+    let (later, later_line) = token("later", "*");
+    let tokens = TokensFile::new(&[&first_line, &steady_line]);
+    let database = TestDatabase::create(backend).await;
+    let server = ServerProcess::start(&database.url, &["--tokens-file", &tokens.flag()]).await;
+    let _ = server.client_when_serving().await;
+
+    // Steady traffic with a token that stays valid across every reload.
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let (answered, failed) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let mut callers = Vec::new();
+    for _ in 0..8 {
+        let mut client = authed_client(server.endpoint(), Bearer::token(&steady)).await;
+        let (stop, answered, failed) = (stop.clone(), answered.clone(), failed.clone());
+        callers.push(tokio::spawn(async move {
+            while !stop.load(Ordering::Relaxed) {
+                match client.lookup(lookup("steady")).await {
+                    Ok(_) => answered.fetch_add(1, Ordering::Relaxed),
+                    Err(_) => failed.fetch_add(1, Ordering::Relaxed),
+                };
+            }
+        }));
+    }
+
+    let mut first_client = authed_client(server.endpoint(), Bearer::token(&first)).await;
+    first_client
+        .lookup(lookup("k"))
+        .await
+        .expect("first is known");
+    let mut later_client = authed_client(server.endpoint(), Bearer::token(&later)).await;
+    assert_eq!(
+        later_client
+            .lookup(lookup("k"))
+            .await
+            .expect_err("not yet")
+            .code(),
+        Code::Unauthenticated
+    );
+
+    tokens.write(&[&steady_line, &later_line]);
+    server.signal("HUP");
+    eventually(
+        Duration::from_secs(10),
+        "the reload took effect",
+        || async {
+            let mut later_client = later_client.clone();
+            later_client.lookup(lookup("k")).await.is_ok()
+        },
+    )
+    .await;
+    let status = first_client.lookup(lookup("k")).await.expect_err("revoked");
+    assert_eq!(status.code(), Code::Unauthenticated);
+
+    // A broken file is refused, and the tokens in force stay.
+    tokens.write(&["this is not a tokens line"]);
+    server.signal("HUP");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    later_client
+        .lookup(lookup("k"))
+        .await
+        .expect("still in force");
+
+    stop.store(true, Ordering::Relaxed);
+    for caller in callers {
+        caller.await.expect("caller");
+    }
+    assert!(answered.load(Ordering::Relaxed) > 0);
+    assert_eq!(
+        failed.load(Ordering::Relaxed),
+        0,
+        "no call was dropped by a reload"
+    );
+    assert!(
+        server.output_contains("tokens file not reloaded"),
+        "the broken file was reported"
+    );
+}
+
+/// SIGHUP never ends the process, with or without a tokens file (systemctl reload, log
+/// rotation hooks). Store-independent: the embedded store serves.
+#[tokio::test]
+async fn sighup_without_a_tokens_file_leaves_the_service_running() {
+    let directory = tempfile::tempdir().expect("a temporary folder");
+    let mut server = ServerProcess::start_embedded_in(directory.path()).await;
+    let health = health_client(server.endpoint()).await.expect("connect");
+    eventually(Duration::from_secs(20), "serving", || is_serving(&health)).await;
+    server.signal("HUP");
+    eventually(Duration::from_secs(5), "the SIGHUP was handled", || async {
+        server.output_contains("no tokens file to reload")
+    })
+    .await;
+    assert!(is_serving(&health).await, "still serving after SIGHUP");
+    server.signal("TERM");
+    assert_eq!(server.wait(Duration::from_secs(20)).await, Some(0));
+}
+
+for_each_backend!(sighup_reloads_tokens_without_dropping_calls,);

@@ -1,0 +1,180 @@
+//! Claims at the same time: exactly one winner among concurrent claims and among concurrent
+//! takeovers, and a claim that waited for the row acts on the key as it is once it has it.
+
+use idempotency_coordinator::proto::idempotency::v1::try_start_response::Outcome;
+use idempotency_coordinator::proto::idempotency::v1::{TryStartRequest, lookup_response::State};
+
+use crate::support::*;
+
+async fn two_hundred_concurrent_claims_of_one_key_have_exactly_one_winner(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+    let client = app.client().await;
+    let key = unique_key("race");
+
+    let calls = (0..200).map(|_| {
+        let mut client = client.clone();
+        let key = key.clone();
+        tokio::spawn(async move {
+            let outcome = outcome(
+                client
+                    .try_start(try_start(&key))
+                    .await
+                    .expect("TryStart")
+                    .into_inner(),
+            );
+            // The winner completes at once, so that later callers may see `completed`.
+            if let Outcome::Started(started) = &outcome {
+                client
+                    .complete(complete(&key, started.lease_token, b"the one result"))
+                    .await
+                    .expect("Complete");
+            }
+            outcome
+        })
+    });
+    let outcomes = futures::future::join_all(calls).await;
+
+    let (mut started, mut in_progress, mut completed) = (0, 0, 0);
+    for outcome in outcomes {
+        match outcome.expect("task") {
+            Outcome::Started(_) => started += 1,
+            Outcome::InProgress(_) => in_progress += 1,
+            Outcome::Completed(done) => {
+                assert_eq!(done.response, b"the one result");
+                completed += 1;
+            }
+            Outcome::FingerprintMismatch(_) => panic!("same fingerprint cannot mismatch"),
+        }
+    }
+    assert_eq!(started, 1, "exactly one claim wins");
+    assert_eq!(started + in_progress + completed, 200);
+    assert_eq!(app.count_rows("idempotency_keys").await, 1);
+}
+
+async fn concurrent_takeovers_of_an_expired_lease_have_exactly_one_winner(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+    let mut client = app.client().await;
+    let key = unique_key("takeover-race");
+    let first = claim(
+        &mut client,
+        TryStartRequest {
+            lease_ttl: millis(100),
+            ..try_start(&key)
+        },
+    )
+    .await;
+    wait_for_lease_expiry(&app, &client, &key).await;
+
+    let calls = (0..50).map(|_| {
+        let mut client = client.clone();
+        let key = key.clone();
+        tokio::spawn(async move {
+            outcome(
+                client
+                    .try_start(try_start(&key))
+                    .await
+                    .expect("TryStart")
+                    .into_inner(),
+            )
+        })
+    });
+    let mut winners = Vec::new();
+    for answer in futures::future::join_all(calls).await {
+        match answer.expect("task") {
+            Outcome::Started(started) => winners.push(started),
+            Outcome::InProgress(in_progress) => assert_eq!(in_progress.attempt, 2),
+            other => panic!("unexpected outcome {other:?}"),
+        }
+    }
+    assert_eq!(winners.len(), 1, "exactly one takeover");
+    assert_eq!(winners[0].attempt, 2, "the attempt count went up once");
+    assert!(winners[0].lease_token > first.lease_token);
+}
+
+async fn a_claim_that_waited_while_the_key_expired_claims_it_afresh(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+    let mut client = app.client().await;
+    let key = unique_key("expired-while-waiting");
+    let request = TryStartRequest {
+        attempt_id: "holder".into(),
+        retention: secs(1),
+        lease_ttl: millis(200),
+        ..try_start(&key)
+    };
+    let held = claim(&mut client, request.clone()).await;
+    let lock = app.database.hold_key(&key).await;
+    // The holder's retry starts while the key is live, then waits for the row...
+    let retry = tokio::spawn({
+        let mut client = client.clone();
+        let request = request.clone();
+        async move { client.try_start(request).await }
+    });
+    app.wait_for_blocked(1).await;
+    // ...during which the key's retention ends, so that the key is absent for everyone.
+    let expires_at = app.database.key_expires_at(&key).await;
+    eventually(
+        std::time::Duration::from_secs(5),
+        "the key expired",
+        || async { app.db_now().await > expires_at },
+    )
+    .await;
+    assert!(matches!(key_state(&client, &key).await, State::Absent(_)));
+    lock.release().await;
+
+    // The waiting claim must act on the key as it is now (absent), not as it was when the call
+    // began: a fresh claim, not a re-entry that would revive the expired one.
+    let fresh = expect_started(retry.await.expect("task").expect("TryStart").into_inner());
+    assert_eq!(fresh.attempt, 1);
+    assert!(
+        fresh.lease_token > held.lease_token,
+        "a new claim, not the expired one"
+    );
+}
+
+async fn a_claim_racing_the_reaper_for_an_expired_key_starts_fresh(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+    let mut client = app.client().await;
+    let key = unique_key("reaped");
+    claim(
+        &mut client,
+        TryStartRequest {
+            retention: secs(1),
+            lease_ttl: millis(100),
+            ..try_start(&key)
+        },
+    )
+    .await;
+    eventually(
+        std::time::Duration::from_secs(5),
+        "the key expired",
+        || async { matches!(key_state(&client, &key).await, State::Absent(_)) },
+    )
+    .await;
+    // A reaper's transaction holds the expired row; the claim waits for it; the reaper deletes
+    // the row and commits.
+    let reaper = app.database.hold_key(&key).await;
+    let claiming = tokio::spawn({
+        let mut client = client.clone();
+        let key = key.clone();
+        async move { client.try_start(try_start(&key)).await }
+    });
+    app.wait_for_blocked(1).await;
+    reaper.delete_and_commit(&key).await;
+
+    let started = expect_started(
+        claiming
+            .await
+            .expect("task")
+            .expect("TryStart")
+            .into_inner(),
+    );
+    assert_eq!(started.attempt, 1);
+    assert_eq!(app.count_rows("idempotency_keys").await, 1);
+}
+
+for_each_backend!(
+    two_hundred_concurrent_claims_of_one_key_have_exactly_one_winner,
+    concurrent_takeovers_of_an_expired_lease_have_exactly_one_winner,
+    a_claim_that_waited_while_the_key_expired_claims_it_afresh,
+    a_claim_racing_the_reaper_for_an_expired_key_starts_fresh,
+);

@@ -1,0 +1,161 @@
+//! Re-entry: the holder's retry with its own attempt_id gets its claim back (token, attempt,
+//! checkpoint), renewing the lease; any other attempt_id, or none, is somebody else.
+
+use idempotency_coordinator::proto::idempotency::v1::{ExtendLeaseRequest, TryStartRequest};
+
+use crate::support::*;
+
+async fn the_same_attempt_id_gets_the_same_claim_back(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+    let mut client = app.client().await;
+    let key = unique_key("reentry");
+    let request = TryStartRequest {
+        attempt_id: "request-7f3a".into(),
+        lease_ttl: secs(5),
+        ..try_start(&key)
+    };
+    let first = claim(&mut client, request.clone()).await;
+    let again = claim(
+        &mut client,
+        TryStartRequest {
+            lease_ttl: secs(20),
+            ..request.clone()
+        },
+    )
+    .await;
+    assert_eq!(again.lease_token, first.lease_token);
+    assert_eq!(again.attempt, first.attempt);
+    assert!(
+        instant(&again.lease_expires_at) > instant(&first.lease_expires_at),
+        "re-entry renews the lease to now + lease_ttl when that is later"
+    );
+
+    // A shorter lease on re-entry keeps the later expiry.
+    let shorter = claim(
+        &mut client,
+        TryStartRequest {
+            lease_ttl: millis(100),
+            ..request.clone()
+        },
+    )
+    .await;
+    assert_eq!(shorter.lease_expires_at, again.lease_expires_at);
+
+    // Another attempt_id, or none, is somebody else.
+    let other = TryStartRequest {
+        attempt_id: "request-other".into(),
+        ..request
+    };
+    expect_in_progress(try_start_response(&client, other).await);
+    expect_in_progress(try_start_response(&client, try_start(&key)).await);
+}
+
+async fn re_entry_keeps_the_checkpoint_and_works_after_the_lease_ran_out(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+    let mut client = app.client().await;
+    let key = unique_key("reentry-late");
+    let request = TryStartRequest {
+        attempt_id: "attempt-1".into(),
+        lease_ttl: millis(200),
+        ..try_start(&key)
+    };
+    let first = claim(&mut client, request.clone()).await;
+    client
+        .extend_lease(ExtendLeaseRequest {
+            lease_ttl: millis(150),
+            checkpoint: Some(b"halfway".to_vec()),
+            ..extend(&key, first.lease_token)
+        })
+        .await
+        .expect("ExtendLease");
+    wait_for_lease_expiry(&app, &client, &key).await;
+
+    // Nobody took over, so the holder's own retry still gets its claim, not a takeover.
+    let before = app.db_now().await;
+    let again = claim(&mut client, request).await;
+    assert_eq!(again.lease_token, first.lease_token);
+    assert_eq!(again.attempt, 1);
+    assert_eq!(again.checkpoint.as_deref(), Some(&b"halfway"[..]));
+    assert!(instant(&again.lease_expires_at) >= before + chrono::Duration::milliseconds(200));
+}
+
+async fn an_empty_attempt_id_never_matches(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+    let mut client = app.client().await;
+    let key = unique_key("no-attempt");
+    claim(&mut client, try_start(&key)).await;
+    expect_in_progress(try_start_response(&client, try_start(&key)).await);
+}
+
+async fn the_holders_own_attempt_id_with_another_fingerprint_is_a_mismatch(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+    let mut client = app.client().await;
+    let key = unique_key("attempt-mismatch");
+    let request = TryStartRequest {
+        attempt_id: "same-attempt".into(),
+        ..try_start(&key)
+    };
+    claim(&mut client, request.clone()).await;
+    let other = TryStartRequest {
+        fingerprint: b"another body".to_vec(),
+        ..request
+    };
+    expect_mismatch(try_start_response(&client, other).await);
+}
+
+async fn after_a_takeover_the_old_attempt_id_is_somebody_else(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+    let mut client = app.client().await;
+    let key = unique_key("attempt-takeover");
+    let old = TryStartRequest {
+        attempt_id: "old-attempt".into(),
+        lease_ttl: millis(100),
+        ..try_start(&key)
+    };
+    claim(&mut client, old.clone()).await;
+    wait_for_lease_expiry(&app, &client, &key).await;
+    let new = TryStartRequest {
+        attempt_id: "new-attempt".into(),
+        lease_ttl: secs(30),
+        ..try_start(&key)
+    };
+    let taken = claim(&mut client, new.clone()).await;
+    assert_eq!(taken.attempt, 2);
+
+    let old_retry = client.try_start(old).await.expect("TryStart").into_inner();
+    assert_eq!(expect_in_progress(old_retry).attempt, 2);
+    let new_retry = claim(&mut client, new).await;
+    assert_eq!(new_retry.lease_token, taken.lease_token);
+}
+
+async fn re_entry_stretches_retention_to_cover_the_renewed_lease(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+    let mut client = app.client().await;
+    let key = unique_key("reentry-retention");
+    let request = TryStartRequest {
+        attempt_id: "a".into(),
+        retention: secs(1),
+        lease_ttl: millis(500),
+        ..try_start(&key)
+    };
+    claim(&mut client, request.clone()).await;
+    let again = claim(
+        &mut client,
+        TryStartRequest {
+            lease_ttl: secs(3600),
+            ..request
+        },
+    )
+    .await;
+    let expires_at = app.database.key_expires_at(&key).await;
+    assert!(expires_at >= instant(&again.lease_expires_at));
+}
+
+for_each_backend!(
+    the_same_attempt_id_gets_the_same_claim_back,
+    re_entry_keeps_the_checkpoint_and_works_after_the_lease_ran_out,
+    an_empty_attempt_id_never_matches,
+    the_holders_own_attempt_id_with_another_fingerprint_is_a_mismatch,
+    after_a_takeover_the_old_attempt_id_is_somebody_else,
+    re_entry_stretches_retention_to_cover_the_renewed_lease,
+);
