@@ -13,6 +13,9 @@ export interface StoreContext {
   newClient(options?: ClientOptions): IdempotencyClient;
 }
 
+// A test that hangs fails on its own instead of holding the whole run.
+const TEST_TIMEOUT_MS = 60_000;
+
 export function testOnEveryStore(
   name: string,
   body: (context: StoreContext) => Promise<void>,
@@ -20,7 +23,7 @@ export function testOnEveryStore(
 ): void {
   for (const store of STORES) {
     describe(store, () => {
-      test(name, async () => {
+      test(name, { timeout: TEST_TIMEOUT_MS }, async () => {
         const options = await serverOptions();
         const server = await CoordinatorServer.start(store, options);
         const clients: IdempotencyClient[] = [];
@@ -53,3 +56,12 @@ export function deferred<T = void>(): { promise: Promise<T>; resolve: (value: T)
 }
 
 export const delay = (ms: number) => new Promise<void>((resolve) => setTimeout(resolve, ms));
+
+/** Resolves once `condition` holds, checking every 20 ms; fails after `limitMs`. */
+export async function until(condition: () => Promise<boolean>, limitMs = 10_000): Promise<void> {
+  const deadline = Date.now() + limitMs;
+  while (!(await condition())) {
+    if (Date.now() > deadline) throw new Error(`the condition did not hold within ${limitMs} ms`);
+    await delay(20);
+  }
+}

@@ -49,6 +49,9 @@ export class CoordinatorServer {
   ) {}
 
   static async start(store: StoreKind, options: ServerOptions = {}): Promise<CoordinatorServer> {
+    await fs.access(BINARY, fs.constants.X_OK).catch(() => {
+      throw new Error(`no coordinator binary at ${BINARY}: build it, or set IDEMPOTENCY_COORDINATOR_BIN`);
+    });
     const workDir = await fs.mkdtemp(path.join(os.tmpdir(), 'idc-node-test-'));
     const databaseName = store === 'postgres' ? `idc_node_${randomUUID().replaceAll('-', '')}` : undefined;
     const server = new CoordinatorServer(store, workDir, databaseName, options);
