@@ -5,39 +5,51 @@ import { describe, test } from 'node:test';
 import { IdempotencyClient, type ClientOptions } from '../../src';
 import { CoordinatorServer, STORES, type ServerOptions } from './server';
 
-export interface StoreContext {
+// A test that hangs fails on its own instead of holding the whole run.
+const TEST_TIMEOUT_MS = 60_000;
+
+export interface StoreContext<F> {
   server: CoordinatorServer;
   /** A client of the test's server (closed after the test). */
   client: IdempotencyClient;
   /** Another client, e.g. a second service racing the first (closed after the test). */
   newClient(options?: ClientOptions): IdempotencyClient;
+  /** What the test's setup made before the server started. */
+  fixture: F;
 }
 
-// A test that hangs fails on its own instead of holding the whole run.
-const TEST_TIMEOUT_MS = 60_000;
+/** Made before the server starts (e.g. a tokens file), and cleaned up after the test. */
+export interface Setup<F> {
+  serverOptions?: ServerOptions;
+  fixture: F;
+  cleanup?: () => Promise<void>;
+}
 
-export function testOnEveryStore(
+export function testOnEveryStore<F = undefined>(
   name: string,
-  body: (context: StoreContext) => Promise<void>,
-  serverOptions: () => Promise<ServerOptions & { cleanup?: () => Promise<void> }> = async () => ({}),
+  body: (context: StoreContext<F>) => Promise<void>,
+  setup: () => Promise<Setup<F>> = async () => ({ fixture: undefined as F }),
 ): void {
   for (const store of STORES) {
     describe(store, () => {
       test(name, { timeout: TEST_TIMEOUT_MS }, async () => {
-        const options = await serverOptions();
-        const server = await CoordinatorServer.start(store, options);
+        const prepared = await setup();
         const clients: IdempotencyClient[] = [];
-        const newClient = (clientOptions?: ClientOptions) => {
-          const client = new IdempotencyClient(server.address, clientOptions);
-          clients.push(client);
-          return client;
-        };
         try {
-          await body({ server, client: newClient(), newClient });
+          const server = await CoordinatorServer.start(store, prepared.serverOptions);
+          const newClient = (clientOptions?: ClientOptions) => {
+            const client = new IdempotencyClient(server.address, clientOptions);
+            clients.push(client);
+            return client;
+          };
+          try {
+            await body({ server, client: newClient(), newClient, fixture: prepared.fixture });
+          } finally {
+            for (const client of clients) client.close();
+            await server.dispose();
+          }
         } finally {
-          for (const client of clients) client.close();
-          await server.dispose();
-          await options.cleanup?.();
+          await prepared.cleanup?.();
         }
       });
     });
