@@ -112,6 +112,7 @@ testOnEveryStore('work three times longer than its lease stays the only holder a
 testOnEveryStore('a lease taken over mid-work aborts the work, runOnce throws lease lost, the new holder result stands', async ({ client, newClient }) => {
   const leaseTtlMs = 300;
   const workSawAbort = deferred<unknown>();
+  const firstHolds = deferred();
   let firstLease: Lease | undefined;
   // The heartbeat comes only after the lease has run out, so that a rival can take over first.
   const first = client.runOnce(
@@ -119,6 +120,7 @@ testOnEveryStore('a lease taken over mid-work aborts the work, runOnce throws le
     'parcel-9',
     async (lease) => {
       firstLease = lease;
+      firstHolds.resolve();
       await new Promise((_, reject) => {
         lease.signal.addEventListener('abort', () => {
           workSawAbort.resolve(lease.signal.reason);
@@ -133,6 +135,7 @@ testOnEveryStore('a lease taken over mid-work aborts the work, runOnce throws le
     () => assert.fail('the first holder must not complete'),
     (error: unknown) => error,
   );
+  await firstHolds.promise;
   const second = await newClient().runOnce(
     'shipments',
     'parcel-9',
