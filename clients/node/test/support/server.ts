@@ -34,6 +34,8 @@ interface HealthClient extends grpc.Client {
 
 export interface ServerOptions {
   tokensFile?: string;
+  /** Serve TLS with this certificate and key (PEM files); `rootCert` is what clients trust. */
+  tls?: { certFile: string; keyFile: string; rootCert: Buffer };
 }
 
 export class CoordinatorServer {
@@ -135,6 +137,7 @@ export class CoordinatorServer {
       '--health-check-interval',
       '200ms',
       ...(this.options.tokensFile ? ['--tokens-file', this.options.tokensFile] : []),
+      ...(this.options.tls ? ['--tls-cert', this.options.tls.certFile, '--tls-key', this.options.tls.keyFile] : []),
     ];
     const child = spawn(BINARY, args, { stdio: ['ignore', 'ignore', 'pipe'] });
     this.process = child;
@@ -165,7 +168,10 @@ export class CoordinatorServer {
 
   private async waitUntilServing(deadline: number): Promise<void> {
     const Health = grpc.makeGenericClientConstructor(healthService, 'Health');
-    const health = new Health(this.address, grpc.credentials.createInsecure()) as unknown as HealthClient;
+    const credentials = this.options.tls
+      ? grpc.credentials.createSsl(this.options.tls.rootCert)
+      : grpc.credentials.createInsecure();
+    const health = new Health(this.address, credentials) as unknown as HealthClient;
     try {
       for (;;) {
         const status = await new Promise<string | undefined>((resolve) => {
