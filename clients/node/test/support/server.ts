@@ -32,6 +32,13 @@ interface HealthClient extends grpc.Client {
   ): grpc.ClientUnaryCall;
 }
 
+// A test process that ends early (a hung test cut off by --test-force-exit) must not leave
+// coordinators running behind it.
+const liveServers = new Set<ChildProcess>();
+process.on('exit', () => {
+  for (const child of liveServers) child.kill('SIGKILL');
+});
+
 export interface ServerOptions {
   tokensFile?: string;
   /** Serve TLS with this certificate and key (PEM files); `rootCert` is what clients trust. */
@@ -57,7 +64,12 @@ export class CoordinatorServer {
     const workDir = await fs.mkdtemp(path.join(os.tmpdir(), 'idc-node-test-'));
     const databaseName = store === 'postgres' ? `idc_node_${randomUUID().replaceAll('-', '')}` : undefined;
     const server = new CoordinatorServer(store, workDir, databaseName, options);
-    await server.launch('127.0.0.1:0');
+    try {
+      await server.launch('127.0.0.1:0');
+    } catch (error) {
+      await server.dispose();
+      throw error;
+    }
     return server;
   }
 
@@ -88,7 +100,7 @@ export class CoordinatorServer {
   /** SIGTERM, then the exit, which must be clean. */
   async stop(): Promise<void> {
     const child = this.process;
-    if (!child || child.exitCode !== null) return;
+    if (!child || child.exitCode !== null || child.signalCode !== null) return;
     const exited = once(child, 'exit');
     child.kill('SIGTERM');
     const [code] = (await exited) as [number | null];
@@ -141,6 +153,8 @@ export class CoordinatorServer {
     ];
     const child = spawn(BINARY, args, { stdio: ['ignore', 'ignore', 'pipe'] });
     this.process = child;
+    liveServers.add(child);
+    child.once('exit', () => liveServers.delete(child));
     child.stderr?.on('data', (chunk: Buffer) => {
       // Keep the tail only: it is for explaining a failure.
       this.log = (this.log + chunk.toString('utf8')).slice(-20_000);
