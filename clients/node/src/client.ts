@@ -166,8 +166,10 @@ const MIN_POLL_MS = 25;
 const HEARTBEAT_RETRY_MS = 1_000;
 
 const DEFAULT_CHANNEL_OPTIONS: grpc.ChannelOptions = {
-  // grpc-js backs reconnection off up to 120 s; a coordinator that restarts should be found
-  // again within seconds, while runOnce is still retrying.
+  // grpc-js backs reconnection off from 1 s up to 120 s; a coordinator that restarts (a
+  // deploy) should be found again within a fraction of a second, while runOnce is still
+  // retrying, and never later than 2 s.
+  'grpc.initial_reconnect_backoff_ms': 250,
   'grpc.max_reconnect_backoff_ms': 2_000,
 };
 
