@@ -582,11 +582,11 @@ class HeldLease implements Lease {
   private readonly onCallerAbort = () => this.controller.abort(this.callerSignal?.reason);
 
   constructor(
-    readonly client: IdempotencyClient,
+    private readonly client: IdempotencyClient,
     readonly namespace: string,
     readonly key: string,
     started: Extract<TryStartOutcome, { kind: 'started' }>,
-    readonly leaseTtlMs: number,
+    private readonly leaseTtlMs: number,
     callerSignal: AbortSignal | undefined,
   ) {
     this.token = started.leaseToken;

@@ -75,3 +75,24 @@ testOnEveryStore('a TryStart whose answer was lost is retried with its attempt_i
     await proxy.close();
   }
 });
+
+testOnEveryStore('a Complete whose answer was lost is retried and counts: the caller gets its result, the work ran once', async ({ server, client: observer }) => {
+  const proxy = await AnswerWithholdingProxy.start(server.address);
+  const client = new IdempotencyClient(proxy.address, { callTimeoutMs: 500 });
+  try {
+    let runs = 0;
+    const running = client.runOnce('orders', 'order-99', async () => {
+      runs += 1;
+      // The claim's answer has arrived; the next answer, Complete's, is lost.
+      proxy.withholdAnswers();
+      return { shipped: true };
+    });
+    await until(async () => (await observer.lookup('orders', 'order-99')).kind === 'completed');
+    proxy.cutAndRestore();
+    assert.deepEqual(await running, { value: { shipped: true }, replayed: false });
+    assert.equal(runs, 1);
+  } finally {
+    client.close();
+    await proxy.close();
+  }
+});
