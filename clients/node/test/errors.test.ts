@@ -8,6 +8,7 @@ import {
   KeyNotFoundError,
   LeaseLostError,
   PermissionDeniedError,
+  RateLimitedError,
   UnauthenticatedError,
 } from '../src';
 import { testOnEveryStore } from './support/harness';
@@ -100,5 +101,37 @@ testOnEveryStore(
     const issued = await CoordinatorServer.newToken('orders', 'orders-*');
     const tokensFile = await CoordinatorServer.tempFile('tokens', `${issued.line}\n`);
     return { serverOptions: { tokensFile: tokensFile.file }, fixture: { token: issued.token }, cleanup: tokensFile.remove };
+  },
+);
+
+testOnEveryStore(
+  'over the rate limit: a call is a RateLimitedError with the server retry delay, and runOnce waits it out',
+  async ({ newClient, fixture: { token } }) => {
+    const client = newClient({ token });
+    // Two requests a second: the claim and the completion use them up.
+    assert.deepEqual(await client.runOnce('orders-1', 'order-rl', async () => 'first'), { value: 'first', replayed: false });
+    // A burst of five more within a moment: the bucket cannot hold them all.
+    const burst = await Promise.allSettled(Array.from({ length: 5 }, () => client.lookup('orders-1', 'order-rl')));
+    const limited = burst.find((outcome) => outcome.status === 'rejected')?.reason as unknown;
+    assert.ok(limited instanceof RateLimitedError, `got ${String(limited)}`);
+    assert.equal(limited.reason, 'RATE_LIMITED');
+    assert.ok((limited.retryDelayMs ?? 0) > 0, 'RetryInfo says when to retry');
+
+    let runs = 0;
+    const second = await client.runOnce('orders-1', 'order-rl-2', async () => {
+      runs += 1;
+      return 'second';
+    });
+    assert.deepEqual(second, { value: 'second', replayed: false });
+    assert.equal(runs, 1);
+  },
+  async () => {
+    const issued = await CoordinatorServer.newToken('orders', 'orders-*');
+    const tokensFile = await CoordinatorServer.tempFile('tokens', `${issued.line}\n`);
+    return {
+      serverOptions: { tokensFile: tokensFile.file, extraArgs: ['--rate-limit', '2'] },
+      fixture: { token: issued.token },
+      cleanup: tokensFile.remove,
+    };
   },
 );

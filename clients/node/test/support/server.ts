@@ -43,6 +43,8 @@ export interface ServerOptions {
   tokensFile?: string;
   /** Serve TLS with this certificate and key (PEM files); `rootCert` is what clients trust. */
   tls?: { certFile: string; keyFile: string; rootCert: Buffer };
+  /** More flags for `serve`. */
+  extraArgs?: string[];
 }
 
 export class CoordinatorServer {
@@ -150,6 +152,7 @@ export class CoordinatorServer {
       '200ms',
       ...(this.options.tokensFile ? ['--tokens-file', this.options.tokensFile] : []),
       ...(this.options.tls ? ['--tls-cert', this.options.tls.certFile, '--tls-key', this.options.tls.keyFile] : []),
+      ...(this.options.extraArgs ?? []),
     ];
     const child = spawn(BINARY, args, { stdio: ['ignore', 'ignore', 'pipe'] });
     this.process = child;
