@@ -412,6 +412,11 @@ export class IdempotencyClient {
       case 'inProgress':
         throw new InProgressError(outcome.leaseExpiresAt, outcome.attempt);
       case 'started':
+        if (options.signal?.aborted) {
+          // Cancelled while the claim was being made: give it back at once.
+          await this.releaseQuietly(namespace, key, outcome.leaseToken);
+          throw options.signal.reason;
+        }
         return this.runHolding(request, outcome, work, codec, {
           leaseTtlMs,
           heartbeatIntervalMs: options.heartbeatIntervalMs ?? leaseTtlMs / 3,
@@ -441,7 +446,9 @@ export class IdempotencyClient {
     const waitEnds = Date.now() + waitMs;
     const poll = new Backoff(IN_PROGRESS_POLL);
     for (;;) {
-      const outcome = await this.withRetries(() => this.tryStart(request, { signal }), signal);
+      // The signal is not handed to TryStart itself: a call cancelled in flight may still have
+      // claimed the key, and the claim would be left to run out unseen. It ends the pauses.
+      const outcome = await this.withRetries(() => this.tryStart(request), signal);
       const remainingMs = waitEnds - Date.now();
       if (outcome.kind !== 'inProgress' || remainingMs <= 0) return outcome;
       await sleep(Math.min(remainingMs, poll.nextDelayMs(MIN_POLL_MS)), signal);
