@@ -7,8 +7,9 @@ import * as path from 'node:path';
 
 import { generate } from 'selfsigned';
 
-import { InvalidArgumentError, UnavailableError } from '../src';
-import { deferred, testOnEveryStore } from './support/harness';
+import { IdempotencyClient, InvalidArgumentError, UnavailableError } from '../src';
+import { deferred, testOnEveryStore, until } from './support/harness';
+import { AnswerWithholdingProxy } from './support/proxy';
 
 testOnEveryStore(
   'over TLS: a client trusting the server certificate works, a plaintext client does not get through',
@@ -78,4 +79,26 @@ testOnEveryStore('aborting the caller signal stops a wait for the holder, and ab
     RangeError,
   );
   await assert.rejects(client.runOnce('payments', 'order-abort', async () => 1, { leaseTtlMs: 50 }), InvalidArgumentError);
+});
+
+testOnEveryStore('aborting while TryStart is on the wire: the claim it made is released, the work never runs', async ({ server, client: observer }) => {
+  const proxy = await AnswerWithholdingProxy.start(server.address);
+  const client = new IdempotencyClient(proxy.address);
+  try {
+    await client.lookup('payments', 'order-slow'); // connected through the proxy
+    proxy.holdAnswers();
+    const callerGivesUp = new AbortController();
+    const running = client.runOnce('payments', 'order-slow', () => assert.fail('the work must not run'), {
+      signal: callerGivesUp.signal,
+    });
+    await until(async () => (await observer.lookup('payments', 'order-slow')).kind === 'inProgress');
+    const gone = new Error('the HTTP client went away');
+    callerGivesUp.abort(gone);
+    proxy.deliverHeldAnswers();
+    await assert.rejects(running, (error) => error === gone);
+    assert.deepEqual(await observer.lookup('payments', 'order-slow'), { kind: 'absent' });
+  } finally {
+    client.close();
+    await proxy.close();
+  }
 });

@@ -1,10 +1,13 @@
 // A TCP proxy between a client and the coordinator that can withhold the coordinator's answers
-// (a reply lost on the network) and then cut every connection, as a network failure would.
+// (a reply lost on the network) and then cut every connection, as a network failure would, or
+// hold them back and deliver them late (a slow network).
 import * as net from 'node:net';
 
 export class AnswerWithholdingProxy {
   private readonly sockets = new Set<net.Socket>();
   private withholding = false;
+  private holding = false;
+  private readonly held: Array<{ socket: net.Socket; chunk: Buffer }> = [];
   address = '';
 
   private constructor(private readonly server: net.Server) {}
@@ -20,8 +23,10 @@ export class AnswerWithholdingProxy {
       client.on('data', (chunk) => upstream.write(chunk));
       // While withholding, the coordinator's bytes are dropped whole; the connection is cut
       // before anything passes again, so the client never sees a torn frame.
-      upstream.on('data', (chunk) => {
-        if (!proxy.withholding) client.write(chunk);
+      upstream.on('data', (chunk: Buffer) => {
+        if (proxy.withholding) return;
+        if (proxy.holding) proxy.held.push({ socket: client, chunk });
+        else client.write(chunk);
       });
       client.on('close', () => upstream.destroy());
       upstream.on('close', () => client.destroy());
@@ -37,6 +42,16 @@ export class AnswerWithholdingProxy {
   /** From now on the coordinator's answers are lost; requests still reach it. */
   withholdAnswers(): void {
     this.withholding = true;
+  }
+
+  /** From now on the coordinator's answers wait, in order, until deliverHeldAnswers. */
+  holdAnswers(): void {
+    this.holding = true;
+  }
+
+  deliverHeldAnswers(): void {
+    this.holding = false;
+    for (const { socket, chunk } of this.held.splice(0)) socket.write(chunk);
   }
 
   /** Cuts every open connection and lets new ones through in both directions. */
