@@ -1,0 +1,180 @@
+// runOnce against the real coordinator, on both stores: one run per key, replay, release on
+// failure, heartbeats, lost leases.
+import assert from 'node:assert/strict';
+
+import { InProgressError, LeaseLostError, type Lease } from '../src';
+import { deferred, delay, testOnEveryStore } from './support/harness';
+
+testOnEveryStore('concurrent runOnce with one key: the work runs once and every caller gets its result', async ({ client, newClient }) => {
+  const callers = [client, newClient(), newClient(), newClient()];
+  let runs = 0;
+  const work = async () => {
+    runs += 1;
+    // Long enough that the other callers find the key in progress and wait for it.
+    await delay(300);
+    return { charge: `ch_${runs}`, amount: 4200 };
+  };
+  const results = await Promise.all(
+    callers.map((caller) =>
+      caller.runOnce('payments', 'order-1:charge', work, { request: { amount: 4200 }, waitMs: 10_000 }),
+    ),
+  );
+  assert.equal(runs, 1);
+  for (const result of results) assert.deepEqual(result.value, { charge: 'ch_1', amount: 4200 });
+  assert.equal(results.filter((result) => !result.replayed).length, 1, 'exactly one caller ran the work');
+  const state = await client.lookup('payments', 'order-1:charge');
+  assert.equal(state.kind, 'completed');
+});
+
+testOnEveryStore('a caller that may not wait is told when to retry', async ({ client, newClient }) => {
+  const holding = deferred();
+  const finish = deferred();
+  const first = client.runOnce('payments', 'order-2', async () => {
+    holding.resolve();
+    await finish.promise;
+    return 'done';
+  });
+  await holding.promise;
+  const error = await newClient()
+    .runOnce('payments', 'order-2', () => assert.fail('the work must not run twice'))
+    .then(() => assert.fail('expected InProgressError'), (caught: unknown) => caught);
+  assert.ok(error instanceof InProgressError, `got ${String(error)}`);
+  assert.equal(error.attempt, 1);
+  assert.ok(error.leaseExpiresAt.getTime() > Date.now(), 'the holder lease runs in the future');
+  assert.ok(error.retryAfterSeconds >= 1);
+  finish.resolve();
+  assert.deepEqual(await first, { value: 'done', replayed: false });
+});
+
+testOnEveryStore('work that throws releases the key, and the next runOnce runs the work again', async ({ client }) => {
+  let runs = 0;
+  const failure = new Error('the card network timed out');
+  await assert.rejects(
+    client.runOnce('payments', 'order-3', async () => {
+      runs += 1;
+      throw failure;
+    }),
+    (error) => error === failure,
+  );
+  assert.deepEqual(await client.lookup('payments', 'order-3'), { kind: 'absent' });
+  const second = await client.runOnce('payments', 'order-3', async () => {
+    runs += 1;
+    return 'charged';
+  });
+  assert.deepEqual(second, { value: 'charged', replayed: false });
+  assert.equal(runs, 2);
+});
+
+testOnEveryStore('errorAsResult stores a final failure, which is replayed without running the work', async ({ client }) => {
+  class HttpError extends Error {
+    constructor(readonly status: number) {
+      super(`HTTP ${status}`);
+    }
+  }
+  const asStoredAnswer = (error: unknown) =>
+    error instanceof HttpError && error.status < 500 ? { status: error.status } : undefined;
+  let runs = 0;
+  const work = async (): Promise<{ status: number }> => {
+    runs += 1;
+    throw new HttpError(402);
+  };
+  const first = await client.runOnce('payments', 'order-4', work, { errorAsResult: asStoredAnswer });
+  const second = await client.runOnce('payments', 'order-4', work, { errorAsResult: asStoredAnswer });
+  assert.deepEqual(first, { value: { status: 402 }, replayed: false });
+  assert.deepEqual(second, { value: { status: 402 }, replayed: true });
+  assert.equal(runs, 1);
+});
+
+testOnEveryStore('work three times longer than its lease stays the only holder and completes', async ({ client, newClient }) => {
+  const leaseTtlMs = 600;
+  const rival = newClient();
+  const rivalAnswers: string[] = [];
+  const result = await client.runOnce(
+    'reports',
+    'monthly-2026-11',
+    async (lease) => {
+      // Every probe comes after the first lease would have run out without a heartbeat, when a
+      // rival's TryStart would take the key over.
+      for (let probe = 0; probe < 3; probe += 1) {
+        await delay(leaseTtlMs);
+        const answer = await rival.tryStart({ namespace: 'reports', key: 'monthly-2026-11', leaseTtlMs, attemptId: 'rival' });
+        rivalAnswers.push(answer.kind);
+        assert.equal(lease.signal.aborted, false);
+      }
+      return `report by attempt ${lease.attempt}`;
+    },
+    { leaseTtlMs },
+  );
+  assert.deepEqual(rivalAnswers, ['inProgress', 'inProgress', 'inProgress']);
+  assert.deepEqual(result, { value: 'report by attempt 1', replayed: false });
+});
+
+testOnEveryStore('a lease taken over mid-work aborts the work, runOnce throws lease lost, the new holder result stands', async ({ client, newClient }) => {
+  const leaseTtlMs = 300;
+  const workSawAbort = deferred<unknown>();
+  const firstHolds = deferred();
+  let firstLease: Lease | undefined;
+  // The heartbeat comes only after the lease has run out, so that a rival can take over first.
+  const first = client.runOnce(
+    'shipments',
+    'parcel-9',
+    async (lease) => {
+      firstLease = lease;
+      firstHolds.resolve();
+      await new Promise((_, reject) => {
+        lease.signal.addEventListener('abort', () => {
+          workSawAbort.resolve(lease.signal.reason);
+          reject(lease.signal.reason);
+        });
+      });
+      return 'first holder';
+    },
+    { leaseTtlMs, heartbeatIntervalMs: 3_000 },
+  );
+  const firstOutcome = first.then(
+    () => assert.fail('the first holder must not complete'),
+    (error: unknown) => error,
+  );
+  await firstHolds.promise;
+  const second = await newClient().runOnce(
+    'shipments',
+    'parcel-9',
+    async (lease) => `second holder, attempt ${lease.attempt}`,
+    { leaseTtlMs: 30_000, waitMs: 10_000 },
+  );
+  assert.deepEqual(second, { value: 'second holder, attempt 2', replayed: false });
+
+  const error = await firstOutcome;
+  assert.ok(error instanceof LeaseLostError, `got ${String(error)}`);
+  assert.equal(error.reason, 'LEASE_LOST');
+  assert.equal(await workSawAbort.promise, error, 'the work signal aborted with the lease-lost error');
+  assert.equal(firstLease?.attempt, 1);
+
+  const state = await client.lookup('shipments', 'parcel-9');
+  assert.equal(state.kind, 'completed');
+  assert.equal(state.kind === 'completed' && state.response.toString('utf8'), JSON.stringify('second holder, attempt 2'));
+});
+
+testOnEveryStore('a checkpoint saved by a holder is handed to the one that takes over', async ({ client, newClient }) => {
+  const saved = deferred();
+  const abandoned = client.runOnce(
+    'imports',
+    'batch-7',
+    async (lease) => {
+      await lease.saveCheckpoint(Buffer.from('row-500'));
+      saved.resolve();
+      await new Promise((_, reject) => lease.signal.addEventListener('abort', () => reject(lease.signal.reason)));
+    },
+    // The lease is short and never extended, as if this holder had stalled.
+    { leaseTtlMs: 300, heartbeatIntervalMs: 0 },
+  );
+  abandoned.catch(() => undefined);
+  await saved.promise;
+  const resumed = await newClient().runOnce(
+    'imports',
+    'batch-7',
+    async (lease) => ({ attempt: lease.attempt, resumedFrom: lease.checkpoint?.toString('utf8') }),
+    { waitMs: 10_000 },
+  );
+  assert.deepEqual(resumed.value, { attempt: 2, resumedFrom: 'row-500' });
+});
