@@ -70,9 +70,7 @@ impl Iterator for Backoff {
 
     fn next(&mut self) -> Option<Duration> {
         let pause = self.step.mul_f64(0.5 + fastrand::f64() / 2.0);
-        self.step = self
-            .max
-            .min(self.step.mul_f64(self.multiplier.max(1.0)));
+        self.step = self.max.min(self.step.mul_f64(self.multiplier.max(1.0)));
         Some(pause)
     }
 }
@@ -256,7 +254,11 @@ impl Client {
 
     /// Records (atomically, 1–1000 ids) that `consumer` handled the events; [`MarkProcessed::send`]
     /// answers the ids that were new, in request order.
-    pub fn mark_processed<I, S>(&self, consumer: impl Into<String>, event_ids: I) -> MarkProcessed<'_>
+    pub fn mark_processed<I, S>(
+        &self,
+        consumer: impl Into<String>,
+        event_ids: I,
+    ) -> MarkProcessed<'_>
     where
         I: IntoIterator<Item = S>,
         S: Into<String>,

@@ -42,6 +42,16 @@ pub struct CallError {
 impl CallError {
     /// Decodes a status and its rich details.
     pub fn from_status(status: &Status) -> Self {
+        // A status with a source was made on this side by the transport (tonic keeps the
+        // hyper or h2 error): the connection broke or closed before an answer came. Whatever
+        // code tonic chose for it (`Unknown` for "transport error", `Cancelled` when the
+        // connection went away before the request was sent), the service was not reached.
+        let code = match status.code() {
+            Code::Unknown | Code::Cancelled if std::error::Error::source(status).is_some() => {
+                Code::Unavailable
+            }
+            code => code,
+        };
         let details = status.get_error_details();
         let reason = details
             .error_info()
@@ -61,7 +71,7 @@ impl CallError {
             .unwrap_or_default();
         let retry_after = details.retry_info().and_then(|info| info.retry_delay);
         Self {
-            code: status.code(),
+            code,
             reason,
             message: status.message().to_owned(),
             field_violations,

@@ -193,16 +193,17 @@ impl<T, E, C: Codec<T>> RunOnce<'_, T, E, C> {
             lease_ttl: self.lease_ttl,
         };
         let fingerprint = self.fingerprint?;
-        let started = match claim(self.client, &spec, fingerprint, self.retention, self.wait).await? {
-            Claim::Replay(response) => {
-                let value = self.codec.decode(&response).map_err(Error::Decode)?;
-                return Ok(Outcome {
-                    value,
-                    replayed: true,
-                });
-            }
-            Claim::Started(started) => started,
-        };
+        let started =
+            match claim(self.client, &spec, fingerprint, self.retention, self.wait).await? {
+                Claim::Replay(response) => {
+                    let value = self.codec.decode(&response).map_err(Error::Decode)?;
+                    return Ok(Outcome {
+                        value,
+                        replayed: true,
+                    });
+                }
+                Claim::Started(started) => started,
+            };
         let lease = Lease {
             shared: Arc::new(Shared {
                 client: self.client.clone(),
@@ -223,7 +224,10 @@ impl<T, E, C: Codec<T>> RunOnce<'_, T, E, C> {
         let result = run_with_heartbeat(&shared, work(lease), heartbeat, self.cancel_grace).await;
         let (Some(result), None) = (result, shared.lost()) else {
             let cause = shared.lost().unwrap_or_else(|| {
-                CallError::local(tonic::Code::Aborted, "the lease was lost while the work ran")
+                CallError::local(
+                    tonic::Code::Aborted,
+                    "the lease was lost while the work ran",
+                )
             });
             return Err(Error::LeaseLost(cause).into());
         };
@@ -295,9 +299,12 @@ async fn claim(
     loop {
         let asked_at = Instant::now();
         let answer = client
-            .call("TryStart", &request, Retry::Transient, |mut grpc, r| async move {
-                grpc.try_start(r).await
-            })
+            .call(
+                "TryStart",
+                &request,
+                Retry::Transient,
+                |mut grpc, r| async move { grpc.try_start(r).await },
+            )
             .await?;
         match answer.outcome {
             Some(try_start_response::Outcome::Started(started)) => {
@@ -430,7 +437,9 @@ impl Shared {
                 Ok(())
             }
             Err(
-                Error::LeaseLost(cause) | Error::KeyNotFound(cause) | Error::AlreadyCompleted(cause),
+                Error::LeaseLost(cause)
+                | Error::KeyNotFound(cause)
+                | Error::AlreadyCompleted(cause),
             ) => {
                 self.lose(cause.clone());
                 Err(Error::LeaseLost(cause))
@@ -573,9 +582,12 @@ async fn release(shared: &Shared) {
     };
     let released = shared
         .client
-        .call("Release", &request, Retry::Transient, |mut grpc, r| async move {
-            grpc.release(r).await
-        })
+        .call(
+            "Release",
+            &request,
+            Retry::Transient,
+            |mut grpc, r| async move { grpc.release(r).await },
+        )
         .await;
     match released {
         // Already absent: an earlier try of this Release worked, or the key expired.
@@ -600,9 +612,12 @@ async fn complete(shared: &Shared, response: Vec<u8>) -> Result<(), Error> {
     };
     let completed = shared
         .client
-        .call("Complete", &request, Retry::Transient, |mut grpc, r| async move {
-            grpc.complete(r).await
-        })
+        .call(
+            "Complete",
+            &request,
+            Retry::Transient,
+            |mut grpc, r| async move { grpc.complete(r).await },
+        )
         .await;
     match completed {
         Ok(_) => Ok(()),
@@ -614,9 +629,12 @@ async fn complete(shared: &Shared, response: Vec<u8>) -> Result<(), Error> {
             };
             let state = shared
                 .client
-                .call("Lookup", &lookup, Retry::Transient, |mut grpc, r| async move {
-                    grpc.lookup(r).await
-                })
+                .call(
+                    "Lookup",
+                    &lookup,
+                    Retry::Transient,
+                    |mut grpc, r| async move { grpc.lookup(r).await },
+                )
                 .await?;
             match state.state {
                 Some(lookup_response::State::Completed(stored))
