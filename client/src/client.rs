@@ -163,7 +163,8 @@ impl ClientBuilder {
     }
 
     /// Builds without connecting: the first call connects (and a failure to connect is an
-    /// `Unavailable` error of that call, retried like any other).
+    /// `Unavailable` error of that call, retried like any other). Call it inside a Tokio
+    /// runtime.
     pub fn build_lazy(self) -> Result<Client, Error> {
         let (endpoint, client) = self.prepare()?;
         Ok(client(endpoint.connect_lazy()))

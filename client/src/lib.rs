@@ -59,3 +59,25 @@ pub(crate) fn system_time(timestamp: Option<prost_types::Timestamp>) -> SystemTi
         .and_then(|t| SystemTime::try_from(t).ok())
         .unwrap_or(SystemTime::UNIX_EPOCH)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn assert_send<F: std::future::Future + Send>(_: F) {}
+
+    /// `run` can be awaited inside a spawned task or a web handler (its future is `Send`
+    /// whenever the work's is).
+    #[tokio::test]
+    async fn run_once_futures_are_send() {
+        let Ok(client) = Client::builder("http://127.0.0.1:1").build_lazy() else {
+            panic!("a lazy client builds");
+        };
+        assert_send(
+            client
+                .run_once("payments", "k")
+                .run(|lease| async move { Ok::<_, std::io::Error>(lease.token()) }),
+        );
+        assert_send(client.mark_processed("billing", ["e"]).send());
+    }
+}

@@ -221,7 +221,9 @@ impl<T, E, C: Codec<T>> RunOnce<'_, T, E, C> {
         };
         let shared = lease.shared.clone();
 
+        let mut abandoned = ReleaseIfAbandoned(Some(shared.clone()));
         let result = run_with_heartbeat(&shared, work(lease), heartbeat, self.cancel_grace).await;
+        abandoned.0 = None;
         let (Some(result), None) = (result, shared.lost()) else {
             let cause = shared.lost().unwrap_or_else(|| {
                 CallError::local(
@@ -568,6 +570,22 @@ async fn beat(shared: &Shared, interval: Duration) {
                 }
                 tracing::info!(%error, "heartbeat failed; trying again at the next beat");
             }
+        }
+    }
+}
+
+/// Releases the claim in the background when `run` is dropped while its work runs (the caller
+/// was cancelled, or timed out), so that a retry starts fresh instead of waiting for the lease
+/// to run out: the same as a work that failed.
+struct ReleaseIfAbandoned(Option<Arc<Shared>>);
+
+impl Drop for ReleaseIfAbandoned {
+    fn drop(&mut self) {
+        if let Some(shared) = self.0.take()
+            && let Ok(runtime) = tokio::runtime::Handle::try_current()
+        {
+            shared.cancelled.cancel();
+            runtime.spawn(async move { release(&shared).await });
         }
     }
 }

@@ -149,6 +149,45 @@ async fn failed_work_is_released_and_the_next_call_runs_it_again(backend: Backen
     assert_eq!(runs.count(), 2, "the work ran again after the release");
 }
 
+async fn a_caller_that_gives_up_mid_work_releases_the_key(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+    let client = client_for(&app).await;
+    let raw = app.client().await;
+    let key = unique_key("charge");
+    let (started_tx, started_rx) = tokio::sync::oneshot::channel();
+    let abandoned = {
+        let (client, key) = (client.clone(), key.clone());
+        tokio::spawn(async move {
+            client
+                .run_once(PAYMENTS, key)
+                .run(|_lease| async move {
+                    started_tx.send(()).expect("the test listens");
+                    std::future::pending::<Result<(), PaymentError>>().await
+                })
+                .await
+        })
+    };
+    started_rx.await.expect("the work started");
+    abandoned.abort();
+    // Released in the background, long before its 30 s lease would run out.
+    eventually(Duration::from_secs(10), "the claim is released", || async {
+        matches!(payments_state(&raw, &key).await, pb_state::Absent(_))
+    })
+    .await;
+    let retried = client
+        .run_once(PAYMENTS, &key)
+        .run(|lease| async move { Ok::<_, PaymentError>(lease.attempt()) })
+        .await
+        .expect("a retry starts fresh");
+    assert_eq!(
+        retried,
+        Outcome {
+            value: 1,
+            replayed: false
+        }
+    );
+}
+
 async fn an_error_mapped_to_a_result_is_stored_and_replayed(backend: Backend) {
     let app = TestApp::spawn(backend).await;
     let client = client_for(&app).await;
@@ -336,6 +375,7 @@ use idempotency_coordinator::proto::idempotency::v1::lookup_response::State as p
 for_each_backend!(
     two_concurrent_callers_run_the_work_once_and_get_the_same_result,
     failed_work_is_released_and_the_next_call_runs_it_again,
+    a_caller_that_gives_up_mid_work_releases_the_key,
     an_error_mapped_to_a_result_is_stored_and_replayed,
     a_key_reused_for_another_request_is_a_typed_mismatch,
     a_key_held_elsewhere_is_a_typed_in_progress_with_when_to_retry,
