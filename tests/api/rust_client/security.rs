@@ -1,7 +1,9 @@
 //! The client's bearer token against a server with a tokens file, and its TLS settings against
 //! a server that requires client certificates.
 
-use idempotency_client::{Certificate, Client, ClientTlsConfig, Error, Identity, RunError};
+use idempotency_client::{
+    Certificate, Client, ClientTlsConfig, Error, Identity, RetryPolicy, RunError,
+};
 
 use super::{PaymentError, Runs};
 use crate::support::security::{Pki, TokensFile, server_tls_flags, token};
@@ -102,7 +104,59 @@ async fn mutual_tls_settings_reach_a_server_that_requires_them(backend: Backend)
     );
 }
 
+async fn a_rate_limited_call_is_typed_with_its_wait_and_retried_after_it(backend: Backend) {
+    let (secret, line) = token("busy", "*");
+    let tokens = TokensFile::new(&[&line]);
+    let app = TestApp::spawn_with(
+        backend,
+        &["--tokens-file", &tokens.flag(), "--rate-limit", "2"],
+    )
+    .await;
+    let builder = Client::builder(app.endpoint()).token(secret);
+    let impatient = builder
+        .clone()
+        .retry(RetryPolicy::none())
+        .build()
+        .await
+        .expect("connect");
+    let mut refused = None;
+    for call in 0..10 {
+        match impatient
+            .mark_processed("billing", [format!("a-{call}")])
+            .send()
+            .await
+        {
+            Ok(new) => assert_eq!(new.len(), 1),
+            Err(error) => {
+                refused = Some(error);
+                break;
+            }
+        }
+    }
+    let refused = refused.expect("a burst over the rate is refused");
+    assert!(matches!(refused, Error::RateLimited(_)), "{refused:?}");
+    let wait = refused.retry_after().expect("RetryInfo");
+    assert!(
+        wait > std::time::Duration::ZERO && wait <= std::time::Duration::from_millis(500),
+        "at 2/s the next call is at most 500 ms away: {wait:?}"
+    );
+
+    // With retries, every call gets through, each after the wait the service asked for, and
+    // each id is new: a refused call wrote nothing.
+    let patient = builder.build().await.expect("connect");
+    for call in 0..6 {
+        let id = format!("b-{call}");
+        let new = patient
+            .mark_processed("billing", [id.clone()])
+            .send()
+            .await
+            .expect("retried until allowed");
+        assert_eq!(new, [id]);
+    }
+}
+
 for_each_backend!(
     a_token_is_sent_and_a_scope_it_lacks_is_a_typed_permission_error,
+    a_rate_limited_call_is_typed_with_its_wait_and_retried_after_it,
     mutual_tls_settings_reach_a_server_that_requires_them,
 );
