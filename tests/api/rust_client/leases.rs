@@ -188,7 +188,64 @@ async fn a_lost_lease_cancels_the_work_and_the_new_holders_result_stands(backend
     );
 }
 
+async fn a_service_unreachable_until_the_lease_runs_out_cancels_the_work(backend: Backend) {
+    const LEASE: Duration = Duration::from_millis(600);
+    let app = TestApp::spawn(backend).await;
+    let proxy = crate::support::proxy::TcpProxy::start(app.addr).await;
+    let client = idempotency_client::Client::builder(format!("http://{}", proxy.addr))
+        .build()
+        .await
+        .expect("connect through the proxy");
+    let raw = app.client().await;
+    let key = unique_key("export");
+    let (started_tx, started_rx) = tokio::sync::oneshot::channel();
+
+    let running = {
+        let (client, key) = (client.clone(), key.clone());
+        tokio::spawn(async move {
+            client
+                .run_once(PAYMENTS, key)
+                .lease_ttl(LEASE)
+                .run(|lease| async move {
+                    started_tx.send(()).expect("the test listens");
+                    tokio::select! {
+                        () = lease.cancelled() => Ok::<_, PaymentError>("stopped".to_owned()),
+                        () = tokio::time::sleep(Duration::from_secs(60)) => Ok("finished".to_owned()),
+                    }
+                })
+                .await
+        })
+    };
+    started_rx.await.expect("the work started");
+    proxy.cut();
+
+    // The heartbeat cannot reach the service; once the lease may have run out, someone else may
+    // hold the key, so the work is cancelled and nothing is reported as done.
+    let outcome = tokio::time::timeout(Duration::from_secs(20), running)
+        .await
+        .expect("the work is cancelled, not left running")
+        .expect("task");
+    let Err(RunError::Coordinator(Error::LeaseLost(cause))) = outcome else {
+        panic!("expected LeaseLost, got {outcome:?}");
+    };
+    assert_eq!(cause.code, tonic::Code::Unavailable, "{cause:?}");
+    let mut lookup_request = lookup(&key);
+    lookup_request.namespace = PAYMENTS.into();
+    let stored = state(
+        raw.clone()
+            .lookup(lookup_request)
+            .await
+            .expect("Lookup")
+            .into_inner(),
+    );
+    assert!(
+        matches!(stored, State::InProgress(_)),
+        "never completed: {stored:?}"
+    );
+}
+
 for_each_backend!(
     work_three_times_longer_than_its_lease_stays_the_only_holder,
+    a_service_unreachable_until_the_lease_runs_out_cancels_the_work,
     a_lost_lease_cancels_the_work_and_the_new_holders_result_stands,
 );
