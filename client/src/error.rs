@@ -344,3 +344,62 @@ impl<E: std::error::Error + 'static> std::error::Error for RunError<E> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use tonic_types::{ErrorDetails, StatusExt};
+
+    use super::*;
+
+    fn status(code: Code, details: ErrorDetails) -> Status {
+        Status::with_error_details(code, "refused", details)
+    }
+
+    #[test]
+    fn the_reason_picks_the_variant_and_details_are_decoded() {
+        let mut details = ErrorDetails::with_error_info("INVALID_ARGUMENT", ERROR_DOMAIN, []);
+        details.add_bad_request_violation("namespace", "1-64 characters");
+        details.add_bad_request_violation("event_ids[3]", "too long");
+        let error = Error::from_status(&status(Code::InvalidArgument, details));
+        assert!(matches!(error, Error::InvalidArgument(_)), "{error:?}");
+        assert_eq!(error.fields(), ["namespace", "event_ids[3]"]);
+
+        let mut details = ErrorDetails::with_error_info("STORE_UNAVAILABLE", ERROR_DOMAIN, []);
+        details.set_retry_info(Some(Duration::from_secs(1)));
+        let error = Error::from_status(&status(Code::Unavailable, details));
+        assert!(matches!(error, Error::StoreUnavailable(_)), "{error:?}");
+        assert_eq!(error.retry_after(), Some(Duration::from_secs(1)));
+        assert!(error.is_transient());
+
+        let lost = ErrorDetails::with_error_info("LEASE_LOST", ERROR_DOMAIN, []);
+        let error = Error::from_status(&status(Code::Aborted, lost));
+        assert!(
+            matches!(error, Error::LeaseLost(ref call) if call.reason.as_deref() == Some("LEASE_LOST"))
+        );
+        assert!(!error.is_transient());
+    }
+
+    #[test]
+    fn another_domain_or_no_details_falls_back_to_the_code() {
+        let foreign = ErrorDetails::with_error_info("KEY_NOT_FOUND", "example.com", []);
+        let error = Error::from_status(&status(Code::PermissionDenied, foreign));
+        assert!(matches!(error, Error::PermissionDenied(ref call) if call.reason.is_none()));
+        let error = Error::from_status(&Status::out_of_range("too big"));
+        assert!(matches!(error, Error::Call(ref call) if call.code == Code::OutOfRange));
+        let error = Error::from_status(&Status::deadline_exceeded("slow"));
+        assert!(error.is_transient());
+    }
+
+    #[test]
+    fn a_broken_transport_is_unavailable() {
+        let broken = Status::from_error(Box::new(std::io::Error::from(
+            std::io::ErrorKind::ConnectionReset,
+        )));
+        assert_eq!(broken.code(), Code::Unknown);
+        let error = Error::from_status(&broken);
+        assert!(matches!(error, Error::Unavailable(_)), "{error:?}");
+        // The same code from the service itself (no source) is not the transport's.
+        let error = Error::from_status(&Status::unknown("odd"));
+        assert!(matches!(error, Error::Call(_)), "{error:?}");
+    }
+}
