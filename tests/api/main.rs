@@ -17,6 +17,7 @@ mod model;
 mod reflection;
 mod release;
 mod retention;
+mod rust_client;
 mod security;
 mod shutdown;
 mod store_suite;

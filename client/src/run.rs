@@ -1,0 +1,668 @@
+//! `run_once`: the protocol every caller would otherwise write by hand. TryStart with an
+//! `attempt_id` (retried with the same id), replay, waiting for another holder, a heartbeat
+//! while the work runs, Complete with the result, Release when the work fails.
+
+use std::future::Future;
+use std::marker::PhantomData;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
+
+use tokio::time::Instant;
+use tokio_util::sync::{CancellationToken, WaitForCancellationFuture};
+
+use crate::client::{Client, Retry};
+use crate::codec::{Codec, fingerprint_of, fingerprint_of_bytes};
+use crate::error::{CallError, Error, RunError};
+use crate::proto::{
+    CompleteRequest, ExtendLeaseRequest, LookupRequest, ReleaseRequest, TryStartRequest,
+    lookup_response, try_start_response,
+};
+use crate::{duration_message, system_time};
+
+/// What `run` returns: the result, and whether it was replayed from an earlier run (`true`) or
+/// produced by this call's own work (`false`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Outcome<T> {
+    pub value: T,
+    pub replayed: bool,
+}
+
+/// Turns an error of the work into a final result to store, or `None` to release the key.
+type ErrorResult<T, E> = Box<dyn Fn(&E) -> Option<T> + Send + Sync>;
+
+/// A `run_once` being built; see [`Client::run_once`]. `T` is the work's result, `E` its error
+/// and `C` the codec that stores the result (JSON unless [`RunOnce::codec`] says otherwise).
+#[must_use = "nothing happens until `run` is awaited"]
+pub struct RunOnce<'c, T, E, C> {
+    client: &'c Client,
+    namespace: String,
+    key: String,
+    fingerprint: Result<Vec<u8>, Error>,
+    lease_ttl: Duration,
+    retention: Option<Duration>,
+    wait: Duration,
+    heartbeat: Option<Duration>,
+    heartbeat_auto: bool,
+    cancel_grace: Duration,
+    codec: C,
+    error_result: Option<ErrorResult<T, E>>,
+    _types: PhantomData<fn() -> (T, E)>,
+}
+
+const DEFAULT_LEASE_TTL: Duration = Duration::from_secs(30);
+
+impl<'c> RunOnce<'c, (), (), crate::Json> {
+    pub(crate) fn new<T, E>(
+        client: &'c Client,
+        namespace: String,
+        key: String,
+    ) -> RunOnce<'c, T, E, crate::Json> {
+        RunOnce {
+            client,
+            namespace,
+            key,
+            fingerprint: Ok(Vec::new()),
+            lease_ttl: DEFAULT_LEASE_TTL,
+            retention: None,
+            wait: Duration::ZERO,
+            heartbeat: None,
+            heartbeat_auto: true,
+            cancel_grace: Duration::from_secs(5),
+            codec: crate::Json,
+            error_result: None,
+            _types: PhantomData,
+        }
+    }
+}
+
+impl<'c, T, E, C> RunOnce<'c, T, E, C> {
+    /// What the fingerprint is computed from: SHA-256 of its RFC 8785 canonical JSON, so that
+    /// field order does not matter and other languages' clients agree. Without it (and without
+    /// [`RunOnce::fingerprint`]) the fingerprint is empty, which matches only empty ones.
+    pub fn request<R: serde::Serialize>(mut self, request: &R) -> Self {
+        self.fingerprint = fingerprint_of(request);
+        self
+    }
+
+    /// A request that is already bytes: the fingerprint is the SHA-256 of them as they are.
+    pub fn request_bytes(mut self, request: &[u8]) -> Self {
+        self.fingerprint = Ok(fingerprint_of_bytes(request));
+        self
+    }
+
+    /// Your own fingerprint (at most 64 bytes), used instead of hashing a request.
+    pub fn fingerprint(mut self, fingerprint: impl Into<Vec<u8>>) -> Self {
+        self.fingerprint = Ok(fingerprint.into());
+        self
+    }
+
+    /// How long the claim is held without a heartbeat (default 30 s; 100 ms – 24 h).
+    pub fn lease_ttl(mut self, lease_ttl: Duration) -> Self {
+        self.lease_ttl = lease_ttl;
+        self
+    }
+
+    /// How long the key is kept (the service's default is 24 h; 1 s – 30 d).
+    pub fn retention(mut self, retention: Duration) -> Self {
+        self.retention = Some(retention);
+        self
+    }
+
+    /// How long to wait for another holder before failing with [`Error::InProgress`] (default
+    /// zero: answer at once).
+    pub fn wait(mut self, wait: Duration) -> Self {
+        self.wait = wait;
+        self
+    }
+
+    /// `true` (the default): ExtendLease every third of the lease while the work runs; `false`:
+    /// none (only for work well within its lease).
+    pub fn heartbeat(mut self, on: bool) -> Self {
+        self.heartbeat_auto = on;
+        self.heartbeat = None;
+        self
+    }
+
+    /// ExtendLease at this interval instead of every third of the lease.
+    pub fn heartbeat_interval(mut self, interval: Duration) -> Self {
+        self.heartbeat_auto = false;
+        self.heartbeat = Some(interval);
+        self
+    }
+
+    /// Once the lease is lost, how long the work may take to notice its cancellation and
+    /// return before it is dropped (default 5 s).
+    pub fn cancel_grace(mut self, grace: Duration) -> Self {
+        self.cancel_grace = grace;
+        self
+    }
+
+    /// Which errors of the work are final results to store (a card declined, a 4xx) rather
+    /// than failures to release: `Some(result)` is Completed and returned like the work's own
+    /// value; `None` releases the key and returns the error.
+    pub fn error_result(mut self, map: impl Fn(&E) -> Option<T> + Send + Sync + 'static) -> Self {
+        self.error_result = Some(Box::new(map));
+        self
+    }
+
+    /// How results are stored (default [`crate::Json`]; [`crate::Bytes`] for `Vec<u8>`).
+    pub fn codec<D>(self, codec: D) -> RunOnce<'c, T, E, D> {
+        RunOnce {
+            client: self.client,
+            namespace: self.namespace,
+            key: self.key,
+            fingerprint: self.fingerprint,
+            lease_ttl: self.lease_ttl,
+            retention: self.retention,
+            wait: self.wait,
+            heartbeat: self.heartbeat,
+            heartbeat_auto: self.heartbeat_auto,
+            cancel_grace: self.cancel_grace,
+            codec,
+            error_result: self.error_result,
+            _types: PhantomData,
+        }
+    }
+
+    fn heartbeat_interval_checked(&self) -> Result<Option<Duration>, Error> {
+        match (self.heartbeat_auto, self.heartbeat) {
+            (true, _) => Ok(Some(self.lease_ttl / 3)),
+            (false, None) => Ok(None),
+            (false, Some(interval)) if interval.is_zero() => {
+                Err(Error::config("the heartbeat interval must be positive"))
+            }
+            (false, Some(interval)) => Ok(Some(interval)),
+        }
+    }
+}
+
+impl<T, E, C: Codec<T>> RunOnce<'_, T, E, C> {
+    /// Runs `work` at most once for the key, or returns the result of the run that did.
+    ///
+    /// `work` gets the [`Lease`] and returns the result to store. A completed key is replayed
+    /// (`replayed: true`) without running it; a key held elsewhere is waited for up to `wait`.
+    pub async fn run<F, Fut>(self, work: F) -> Result<Outcome<T>, RunError<E>>
+    where
+        F: FnOnce(Lease) -> Fut,
+        Fut: Future<Output = Result<T, E>>,
+    {
+        let heartbeat = self.heartbeat_interval_checked()?;
+        let spec = Spec {
+            namespace: self.namespace,
+            key: self.key,
+            lease_ttl: self.lease_ttl,
+        };
+        let fingerprint = self.fingerprint?;
+        let started =
+            match claim(self.client, &spec, fingerprint, self.retention, self.wait).await? {
+                Claim::Replay(response) => {
+                    let value = self.codec.decode(&response).map_err(Error::Decode)?;
+                    return Ok(Outcome {
+                        value,
+                        replayed: true,
+                    });
+                }
+                Claim::Started(started) => started,
+            };
+        let lease = Lease {
+            shared: Arc::new(Shared {
+                client: self.client.clone(),
+                spec,
+                token: started.token,
+                state: Mutex::new(LeaseState {
+                    expires_at: started.expires_at,
+                    runs_out_at: started.runs_out_at,
+                    lost: None,
+                }),
+                cancelled: CancellationToken::new(),
+            }),
+            attempt: started.attempt,
+            checkpoint: started.checkpoint,
+        };
+        let shared = lease.shared.clone();
+
+        let mut abandoned = ReleaseIfAbandoned(Some(shared.clone()));
+        let result = run_with_heartbeat(&shared, work(lease), heartbeat, self.cancel_grace).await;
+        abandoned.0 = None;
+        let (Some(result), None) = (result, shared.lost()) else {
+            let cause = shared.lost().unwrap_or_else(|| {
+                CallError::local(
+                    tonic::Code::Aborted,
+                    "the lease was lost while the work ran",
+                )
+            });
+            return Err(Error::LeaseLost(cause).into());
+        };
+        let value = match result {
+            Ok(value) => value,
+            Err(error) => match self.error_result.as_ref().and_then(|map| map(&error)) {
+                Some(final_result) => final_result,
+                None => {
+                    release(&shared).await;
+                    return Err(RunError::Work(error));
+                }
+            },
+        };
+        let response = match self.codec.encode(&value) {
+            Ok(response) => response,
+            Err(error) => {
+                release(&shared).await;
+                return Err(Error::Encode(error).into());
+            }
+        };
+        complete(&shared, response).await?;
+        Ok(Outcome {
+            value,
+            replayed: false,
+        })
+    }
+}
+
+/// The key, as the calls of one `run_once` name it.
+struct Spec {
+    namespace: String,
+    key: String,
+    lease_ttl: Duration,
+}
+
+struct Started {
+    token: u64,
+    attempt: u32,
+    checkpoint: Option<Vec<u8>>,
+    expires_at: SystemTime,
+    runs_out_at: Instant,
+}
+
+enum Claim {
+    Started(Started),
+    Replay(Vec<u8>),
+}
+
+/// Claims the key: TryStart with one `attempt_id` for this whole logical attempt, so that a try
+/// whose answer was lost is recognised by the service when it is sent again (the client's
+/// retries) and a poll after `in_progress` finds this caller's own claim if it had one.
+async fn claim(
+    client: &Client,
+    spec: &Spec,
+    fingerprint: Vec<u8>,
+    retention: Option<Duration>,
+    wait: Duration,
+) -> Result<Claim, Error> {
+    let request = TryStartRequest {
+        namespace: spec.namespace.clone(),
+        key: spec.key.clone(),
+        fingerprint,
+        lease_ttl: Some(duration_message(spec.lease_ttl)),
+        retention: retention.map(duration_message),
+        attempt_id: uuid::Uuid::new_v4().simple().to_string(),
+    };
+    let wait_until = Instant::now() + wait;
+    let mut polls = holder_poll_delays();
+    loop {
+        let asked_at = Instant::now();
+        let answer = client
+            .call(
+                "TryStart",
+                &request,
+                Retry::Transient,
+                |mut grpc, r| async move { grpc.try_start(r).await },
+            )
+            .await?;
+        match answer.outcome {
+            Some(try_start_response::Outcome::Started(started)) => {
+                return Ok(Claim::Started(Started {
+                    token: started.lease_token,
+                    attempt: started.attempt,
+                    checkpoint: started.checkpoint,
+                    expires_at: system_time(started.lease_expires_at),
+                    // Counted from before TryStart was sent: never later than the service's.
+                    runs_out_at: asked_at + spec.lease_ttl,
+                }));
+            }
+            Some(try_start_response::Outcome::Completed(completed)) => {
+                return Ok(Claim::Replay(completed.response));
+            }
+            Some(try_start_response::Outcome::FingerprintMismatch(_)) => {
+                return Err(Error::FingerprintMismatch);
+            }
+            Some(try_start_response::Outcome::InProgress(held)) => {
+                let remaining = wait_until.saturating_duration_since(Instant::now());
+                if remaining.is_zero() {
+                    let lease_expires_at = system_time(held.lease_expires_at);
+                    return Err(Error::InProgress {
+                        lease_expires_at,
+                        attempt: held.attempt,
+                        retry_after: lease_expires_at
+                            .duration_since(SystemTime::now())
+                            .unwrap_or_default(),
+                    });
+                }
+                // The one place that waits for a holder. Until the service serves TryStart's
+                // `wait` (field 7), this polls; then it becomes `wait = remaining` on the request.
+                tracing::debug!(namespace = %spec.namespace, "key in progress elsewhere; polling");
+                let pause = polls.next().unwrap_or(Duration::from_secs(1));
+                tokio::time::sleep(pause.min(remaining)).await;
+            }
+            None => {
+                return Err(Error::Call(CallError::local(
+                    tonic::Code::Unknown,
+                    "TryStart answered an outcome this client does not know",
+                )));
+            }
+        }
+    }
+}
+
+/// Pauses between TryStarts while another caller holds the key: quick at first (most work is
+/// short), then at most one a second.
+fn holder_poll_delays() -> crate::client::Backoff {
+    crate::RetryPolicy {
+        initial_delay: Duration::from_millis(50),
+        max_delay: Duration::from_secs(1),
+        multiplier: 1.5,
+        total: Duration::MAX,
+    }
+    .delays()
+}
+
+/// The claim the work holds while it runs.
+///
+/// `token` and `attempt` identify the claim (`attempt` > 1 after a takeover), `checkpoint` is
+/// what a previous holder saved, and the cancellation token fires when the lease is lost: the
+/// work should stop then, since another caller owns the key.
+#[derive(Clone)]
+pub struct Lease {
+    shared: Arc<Shared>,
+    attempt: u32,
+    checkpoint: Option<Vec<u8>>,
+}
+
+struct Shared {
+    client: Client,
+    spec: Spec,
+    token: u64,
+    state: Mutex<LeaseState>,
+    cancelled: CancellationToken,
+}
+
+struct LeaseState {
+    expires_at: SystemTime,
+    /// When the lease runs out at the latest by this machine's clock.
+    runs_out_at: Instant,
+    /// Why the lease is lost, once it is.
+    lost: Option<CallError>,
+}
+
+impl Shared {
+    fn lost(&self) -> Option<CallError> {
+        self.state.lock().ok().and_then(|state| state.lost.clone())
+    }
+
+    fn runs_out_at(&self) -> Option<Instant> {
+        self.state.lock().ok().map(|state| state.runs_out_at)
+    }
+
+    fn lose(&self, because: CallError) {
+        if let Ok(mut state) = self.state.lock() {
+            state.lost.get_or_insert(because);
+        }
+        self.cancelled.cancel();
+    }
+
+    fn extend_request(&self, checkpoint: Option<Vec<u8>>) -> ExtendLeaseRequest {
+        ExtendLeaseRequest {
+            namespace: self.spec.namespace.clone(),
+            key: self.spec.key.clone(),
+            lease_token: self.token,
+            lease_ttl: Some(duration_message(self.spec.lease_ttl)),
+            checkpoint,
+        }
+    }
+
+    /// ExtendLease (with a checkpoint, if given); a refusal that means the key is no longer
+    /// this holder's loses the lease.
+    async fn extend(&self, checkpoint: Option<Vec<u8>>, retry: Retry) -> Result<(), Error> {
+        let sent_at = Instant::now();
+        let request = self.extend_request(checkpoint);
+        let answer = self
+            .client
+            .call("ExtendLease", &request, retry, |mut grpc, r| async move {
+                grpc.extend_lease(r).await
+            })
+            .await;
+        match answer {
+            Ok(answer) => {
+                if let Ok(mut state) = self.state.lock() {
+                    state.expires_at = system_time(answer.lease_expires_at);
+                    state.runs_out_at = sent_at + self.spec.lease_ttl;
+                }
+                Ok(())
+            }
+            Err(
+                Error::LeaseLost(cause)
+                | Error::KeyNotFound(cause)
+                | Error::AlreadyCompleted(cause),
+            ) => {
+                self.lose(cause.clone());
+                Err(Error::LeaseLost(cause))
+            }
+            Err(other) => Err(other),
+        }
+    }
+}
+
+impl Lease {
+    pub fn namespace(&self) -> &str {
+        &self.shared.spec.namespace
+    }
+
+    pub fn key(&self) -> &str {
+        &self.shared.spec.key
+    }
+
+    /// The fencing token of this claim.
+    pub fn token(&self) -> u64 {
+        self.shared.token
+    }
+
+    /// 1 for a fresh claim, one more for every takeover.
+    pub fn attempt(&self) -> u32 {
+        self.attempt
+    }
+
+    /// What a previous holder saved with [`Lease::save_checkpoint`], handed over on takeover.
+    pub fn checkpoint(&self) -> Option<&[u8]> {
+        self.checkpoint.as_deref()
+    }
+
+    /// When the lease runs out, by the service's clock, as last renewed.
+    pub fn expires_at(&self) -> SystemTime {
+        self.shared
+            .state
+            .lock()
+            .map(|state| state.expires_at)
+            .unwrap_or(SystemTime::UNIX_EPOCH)
+    }
+
+    /// The signal that the lease is lost: select on `cancelled()` or check `is_cancelled()`.
+    pub fn cancellation(&self) -> CancellationToken {
+        self.shared.cancelled.clone()
+    }
+
+    /// Completes when the lease is lost.
+    pub fn cancelled(&self) -> WaitForCancellationFuture<'_> {
+        self.shared.cancelled.cancelled()
+    }
+
+    pub fn is_cancelled(&self) -> bool {
+        self.shared.cancelled.is_cancelled()
+    }
+
+    /// Saves progress (at most 64 KiB) for whoever takes the key over if this holder dies, and
+    /// renews the lease. Fails with [`Error::LeaseLost`] when the key is no longer this
+    /// holder's (and the cancellation fires).
+    pub async fn save_checkpoint(&self, checkpoint: impl Into<Vec<u8>>) -> Result<(), Error> {
+        self.shared
+            .extend(Some(checkpoint.into()), Retry::Transient)
+            .await
+    }
+}
+
+impl std::fmt::Debug for Lease {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Lease")
+            .field("namespace", &self.shared.spec.namespace)
+            .field("token", &self.shared.token)
+            .field("attempt", &self.attempt)
+            .field("cancelled", &self.is_cancelled())
+            .finish_non_exhaustive()
+    }
+}
+
+/// Polls the work while the heartbeat renews its lease. Once the lease is lost, the work's
+/// cancellation fires and it has `grace` to return; after that it is dropped.
+async fn run_with_heartbeat<Fut: Future>(
+    shared: &Shared,
+    work: Fut,
+    heartbeat: Option<Duration>,
+    grace: Duration,
+) -> Option<Fut::Output> {
+    tokio::pin!(work);
+    let beating = async {
+        match heartbeat {
+            Some(interval) => beat(shared, interval).await,
+            None => std::future::pending().await,
+        }
+    };
+    tokio::select! {
+        biased;
+        output = &mut work => return Some(output),
+        () = beating => {}
+    }
+    // The lease is lost (and the cancellation fired): the work's outcome no longer counts, but
+    // it may finish what it must undo.
+    tokio::time::timeout(grace, &mut work).await.ok()
+}
+
+/// The heartbeat: returns once the lease is lost.
+async fn beat(shared: &Shared, interval: Duration) {
+    loop {
+        tokio::time::sleep(interval).await;
+        match shared.extend(None, Retry::Never).await {
+            Ok(()) => {}
+            Err(Error::LeaseLost(_)) => {
+                tracing::warn!(namespace = %shared.spec.namespace, "lease lost; cancelling the work");
+                return;
+            }
+            Err(error) => {
+                // A missed beat is harmless while the lease still runs; once it may have run
+                // out, another caller may hold the key, so the work must stop.
+                let ran_out = shared
+                    .runs_out_at()
+                    .is_none_or(|runs_out_at| Instant::now() >= runs_out_at);
+                if ran_out {
+                    tracing::warn!(%error, "the lease ran out while the service was unreachable");
+                    let cause = error.call().cloned().unwrap_or_else(|| {
+                        CallError::local(tonic::Code::Unavailable, error.to_string())
+                    });
+                    shared.lose(cause);
+                    return;
+                }
+                tracing::info!(%error, "heartbeat failed; trying again at the next beat");
+            }
+        }
+    }
+}
+
+/// Releases the claim in the background when `run` is dropped while its work runs (the caller
+/// was cancelled, or timed out), so that a retry starts fresh instead of waiting for the lease
+/// to run out: the same as a work that failed.
+struct ReleaseIfAbandoned(Option<Arc<Shared>>);
+
+impl Drop for ReleaseIfAbandoned {
+    fn drop(&mut self) {
+        if let Some(shared) = self.0.take()
+            && let Ok(runtime) = tokio::runtime::Handle::try_current()
+        {
+            shared.cancelled.cancel();
+            runtime.spawn(async move { release(&shared).await });
+        }
+    }
+}
+
+/// Gives the claim up so that a retry starts fresh. Failing to is not the caller's error: the
+/// claim frees itself when its lease runs out.
+async fn release(shared: &Shared) {
+    let request = ReleaseRequest {
+        namespace: shared.spec.namespace.clone(),
+        key: shared.spec.key.clone(),
+        lease_token: shared.token,
+    };
+    let released = shared
+        .client
+        .call(
+            "Release",
+            &request,
+            Retry::Transient,
+            |mut grpc, r| async move { grpc.release(r).await },
+        )
+        .await;
+    match released {
+        // Already absent: an earlier try of this Release worked, or the key expired.
+        Ok(_) | Err(Error::KeyNotFound(_)) => {}
+        Err(Error::LeaseLost(cause)) => shared.lose(cause),
+        Err(error) => {
+            tracing::warn!(%error, "could not release a claim; it frees when its lease runs out");
+        }
+    }
+}
+
+/// Stores the result. A Complete that finds this very result already stored (an earlier try
+/// whose answer was lost) counts as success.
+async fn complete(shared: &Shared, response: Vec<u8>) -> Result<(), Error> {
+    let request = CompleteRequest {
+        namespace: shared.spec.namespace.clone(),
+        key: shared.spec.key.clone(),
+        lease_token: shared.token,
+        response,
+        // The retention given to TryStart already covers the completion.
+        retention: None,
+    };
+    let completed = shared
+        .client
+        .call(
+            "Complete",
+            &request,
+            Retry::Transient,
+            |mut grpc, r| async move { grpc.complete(r).await },
+        )
+        .await;
+    match completed {
+        Ok(_) => Ok(()),
+        Err(Error::KeyNotFound(cause)) => Err(Error::LeaseLost(cause)),
+        Err(Error::AlreadyCompleted(cause)) => {
+            let lookup = LookupRequest {
+                namespace: shared.spec.namespace.clone(),
+                key: shared.spec.key.clone(),
+            };
+            let state = shared
+                .client
+                .call(
+                    "Lookup",
+                    &lookup,
+                    Retry::Transient,
+                    |mut grpc, r| async move { grpc.lookup(r).await },
+                )
+                .await?;
+            match state.state {
+                Some(lookup_response::State::Completed(stored))
+                    if stored.response == request.response =>
+                {
+                    Ok(())
+                }
+                _ => Err(Error::AlreadyCompleted(cause)),
+            }
+        }
+        Err(error) => Err(error),
+    }
+}

@@ -1,0 +1,111 @@
+//! The Rust client (`idempotency-client`) against the real server: `run_once`, `process_once`
+//! and `mark_processed` as a user calls them, on both stores, with the faults the client exists
+//! to absorb (a lost TryStart answer, a restart, a lost lease).
+
+mod faults;
+mod leases;
+mod run_once;
+mod security;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use idempotency_client::Client;
+
+use crate::support::TestApp;
+
+/// The namespace the client tests use.
+pub const PAYMENTS: &str = "payments";
+
+/// A Rust client connected to `app`.
+pub async fn client_for(app: &TestApp) -> Client {
+    Client::builder(app.endpoint())
+        .build()
+        .await
+        .expect("connect to the test server")
+}
+
+/// The state of `key` in the payments namespace, read with the generated client.
+pub async fn payments_state(
+    raw: &crate::support::Client,
+    key: &str,
+) -> idempotency_coordinator::proto::idempotency::v1::lookup_response::State {
+    let mut request = crate::support::lookup(key);
+    request.namespace = PAYMENTS.into();
+    crate::support::state(
+        raw.clone()
+            .lookup(request)
+            .await
+            .expect("Lookup")
+            .into_inner(),
+    )
+}
+
+/// Counts how often a work ran.
+#[derive(Clone, Default)]
+pub struct Runs(Arc<AtomicUsize>);
+
+impl Runs {
+    pub fn record(&self) {
+        self.0.fetch_add(1, Ordering::SeqCst);
+    }
+
+    pub fn count(&self) -> usize {
+        self.0.load(Ordering::SeqCst)
+    }
+}
+
+/// A work's own error, for the tests where the work fails.
+#[derive(Debug, PartialEq, Eq, thiserror::Error)]
+pub enum PaymentError {
+    #[error("the payment provider is down")]
+    ProviderDown,
+    #[error("the card was declined")]
+    Declined,
+}
+
+/// Counts the client's polls of a key held elsewhere (its debug event "key in progress
+/// elsewhere"), so that a test can wait until a caller is really waiting for a holder. Captures
+/// the events of the current thread, which runs every task of a `#[tokio::test]`.
+pub struct Polls {
+    seen: Arc<AtomicUsize>,
+    _guard: tracing::subscriber::DefaultGuard,
+}
+
+impl Polls {
+    pub fn capture() -> Self {
+        use tracing_subscriber::layer::SubscriberExt;
+        let seen = Arc::new(AtomicUsize::new(0));
+        let subscriber = tracing_subscriber::registry().with(PollLayer(seen.clone()));
+        Self {
+            seen,
+            _guard: tracing::subscriber::set_default(subscriber),
+        }
+    }
+
+    pub fn count(&self) -> usize {
+        self.seen.load(Ordering::SeqCst)
+    }
+}
+
+struct PollLayer(Arc<AtomicUsize>);
+
+impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for PollLayer {
+    fn on_event(&self, event: &tracing::Event<'_>, _: tracing_subscriber::layer::Context<'_, S>) {
+        struct Message(bool);
+        impl tracing::field::Visit for Message {
+            fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+                if field.name() == "message" {
+                    self.0 |= format!("{value:?}").contains("in progress elsewhere");
+                }
+            }
+        }
+        if event.metadata().target().starts_with("idempotency_client") {
+            let mut message = Message(false);
+            event.record(&mut message);
+            if message.0 {
+                self.0.fetch_add(1, Ordering::SeqCst);
+            }
+        }
+    }
+}

@@ -1,0 +1,384 @@
+//! `run_once` and friends on a healthy server: once and only once, replay, release on failure,
+//! stored error results, and the typed refusals.
+
+use std::time::Duration;
+
+use idempotency_client::{Error, Outcome, RunError};
+use serde::{Deserialize, Serialize};
+
+use super::{PAYMENTS, PaymentError, Polls, Runs, client_for, payments_state};
+use crate::support::*;
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+struct Charge {
+    id: String,
+    amount: u64,
+}
+
+async fn two_concurrent_callers_run_the_work_once_and_get_the_same_result(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+    let client = client_for(&app).await;
+    let raw = app.client().await;
+    let key = unique_key("charge");
+    let runs = Runs::default();
+    let polls = Polls::capture();
+    let (started_tx, started_rx) = tokio::sync::oneshot::channel();
+    let (finish_tx, finish_rx) = tokio::sync::oneshot::channel::<()>();
+    let request = serde_json::json!({"order": "o-1", "amount": 1250});
+
+    let first = {
+        let (client, key, runs, request) =
+            (client.clone(), key.clone(), runs.clone(), request.clone());
+        tokio::spawn(async move {
+            client
+                .run_once(PAYMENTS, key)
+                .request(&request)
+                .run(|lease| async move {
+                    runs.record();
+                    started_tx.send(lease.token()).expect("the test listens");
+                    finish_rx.await.expect("the test lets the work finish");
+                    Ok::<_, PaymentError>(Charge {
+                        id: "ch_1".into(),
+                        amount: 1250,
+                    })
+                })
+                .await
+        })
+    };
+    started_rx.await.expect("the first caller's work started");
+
+    // The second caller, with the same request but its own work, finds the key held.
+    let second = {
+        let (client, key, runs) = (client.clone(), key.clone(), runs.clone());
+        tokio::spawn(async move {
+            client
+                .run_once(PAYMENTS, key)
+                .request(&serde_json::json!({"amount": 1250, "order": "o-1"}))
+                .wait(Duration::from_secs(20))
+                .run(|_lease| async move {
+                    runs.record();
+                    Ok::<_, PaymentError>(Charge {
+                        id: "ch_2".into(),
+                        amount: 1250,
+                    })
+                })
+                .await
+        })
+    };
+    eventually(
+        Duration::from_secs(10),
+        "the second caller waits for the holder",
+        || async { polls.count() >= 1 },
+    )
+    .await;
+    assert!(matches!(
+        payments_state(&raw, &key).await,
+        pb_state::InProgress(_)
+    ));
+    finish_tx.send(()).expect("the work waits");
+
+    let first = first
+        .await
+        .expect("task")
+        .expect("the first caller succeeds");
+    let second = second
+        .await
+        .expect("task")
+        .expect("the second caller succeeds");
+    let charge = Charge {
+        id: "ch_1".into(),
+        amount: 1250,
+    };
+    assert_eq!(
+        first,
+        Outcome {
+            value: charge.clone(),
+            replayed: false
+        }
+    );
+    assert_eq!(
+        second,
+        Outcome {
+            value: charge,
+            replayed: true
+        }
+    );
+    assert_eq!(runs.count(), 1, "the work ran once");
+}
+
+async fn failed_work_is_released_and_the_next_call_runs_it_again(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+    let client = client_for(&app).await;
+    let raw = app.client().await;
+    let key = unique_key("charge");
+    let runs = Runs::default();
+
+    let failed = client
+        .run_once(PAYMENTS, &key)
+        .request(&"order-7")
+        .run(|_lease| async {
+            runs.record();
+            Err::<Charge, _>(PaymentError::ProviderDown)
+        })
+        .await;
+    assert!(
+        matches!(failed, Err(RunError::Work(PaymentError::ProviderDown))),
+        "the work's own error comes back: {failed:?}"
+    );
+    assert!(
+        matches!(payments_state(&raw, &key).await, pb_state::Absent(_)),
+        "the claim was released"
+    );
+
+    let counter = &runs;
+    let retried = client
+        .run_once(PAYMENTS, &key)
+        .request(&"order-7")
+        .run(|lease| async move {
+            counter.record();
+            assert_eq!(lease.attempt(), 1, "a fresh claim, not a takeover");
+            Ok::<_, PaymentError>(Charge {
+                id: "ch_7".into(),
+                amount: 700,
+            })
+        })
+        .await
+        .expect("the retry succeeds");
+    assert_eq!(retried.value.id, "ch_7");
+    assert!(!retried.replayed);
+    assert_eq!(runs.count(), 2, "the work ran again after the release");
+}
+
+async fn a_caller_that_gives_up_mid_work_releases_the_key(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+    let client = client_for(&app).await;
+    let raw = app.client().await;
+    let key = unique_key("charge");
+    let (started_tx, started_rx) = tokio::sync::oneshot::channel();
+    let abandoned = {
+        let (client, key) = (client.clone(), key.clone());
+        tokio::spawn(async move {
+            client
+                .run_once(PAYMENTS, key)
+                .run(|_lease| async move {
+                    started_tx.send(()).expect("the test listens");
+                    std::future::pending::<Result<(), PaymentError>>().await
+                })
+                .await
+        })
+    };
+    started_rx.await.expect("the work started");
+    abandoned.abort();
+    // Released in the background, long before its 30 s lease would run out.
+    eventually(Duration::from_secs(10), "the claim is released", || async {
+        matches!(payments_state(&raw, &key).await, pb_state::Absent(_))
+    })
+    .await;
+    let retried = client
+        .run_once(PAYMENTS, &key)
+        .run(|lease| async move { Ok::<_, PaymentError>(lease.attempt()) })
+        .await
+        .expect("a retry starts fresh");
+    assert_eq!(
+        retried,
+        Outcome {
+            value: 1,
+            replayed: false
+        }
+    );
+}
+
+async fn an_error_mapped_to_a_result_is_stored_and_replayed(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+    let client = client_for(&app).await;
+    let key = unique_key("charge");
+    let runs = Runs::default();
+    let declined = |error: &PaymentError| match error {
+        PaymentError::Declined => Some("declined".to_owned()),
+        PaymentError::ProviderDown => None,
+    };
+
+    let first = client
+        .run_once(PAYMENTS, &key)
+        .error_result(declined)
+        .run(|_lease| async {
+            runs.record();
+            Err::<String, _>(PaymentError::Declined)
+        })
+        .await
+        .expect("a final error is a result");
+    assert_eq!(
+        first,
+        Outcome {
+            value: "declined".to_owned(),
+            replayed: false
+        }
+    );
+
+    let second = client
+        .run_once(PAYMENTS, &key)
+        .error_result(declined)
+        .run(|_lease| async {
+            runs.record();
+            Ok::<_, PaymentError>("charged".to_owned())
+        })
+        .await
+        .expect("replayed");
+    assert_eq!(
+        second,
+        Outcome {
+            value: "declined".to_owned(),
+            replayed: true
+        }
+    );
+    assert_eq!(runs.count(), 1);
+}
+
+async fn a_key_reused_for_another_request_is_a_typed_mismatch(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+    let client = client_for(&app).await;
+    let key = unique_key("charge");
+    client
+        .run_once(PAYMENTS, &key)
+        .request(&serde_json::json!({"amount": 100}))
+        .run(|_lease| async { Ok::<_, PaymentError>(1) })
+        .await
+        .expect("the first request completes");
+
+    let runs = Runs::default();
+    let other = client
+        .run_once(PAYMENTS, &key)
+        .request(&serde_json::json!({"amount": 200}))
+        .run(|_lease| async {
+            runs.record();
+            Ok::<_, PaymentError>(2)
+        })
+        .await;
+    assert!(
+        matches!(
+            other,
+            Err(RunError::Coordinator(Error::FingerprintMismatch))
+        ),
+        "{other:?}"
+    );
+    assert_eq!(runs.count(), 0);
+}
+
+async fn a_key_held_elsewhere_is_a_typed_in_progress_with_when_to_retry(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+    let client = client_for(&app).await;
+    let mut raw = app.client().await;
+    let key = unique_key("charge");
+    let mut request = try_start(&key);
+    request.namespace = PAYMENTS.into();
+    request.fingerprint = Vec::new();
+    request.lease_ttl = secs(30);
+    let held = claim(&mut raw, request).await;
+
+    let busy = client
+        .run_once(PAYMENTS, &key)
+        .wait(Duration::from_millis(300))
+        .run(|_lease| async { Ok::<_, PaymentError>(()) })
+        .await;
+    let Err(RunError::Coordinator(Error::InProgress {
+        attempt,
+        retry_after,
+        lease_expires_at,
+    })) = busy
+    else {
+        panic!("expected InProgress, got {busy:?}");
+    };
+    assert_eq!(attempt, held.attempt);
+    assert_eq!(
+        lease_expires_at,
+        std::time::SystemTime::try_from(held.lease_expires_at.expect("expiry")).expect("instant")
+    );
+    assert!(
+        retry_after > Duration::from_secs(20) && retry_after <= Duration::from_secs(30),
+        "retry after the holder's lease: {retry_after:?}"
+    );
+}
+
+async fn bad_input_is_a_typed_invalid_argument_naming_the_field(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+    let client = client_for(&app).await;
+    let runs = Runs::default();
+
+    let refused = client
+        .run_once("pay ments", unique_key("charge"))
+        .lease_ttl(Duration::from_millis(10))
+        .run(|_lease| async {
+            runs.record();
+            Ok::<_, PaymentError>(())
+        })
+        .await;
+    let Err(RunError::Coordinator(error @ Error::InvalidArgument(_))) = refused else {
+        panic!("expected InvalidArgument, got {refused:?}");
+    };
+    assert_eq!(error.fields(), ["namespace", "lease_ttl"]);
+    assert_eq!(runs.count(), 0);
+
+    let empty = client
+        .mark_processed("billing", Vec::<String>::new())
+        .send()
+        .await;
+    let Err(error @ Error::InvalidArgument(_)) = empty else {
+        panic!("expected InvalidArgument, got {empty:?}");
+    };
+    assert_eq!(error.fields(), ["event_ids"]);
+    assert_eq!(app.total_rows().await, 0, "nothing was written");
+}
+
+async fn mark_processed_answers_the_new_ids_and_process_once_runs_an_event_once(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+    let client = client_for(&app).await;
+
+    let new = client
+        .mark_processed("billing", ["evt-1", "evt-2", "evt-1"])
+        .send()
+        .await
+        .expect("marked");
+    assert_eq!(new, ["evt-1", "evt-2"]);
+    let again = client
+        .mark_processed("billing", ["evt-2", "evt-3"])
+        .retention(Duration::from_secs(60))
+        .send()
+        .await
+        .expect("marked");
+    assert_eq!(again, ["evt-3"]);
+
+    let runs = Runs::default();
+    for expected_replay in [false, true] {
+        let counter = &runs;
+        let handled = client
+            .process_once("billing", "evt-9")
+            .run(|lease| async move {
+                counter.record();
+                assert_eq!(lease.namespace(), "billing");
+                Ok::<_, PaymentError>(format!("handled {}", lease.key()))
+            })
+            .await
+            .expect("handled");
+        assert_eq!(
+            handled,
+            Outcome {
+                value: "handled evt-9".to_owned(),
+                replayed: expected_replay
+            }
+        );
+    }
+    assert_eq!(runs.count(), 1);
+}
+
+use idempotency_coordinator::proto::idempotency::v1::lookup_response::State as pb_state;
+
+for_each_backend!(
+    two_concurrent_callers_run_the_work_once_and_get_the_same_result,
+    failed_work_is_released_and_the_next_call_runs_it_again,
+    a_caller_that_gives_up_mid_work_releases_the_key,
+    an_error_mapped_to_a_result_is_stored_and_replayed,
+    a_key_reused_for_another_request_is_a_typed_mismatch,
+    a_key_held_elsewhere_is_a_typed_in_progress_with_when_to_retry,
+    bad_input_is_a_typed_invalid_argument_naming_the_field,
+    mark_processed_answers_the_new_ids_and_process_once_runs_an_event_once,
+);
