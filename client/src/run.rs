@@ -295,6 +295,7 @@ async fn claim(
         lease_ttl: Some(duration_message(spec.lease_ttl)),
         retention: retention.map(duration_message),
         attempt_id: uuid::Uuid::new_v4().simple().to_string(),
+        wait: None,
     };
     let wait_until = Instant::now() + wait;
     let mut polls = holder_poll_delays();
