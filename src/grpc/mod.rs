@@ -4,6 +4,7 @@
 //! that grpcurl decodes error details).
 
 mod auth_layer;
+pub mod codec;
 mod convert;
 pub mod health;
 mod service;

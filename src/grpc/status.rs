@@ -53,6 +53,16 @@ pub fn invalid_argument(violations: Vec<(String, String)>) -> Status {
     Status::with_error_details(Code::InvalidArgument, message, details)
 }
 
+/// A request message the protobuf decoder refused: the client's fault, so INVALID_ARGUMENT
+/// (never INTERNAL, which means a bug here). There is no field to name in a BadRequest.
+pub fn undecodable() -> Status {
+    Status::with_error_details(
+        Code::InvalidArgument,
+        "the message could not be decoded",
+        error_info("INVALID_ARGUMENT"),
+    )
+}
+
 /// A call turned away at the door (see `auth_layer`), with an ErrorInfo like every other error
 /// and RetryInfo when waiting helps.
 pub fn refused(refusal: Refusal) -> Status {
