@@ -24,6 +24,7 @@ use crate::health::HealthState;
 use crate::readiness;
 use crate::reaper;
 use crate::store::{AnyStore, OpenError, Store};
+use crate::supervise::{Supervisor, TaskFailure};
 
 /// How long past the grace period the process may take to let go of what is left.
 const EXIT_MARGIN: Duration = Duration::from_secs(1);
@@ -42,6 +43,8 @@ pub enum StartupError {
     Serve(#[from] grpc::ServeError),
     #[error("the tokens file is not valid")]
     Tokens(#[from] TokensFileError),
+    #[error(transparent)]
+    TaskFailed(#[from] TaskFailure),
     #[error("reading {path}")]
     TlsFile {
         path: std::path::PathBuf,
@@ -59,6 +62,8 @@ pub struct Application {
     store_work: TaskTracker,
     /// The calls the store has yet to finish.
     in_flight: InFlight,
+    /// Watches the essential tasks; one that fails stops the service with an error.
+    supervisor: Supervisor,
     settings: Settings,
 }
 
@@ -83,6 +88,7 @@ impl Application {
             security,
             store_work: TaskTracker::new(),
             in_flight: InFlight::default(),
+            supervisor: Supervisor::new(),
             settings,
         })
     }
@@ -101,6 +107,12 @@ impl Application {
         self.security.authenticator.clone()
     }
 
+    /// Registers essential tasks (signal handling, the tokens reload, ...): if one fails, the
+    /// service stops and `run_until_stopped` answers the failure.
+    pub fn supervisor(&self) -> Supervisor {
+        self.supervisor.clone()
+    }
+
     /// The calls the store has yet to finish, whether or not their callers still wait (a
     /// handle that stays valid while the service runs).
     pub fn calls_in_flight(&self) -> InFlight {
@@ -114,6 +126,7 @@ impl Application {
             store_work,
             in_flight,
             security,
+            supervisor,
             settings,
             ..
         } = self;
@@ -126,17 +139,21 @@ impl Application {
             settings.coalescing,
         );
 
-        let monitor = tokio::spawn(readiness::monitor(
-            store.clone(),
-            health.clone(),
-            settings.readiness.clone(),
-            shutdown.clone(),
-        ));
-        let reaper = tokio::spawn(reaper::run(
-            store.clone(),
-            settings.reaper.clone(),
-            shutdown.clone(),
-        ));
+        let monitor = supervisor.spawn(
+            "health monitor",
+            &shutdown,
+            readiness::monitor(
+                store.clone(),
+                health.clone(),
+                settings.readiness.clone(),
+                shutdown.clone(),
+            ),
+        );
+        let reaper = supervisor.spawn(
+            "reaper",
+            &shutdown,
+            reaper::run(store.clone(), settings.reaper.clone(), shutdown.clone()),
+        );
 
         // Health flips inside the server's shutdown signal, so it is NOT_SERVING before the
         // listener closes. The signal also fixes when the grace period ends.
@@ -195,6 +212,9 @@ impl Application {
             );
         }
         tracing::info!("stopped");
+        if let Some(failure) = supervisor.failure() {
+            return Err(failure.into());
+        }
         served.map_err(StartupError::from)
     }
 }

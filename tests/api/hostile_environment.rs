@@ -1,0 +1,198 @@
+//! A broken environment against the real binary: log streams that fail, and a tokens file that
+//! would block whoever opens it. The service must keep serving, keep its signals working, and
+//! stop cleanly.
+
+use std::net::SocketAddr;
+use std::process::Stdio;
+use std::time::Duration;
+
+use tokio::process::{Child, Command};
+use tonic::Code;
+
+use crate::support::process::ServerProcess;
+use crate::support::security::{Bearer, TokensFile, authed_client, token};
+use crate::support::*;
+
+/// Where the child's stdout and stderr both go.
+enum LogSink {
+    /// A pipe whose reading end is already closed (`serve 2>&1 | head -n 0`): every write is
+    /// EPIPE.
+    ClosedPipe,
+    /// A device that is always full: every write is ENOSPC.
+    DevFull,
+}
+
+impl LogSink {
+    fn stdio(&self) -> (Stdio, Stdio) {
+        match self {
+            Self::ClosedPipe => {
+                let (reader, writer) = std::io::pipe().expect("a pipe");
+                drop(reader);
+                let second = writer.try_clone().expect("a second writer");
+                (Stdio::from(writer), Stdio::from(second))
+            }
+            Self::DevFull => {
+                let open = || {
+                    std::fs::OpenOptions::new()
+                        .write(true)
+                        .open("/dev/full")
+                        .expect("/dev/full")
+                };
+                (Stdio::from(open()), Stdio::from(open()))
+            }
+        }
+    }
+}
+
+/// The binary with both log streams on `sink`, logging every call (`RUST_LOG=debug`), once it
+/// has written its address file.
+async fn start_with_logs_on(
+    database_url: &str,
+    sink: &LogSink,
+) -> (Child, SocketAddr, tempfile::TempDir) {
+    let dir = tempfile::tempdir().expect("a folder");
+    let address_file = dir.path().join("address");
+    let (stdout, stderr) = sink.stdio();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_idempotency-coordinator"))
+        .args([
+            "serve",
+            "--database-url",
+            database_url,
+            "--listen",
+            "127.0.0.1:0",
+        ])
+        .arg("--address-file")
+        .arg(&address_file)
+        .args(["--health-check-interval", "100ms", "--shutdown-grace", "5s"])
+        .env("RUST_LOG", "debug")
+        .stdin(Stdio::null())
+        .stdout(stdout)
+        .stderr(stderr)
+        .kill_on_drop(true)
+        .spawn()
+        .expect("start the binary");
+    let started = tokio::time::Instant::now();
+    let addr = loop {
+        if let Ok(text) = std::fs::read_to_string(&address_file)
+            && let Ok(addr) = text.trim().parse()
+        {
+            break addr;
+        }
+        if let Ok(Some(status)) = child.try_wait() {
+            panic!("the binary exited ({status}) before listening");
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "no address file written"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    (child, addr, dir)
+}
+
+fn send_signal(child: &Child, signal: &str) {
+    let pid = child.id().expect("still running");
+    let status = std::process::Command::new("kill")
+        .args([format!("-{signal}"), pid.to_string()])
+        .status()
+        .expect("run kill");
+    assert!(status.success(), "kill -{signal}");
+}
+
+async fn with_both_log_streams_failing_the_service_serves_and_stops_on_sigterm(sink: LogSink) {
+    let database = TestDatabase::create(Backend::Postgres).await;
+    let (mut child, addr, _dir) = start_with_logs_on(&database.url, &sink).await;
+    let endpoint = format!("http://{addr}");
+    let health = health_client(endpoint.clone()).await.expect("connect");
+    eventually(Duration::from_secs(20), "the binary serves", || {
+        is_serving(&health)
+    })
+    .await;
+
+    // Every call logs (at debug) into the broken sink; none may take anything down.
+    let mut client = Client::connect(endpoint).await.expect("connect");
+    for n in 0..20 {
+        claim(&mut client, try_start(&format!("k{n}"))).await;
+    }
+    assert!(is_serving(&health).await, "still SERVING, truthfully");
+
+    // The signal handler logs "SIGTERM received" into the broken sink, then must still stop
+    // the service: exit 0 within the grace period (5 s) and its second of margin.
+    send_signal(&child, "TERM");
+    let status = tokio::time::timeout(Duration::from_secs(7), child.wait())
+        .await
+        .expect("the process stopped within the grace period")
+        .expect("wait");
+    assert_eq!(status.code(), Some(0), "{status:?}");
+}
+
+#[tokio::test]
+async fn with_logs_on_a_closed_pipe_sigterm_still_stops_the_service() {
+    with_both_log_streams_failing_the_service_serves_and_stops_on_sigterm(LogSink::ClosedPipe)
+        .await;
+}
+
+#[tokio::test]
+async fn with_logs_on_a_full_device_the_service_starts_serves_and_stops() {
+    with_both_log_streams_failing_the_service_serves_and_stops_on_sigterm(LogSink::DevFull).await;
+}
+
+/// A FIFO renamed over the tokens file, then SIGHUP: opening it would block until some writer
+/// came. The reload refuses it without blocking anything, the tokens in force stay, later
+/// SIGHUPs still reload, and SIGTERM still stops the service.
+#[tokio::test]
+async fn a_fifo_over_the_tokens_file_is_refused_and_later_reloads_still_work() {
+    let (first, first_line) = token("first", "*");
+    let (later, later_line) = token("later", "*");
+    let tokens = TokensFile::new(&[&first_line]);
+    let database = TestDatabase::create(Backend::Postgres).await;
+    let mut server = ServerProcess::start(&database.url, &["--tokens-file", &tokens.flag()]).await;
+    let _ = server.client_when_serving().await;
+    let mut first_client = authed_client(server.endpoint(), Bearer::token(&first)).await;
+    first_client
+        .lookup(lookup("k"))
+        .await
+        .expect("first is known");
+
+    let fifo = tokens.path.with_extension("fifo");
+    let made = std::process::Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .expect("run mkfifo");
+    assert!(made.success());
+    std::fs::rename(&fifo, &tokens.path).expect("rename the FIFO over the tokens file");
+    server.signal("HUP");
+    eventually(Duration::from_secs(5), "the FIFO was refused", || async {
+        server.output_contains("is not a regular file (it is a FIFO)")
+    })
+    .await;
+
+    // The tokens in force stay, and the service answers at once: nothing is wedged.
+    for _ in 0..20 {
+        tokio::time::timeout(Duration::from_secs(2), first_client.lookup(lookup("k")))
+            .await
+            .expect("answered without delay")
+            .expect("first is still in force");
+    }
+    let health = health_client(server.endpoint()).await.expect("connect");
+    assert!(is_serving(&health).await);
+
+    // A later SIGHUP with a regular file reloads: revocation still works.
+    tokens.write(&[&later_line]);
+    server.signal("HUP");
+    let later_client = authed_client(server.endpoint(), Bearer::token(&later)).await;
+    eventually(
+        Duration::from_secs(5),
+        "the later reload took effect",
+        || async {
+            let mut later_client = later_client.clone();
+            later_client.lookup(lookup("k")).await.is_ok()
+        },
+    )
+    .await;
+    let status = first_client.lookup(lookup("k")).await.expect_err("revoked");
+    assert_eq!(status.code(), Code::Unauthenticated);
+
+    server.signal("TERM");
+    assert_eq!(server.wait(Duration::from_secs(15)).await, Some(0));
+}
