@@ -80,7 +80,11 @@ impl Application {
             .await
             .map_err(bind_error)?;
         let local_addr = listener.local_addr().map_err(bind_error)?;
-        let security = security(&settings.security, settings.operation_timeout)?;
+        let security = security(
+            &settings.security,
+            settings.operation_timeout,
+            settings.connections.clone(),
+        )?;
         Ok(Self {
             listener,
             local_addr,
@@ -223,6 +227,7 @@ impl Application {
 fn security(
     settings: &SecuritySettings,
     operation_timeout: std::time::Duration,
+    connections: crate::grpc::connections::ConnectionSettings,
 ) -> Result<Security, StartupError> {
     let authenticator = settings
         .tokens_file
@@ -249,5 +254,6 @@ fn security(
         tls,
         max_concurrent_streams: settings.max_concurrent_streams,
         request_read_timeout: operation_timeout,
+        connections,
     })
 }

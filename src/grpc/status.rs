@@ -63,6 +63,18 @@ pub fn undecodable() -> Status {
     )
 }
 
+/// A response refused because too many response bytes already wait for their clients to take
+/// them (see `connections`). Only calls that wrote nothing are refused this way.
+pub fn responses_pending() -> Status {
+    let mut details = error_info("OVERLOADED");
+    details.set_retry_info(Some(Duration::from_secs(1)));
+    Status::with_error_details(
+        Code::ResourceExhausted,
+        "too many responses are waiting for their clients to read them; retry later",
+        details,
+    )
+}
+
 /// A call turned away at the door (see `auth_layer`), with an ErrorInfo like every other error
 /// and RetryInfo when waiting helps.
 pub fn refused(refusal: Refusal) -> Status {

@@ -41,3 +41,182 @@ async fn an_undecodable_message_is_invalid_argument_not_internal(backend: Backen
 }
 
 for_each_backend!(an_undecodable_message_is_invalid_argument_not_internal);
+
+/// A raw HTTP/2 connection to the server, driven in the background (h2 answers the server's
+/// PINGs by itself, as the attacker in the review did). With `initial_window_size` 0 the
+/// server may send headers but no response bytes on any stream.
+async fn raw_connection(
+    addr: std::net::SocketAddr,
+    initial_window_size: u32,
+) -> (
+    h2::client::SendRequest<bytes::Bytes>,
+    tokio::task::JoinHandle<Result<(), h2::Error>>,
+) {
+    let tcp = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    let (send_request, connection) = h2::client::Builder::new()
+        .initial_window_size(initial_window_size)
+        .handshake(tcp)
+        .await
+        .expect("HTTP/2 handshake");
+    (send_request, tokio::spawn(connection))
+}
+
+/// Sends one gRPC unary request on `connection` and answers its response head.
+async fn raw_call(
+    connection: &h2::client::SendRequest<bytes::Bytes>,
+    addr: std::net::SocketAddr,
+    path: &str,
+    message: Vec<u8>,
+) -> h2::client::ResponseFuture {
+    let request = tonic::codegen::http::Request::builder()
+        .method("POST")
+        .uri(format!("http://{addr}{path}"))
+        .header("content-type", "application/grpc")
+        .header("te", "trailers")
+        .body(())
+        .expect("a request");
+    let mut ready = connection.clone().ready().await.expect("a stream");
+    let (response, mut stream) = ready.send_request(request, false).expect("sent");
+    let mut frame = Vec::with_capacity(5 + message.len());
+    frame.push(0);
+    frame.extend_from_slice(&(message.len() as u32).to_be_bytes());
+    frame.extend_from_slice(&message);
+    stream.send_data(frame.into(), true).expect("request body");
+    response
+}
+
+const ATTACK_CONNECTIONS: usize = 4;
+const LOOKUPS_PER_CONNECTION: usize = 32;
+const RESPONSE_BYTES: usize = 1024 * 1024;
+
+/// The review's attack, scaled down: a key completed with a 1 MiB response, and connections
+/// that advertise a zero window and send Lookups of it, never taking a byte of the answers.
+/// Unbounded, 4 x 32 Lookups pin 128 MiB; here the server accounts at most 8 MiB (4 MiB per
+/// connection), refuses the Lookups beyond it, closes the attacking connections once the send
+/// timeout (2 s) passes, and serves an honest client throughout.
+#[tokio::test]
+async fn a_client_that_does_not_read_its_responses_cannot_pin_server_memory() {
+    use prost::Message;
+
+    let database = TestDatabase::create(Backend::Postgres).await;
+    let server = crate::support::process::ServerProcess::start(
+        &database.url,
+        &[
+            "--max-pending-response-bytes",
+            "8388608",
+            "--max-connection-pending-response-bytes",
+            "4194304",
+            "--response-send-timeout",
+            "2s",
+        ],
+    )
+    .await;
+    let mut honest = server.client_when_serving().await;
+    let started = claim(&mut honest, try_start("big")).await;
+    honest
+        .complete(complete(
+            "big",
+            started.lease_token,
+            &vec![b'r'; RESPONSE_BYTES],
+        ))
+        .await
+        .expect("Complete");
+    // Warm up: the big answer once, honestly, so that the baseline includes its buffers.
+    assert!(matches!(
+        key_state(&honest, "big").await,
+        idempotency_coordinator::proto::idempotency::v1::lookup_response::State::Completed(_)
+    ));
+    let baseline_kib = server.peak_rss_kib();
+
+    let path = "/idempotency.v1.IdempotencyService/Lookup";
+    let mut attackers = Vec::new();
+    let (mut held, mut refused) = (0, 0);
+    for _ in 0..ATTACK_CONNECTIONS {
+        let held_before = held;
+        let (connection, driver) = raw_connection(server.addr, 0).await;
+        let mut heads = Vec::new();
+        for _ in 0..LOOKUPS_PER_CONNECTION {
+            heads.push(
+                raw_call(
+                    &connection,
+                    server.addr,
+                    path,
+                    lookup("big").encode_to_vec(),
+                )
+                .await,
+            );
+        }
+        // The answers are kept, unread: dropping one would cancel its stream.
+        let mut unread = Vec::new();
+        for head in heads {
+            let response = head.await.expect("a response head");
+            match response
+                .headers()
+                .get("grpc-status")
+                .map(|v| v.as_bytes().to_vec())
+            {
+                // Trailers-only: refused at once (8 = RESOURCE_EXHAUSTED).
+                Some(code) => {
+                    assert_eq!(code, b"8", "{response:?}");
+                    refused += 1;
+                }
+                // A body is coming: the server holds this response for us.
+                None => held += 1,
+            }
+            unread.push(response);
+        }
+        attackers.push((connection, driver, unread, held - held_before));
+    }
+    let attack_started = tokio::time::Instant::now();
+    assert!(held >= 1, "some responses are held");
+    assert!(
+        held <= 8 + ATTACK_CONNECTIONS,
+        "at most the budget's worth of 1 MiB responses is held (plus one in line per connection): {held}"
+    );
+    assert_eq!(held + refused, ATTACK_CONNECTIONS * LOOKUPS_PER_CONNECTION);
+
+    // Other clients keep being served during the attack.
+    for n in 0..10 {
+        claim(&mut honest, try_start(&format!("during-{n}"))).await;
+    }
+    let grown_mib = server.peak_rss_kib().saturating_sub(baseline_kib) / 1024;
+
+    // The send timeout gives the attackers' responses up: the connections that held any are
+    // closed. (One whose calls were all refused holds nothing, and stays until it idles out.)
+    for (_connection, driver, _unread, _) in attackers.into_iter().filter(|a| a.3 > 0) {
+        let _ = tokio::time::timeout(std::time::Duration::from_secs(10), driver)
+            .await
+            .unwrap_or_else(|_| {
+                panic!(
+                    "the server closed the attacking connection: {}",
+                    server.output()
+                )
+            });
+    }
+    let closed_after = attack_started.elapsed();
+    assert!(
+        closed_after >= std::time::Duration::from_millis(1500),
+        "{closed_after:?}"
+    );
+
+    // With the attackers gone, the big answer is served again.
+    let again = honest
+        .lookup(lookup("big"))
+        .await
+        .expect("Lookup")
+        .into_inner();
+    assert!(matches!(
+        again.state,
+        Some(idempotency_coordinator::proto::idempotency::v1::lookup_response::State::Completed(ref c)) if c.response.len() == RESPONSE_BYTES
+    ));
+    assert!(
+        grown_mib < 48,
+        "the server's peak memory grew by {grown_mib} MiB under an attack that would pin {} MiB",
+        ATTACK_CONNECTIONS * LOOKUPS_PER_CONNECTION
+    );
+    println!(
+        "slow reader: {held} responses held, {refused} refused, peak RSS +{grown_mib} MiB \
+         (unbounded: {} MiB), attackers closed after {closed_after:?}",
+        ATTACK_CONNECTIONS * LOOKUPS_PER_CONNECTION
+    );
+}
