@@ -245,6 +245,12 @@ pub struct ServeArgs {
           default_value_t = 32 * MIB,
           value_parser = clap::value_parser!(u64).range(MIB..=64 * 1024 * MIB))]
     pub max_connection_pending_response_bytes: u64,
+
+    /// Health Watch streams open at once, server-wide (1-100000); more are refused
+    /// RESOURCE_EXHAUSTED. Health is open to callers without a token, so it is bounded.
+    #[arg(long, env = "IDEMPOTENCY_MAX_HEALTH_WATCHERS", default_value_t = 1000,
+          value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    pub max_health_watchers: u32,
 }
 
 const MIB: u64 = 1024 * 1024;
@@ -470,6 +476,7 @@ impl ServeArgs {
             )?,
             max_pending_response_bytes: self.max_pending_response_bytes,
             max_connection_pending_response_bytes: self.max_connection_pending_response_bytes,
+            max_health_watchers: self.max_health_watchers,
         })
     }
 }
@@ -678,9 +685,11 @@ mod tests {
         assert_eq!(defaults.response_send_timeout, Duration::from_secs(30));
         assert_eq!(defaults.max_pending_response_bytes, 256 * MIB);
         assert_eq!(defaults.max_connection_pending_response_bytes, 32 * MIB);
+        assert_eq!(defaults.max_health_watchers, 1000);
 
         // Each bound: the value at it is taken, the one just past it refused, naming the flag.
-        let cases: [(&str, &str, &str, &str, &str); 5] = [
+        let cases: [(&str, &str, &str, &str, &str); 6] = [
+            ("--max-health-watchers", "1", "0", "100000", "100001"),
             (
                 "--connection-handshake-timeout",
                 "100ms",

@@ -66,6 +66,8 @@ pub struct ConnectionSettings {
     pub response_send_timeout: Duration,
     pub max_pending_response_bytes: u64,
     pub max_connection_pending_response_bytes: u64,
+    /// Health Watch streams open at once, server-wide.
+    pub max_health_watchers: u32,
 }
 
 /// What a connection's I/O and the calls on it share.

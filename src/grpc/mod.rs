@@ -98,7 +98,10 @@ pub async fn serve<S: Store>(
 
     let reflection_v1 = reflection_builder().build_v1()?;
     let reflection_v1alpha = reflection_builder().build_v1alpha()?;
-    let health = tonic_health::pb::health_server::HealthServer::new(health::HealthApi::new(health));
+    let health = tonic_health::pb::health_server::HealthServer::new(health::HealthApi::new(
+        health,
+        security.connections.max_health_watchers,
+    ));
 
     let connection_settings = Arc::new(security.connections.clone());
     let incoming = connections::Incoming::new(listener, connection_settings.clone());

@@ -75,6 +75,17 @@ pub fn responses_pending() -> Status {
     )
 }
 
+/// A health Watch refused because `--max-health-watchers` streams are already open.
+pub fn too_many_watchers() -> Status {
+    let mut details = error_info("OVERLOADED");
+    details.set_retry_info(Some(Duration::from_secs(1)));
+    Status::with_error_details(
+        Code::ResourceExhausted,
+        "too many health Watch streams are open; retry later, or use Check",
+        details,
+    )
+}
+
 /// A call turned away at the door (see `auth_layer`), with an ErrorInfo like every other error
 /// and RetryInfo when waiting helps.
 pub fn refused(refusal: Refusal) -> Status {

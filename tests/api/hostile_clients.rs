@@ -1,5 +1,7 @@
 //! Hostile clients against the real server: messages the protobuf decoder refuses.
 
+use std::time::Duration;
+
 use tonic::Code;
 
 use crate::support::*;
@@ -184,7 +186,7 @@ async fn a_client_that_does_not_read_its_responses_cannot_pin_server_memory() {
     // The send timeout gives the attackers' responses up: the connections that held any are
     // closed. (One whose calls were all refused holds nothing, and stays until it idles out.)
     for (_connection, driver, _unread, _) in attackers.into_iter().filter(|a| a.3 > 0) {
-        let _ = tokio::time::timeout(std::time::Duration::from_secs(10), driver)
+        let _ = tokio::time::timeout(Duration::from_secs(10), driver)
             .await
             .unwrap_or_else(|_| {
                 panic!(
@@ -195,7 +197,7 @@ async fn a_client_that_does_not_read_its_responses_cannot_pin_server_memory() {
     }
     let closed_after = attack_started.elapsed();
     assert!(
-        closed_after >= std::time::Duration::from_millis(1500),
+        closed_after >= Duration::from_millis(1500),
         "{closed_after:?}"
     );
 
@@ -219,4 +221,193 @@ async fn a_client_that_does_not_read_its_responses_cannot_pin_server_memory() {
          (unbounded: {} MiB), attackers closed after {closed_after:?}",
         ATTACK_CONNECTIONS * LOOKUPS_PER_CONNECTION
     );
+}
+
+/// Reads from `socket` until the server closes it, answering how long that took.
+async fn time_until_closed(mut socket: tokio::net::TcpStream, limit: Duration) -> Duration {
+    use tokio::io::AsyncReadExt;
+    let started = tokio::time::Instant::now();
+    let mut buffer = [0u8; 1024];
+    loop {
+        match tokio::time::timeout_at(started + limit, socket.read(&mut buffer)).await {
+            Ok(Ok(0) | Err(_)) => return started.elapsed(),
+            Ok(Ok(_)) => {} // the server's SETTINGS, PINGs...
+            Err(_) => panic!("the server kept the connection open for {limit:?}"),
+        }
+    }
+}
+
+/// A socket that never sends the HTTP/2 preface is closed after the handshake timeout; one
+/// that has shaken hands but opens no call is closed after the idle timeout; one with a call
+/// open (a health Watch) is not closed for idling.
+#[tokio::test]
+async fn silent_and_idle_connections_are_closed_busy_ones_are_not() {
+    let database = TestDatabase::create(Backend::Postgres).await;
+    let server = crate::support::process::ServerProcess::start(
+        &database.url,
+        &[
+            "--connection-handshake-timeout",
+            "1s",
+            "--connection-idle-timeout",
+            "3s",
+        ],
+    )
+    .await;
+    let _ = server.client_when_serving().await;
+
+    // A connection that shakes hands and keeps a Watch open.
+    let (busy, busy_driver) = raw_connection(server.addr, 65_535).await;
+    let watch = raw_call(
+        &busy,
+        server.addr,
+        "/grpc.health.v1.Health/Watch",
+        prost::Message::encode_to_vec(&tonic_health::pb::HealthCheckRequest {
+            service: String::new(),
+        }),
+    )
+    .await
+    .await
+    .expect("the Watch is answered");
+    assert!(watch.headers().get("grpc-status").is_none(), "{watch:?}");
+
+    // A silent socket.
+    let silent = tokio::net::TcpStream::connect(server.addr)
+        .await
+        .expect("connect");
+    // A socket that sends the preface and its SETTINGS, then nothing.
+    let idle = tokio::net::TcpStream::connect(server.addr)
+        .await
+        .expect("connect");
+    let (idle_requests, idle_driver) = {
+        let (send, connection) = h2::client::handshake(idle).await.expect("handshake");
+        (send, tokio::spawn(connection))
+    };
+
+    let silent_closed = time_until_closed(silent, Duration::from_secs(10)).await;
+    assert!(
+        silent_closed >= Duration::from_millis(900) && silent_closed < Duration::from_secs(3),
+        "closed after {silent_closed:?}, expected the 1 s handshake timeout"
+    );
+    let started = tokio::time::Instant::now();
+    let _ = tokio::time::timeout(Duration::from_secs(10), idle_driver)
+        .await
+        .expect("the idle connection was closed");
+    let idle_closed = started.elapsed() + silent_closed;
+    assert!(
+        idle_closed >= Duration::from_millis(2900),
+        "closed after {idle_closed:?}, expected the 3 s idle timeout"
+    );
+    drop(idle_requests);
+
+    // The connection with a call open outlived the idle timeout.
+    assert!(
+        !busy_driver.is_finished(),
+        "a connection with an open call was closed"
+    );
+    drop(watch);
+    drop(busy);
+}
+
+/// With `--max-connections 2`, a third connection is not served while two are open, and is
+/// served as soon as one closes.
+#[tokio::test]
+async fn the_connection_cap_holds_new_connections_until_one_closes() {
+    let database = TestDatabase::create(Backend::Postgres).await;
+    let server =
+        crate::support::process::ServerProcess::start(&database.url, &["--max-connections", "2"])
+            .await;
+    // The first connection: the client used to wait for SERVING, kept open.
+    let serving = health_client(server.endpoint()).await.expect("connect");
+    eventually(Duration::from_secs(20), "the binary serves", || {
+        is_serving(&serving)
+    })
+    .await;
+    let (second, second_driver) = raw_connection(server.addr, 65_535).await;
+
+    let mut third = tokio::spawn({
+        let endpoint = server.endpoint();
+        async move {
+            let health = health_client(endpoint).await.expect("connect");
+            is_serving(&health).await
+        }
+    });
+    assert!(
+        tokio::time::timeout(Duration::from_secs(1), &mut third)
+            .await
+            .is_err(),
+        "a third connection was served while two were open"
+    );
+    drop(second);
+    second_driver.abort();
+    let served = tokio::time::timeout(Duration::from_secs(10), third)
+        .await
+        .expect("served once a connection closed")
+        .expect("the third client");
+    assert!(served);
+}
+
+/// Health is open to callers without a token, so its Watch streams are bounded: beyond
+/// `--max-health-watchers`, a Watch is refused RESOURCE_EXHAUSTED, and a slot frees when a
+/// watcher leaves.
+#[tokio::test]
+async fn health_watch_streams_are_bounded() {
+    let database = TestDatabase::create(Backend::Postgres).await;
+    let server = crate::support::process::ServerProcess::start(
+        &database.url,
+        &["--max-health-watchers", "3"],
+    )
+    .await;
+    let _ = server.client_when_serving().await;
+    let (connection, _driver) = raw_connection(server.addr, 65_535).await;
+    let watch = || async {
+        raw_call(
+            &connection,
+            server.addr,
+            "/grpc.health.v1.Health/Watch",
+            prost::Message::encode_to_vec(&tonic_health::pb::HealthCheckRequest {
+                service: String::new(),
+            }),
+        )
+        .await
+        .await
+        .expect("a response head")
+    };
+    let refused = |response: &tonic::codegen::http::Response<h2::RecvStream>| {
+        response
+            .headers()
+            .get("grpc-status")
+            .map(|code| code.as_bytes().to_vec())
+            == Some(b"8".to_vec())
+    };
+
+    let mut watchers = Vec::new();
+    for _ in 0..3 {
+        let response = watch().await;
+        assert!(
+            response.headers().get("grpc-status").is_none(),
+            "{response:?}"
+        );
+        watchers.push(response);
+    }
+    let fourth = watch().await;
+    assert!(refused(&fourth), "{fourth:?}");
+
+    // One watcher leaves (its stream is reset); its slot is given to the next.
+    drop(watchers.pop());
+    // Admitted Watches are kept open: dropping one would free its slot again.
+    let started = tokio::time::Instant::now();
+    let admitted = loop {
+        let response = watch().await;
+        if !refused(&response) {
+            break response;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "no slot was freed"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert!(admitted.headers().get("grpc-status").is_none());
+    let full_again = watch().await;
+    assert!(refused(&full_again), "{full_again:?}");
 }

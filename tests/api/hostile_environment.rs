@@ -50,24 +50,36 @@ async fn start_with_logs_on(
     database_url: &str,
     sink: &LogSink,
 ) -> (Child, SocketAddr, tempfile::TempDir) {
+    let (stdout, stderr) = sink.stdio();
+    let mut command = Command::new(env!("CARGO_BIN_EXE_idempotency-coordinator"));
+    command
+        .env("RUST_LOG", "debug")
+        .stdout(stdout)
+        .stderr(stderr);
+    start(command, database_url, &["--shutdown-grace", "5s"]).await
+}
+
+/// Starts `command` (the binary, or a wrapper that runs it) as `serve` on a free port with
+/// `flags`, and waits for its address file.
+async fn start(
+    mut command: Command,
+    database_url: &str,
+    flags: &[&str],
+) -> (Child, SocketAddr, tempfile::TempDir) {
     let dir = tempfile::tempdir().expect("a folder");
     let address_file = dir.path().join("address");
-    let (stdout, stderr) = sink.stdio();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_idempotency-coordinator"))
+    let mut child = command
+        .args(["serve", "--database-url", database_url])
         .args([
-            "serve",
-            "--database-url",
-            database_url,
             "--listen",
             "127.0.0.1:0",
+            "--health-check-interval",
+            "100ms",
         ])
         .arg("--address-file")
         .arg(&address_file)
-        .args(["--health-check-interval", "100ms", "--shutdown-grace", "5s"])
-        .env("RUST_LOG", "debug")
+        .args(flags)
         .stdin(Stdio::null())
-        .stdout(stdout)
-        .stderr(stderr)
         .kill_on_drop(true)
         .spawn()
         .expect("start the binary");
@@ -195,4 +207,135 @@ async fn a_fifo_over_the_tokens_file_is_refused_and_later_reloads_still_work() {
 
     server.signal("TERM");
     assert_eq!(server.wait(Duration::from_secs(15)).await, Some(0));
+}
+
+/// CPU time (user and system) the process has used so far.
+fn cpu_time(child: &Child) -> Duration {
+    let pid = child.id().expect("still running");
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("/proc/<pid>/stat");
+    // The fields after the command name (which is in parentheses and may hold spaces):
+    // state is the first, utime the 12th and stime the 13th.
+    let after_name = &stat[stat.rfind(')').expect("a command name") + 2..];
+    let fields: Vec<&str> = after_name.split_whitespace().collect();
+    let ticks: u64 =
+        fields[11].parse::<u64>().expect("utime") + fields[12].parse::<u64>().expect("stime");
+    let per_second: u64 = String::from_utf8(
+        std::process::Command::new("getconf")
+            .arg("CLK_TCK")
+            .output()
+            .expect("getconf")
+            .stdout,
+    )
+    .expect("ASCII")
+    .trim()
+    .parse()
+    .expect("a number");
+    Duration::from_millis(ticks * 1000 / per_second)
+}
+
+const DESCRIPTOR_LIMIT: &str = "--nofile=64:64";
+const IDLE_SOCKETS: usize = 150;
+
+/// The review's repro, scaled down: the server under a limit of 64 descriptors, and 150 idle
+/// sockets that never send the HTTP/2 preface. At the limit, accepting fails with EMFILE; the
+/// server must back off (not spin a core), log it at a bounded rate, close the silent sockets
+/// after the handshake timeout, and so serve a new client once descriptors free up.
+#[tokio::test]
+async fn at_the_descriptor_limit_silent_sockets_are_closed_and_new_clients_served() {
+    use tokio::io::AsyncBufReadExt;
+
+    let database = TestDatabase::create(Backend::Postgres).await;
+    let mut command = Command::new("prlimit");
+    command
+        .args([DESCRIPTOR_LIMIT, "--"])
+        .arg(env!("CARGO_BIN_EXE_idempotency-coordinator"))
+        .env("RUST_LOG", "info")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null());
+    let (mut child, addr, _dir) = start(
+        command,
+        &database.url,
+        &["--pool-size", "2", "--connection-handshake-timeout", "2s"],
+    )
+    .await;
+    let mut log = tokio::io::BufReader::new(child.stdout.take().expect("stdout")).lines();
+    let accept_failures = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    tokio::spawn({
+        let accept_failures = accept_failures.clone();
+        async move {
+            while let Ok(Some(line)) = log.next_line().await {
+                if line.contains("accepting a connection failed") {
+                    accept_failures.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                }
+            }
+        }
+    });
+    let endpoint = format!("http://{addr}");
+    {
+        let health = health_client(endpoint.clone()).await.expect("connect");
+        eventually(Duration::from_secs(20), "the binary serves", || {
+            is_serving(&health)
+        })
+        .await;
+    }
+
+    let attack_started = tokio::time::Instant::now();
+    let mut silent = Vec::new();
+    for _ in 0..IDLE_SOCKETS {
+        silent.push(tokio::net::TcpStream::connect(addr).await.expect("connect"));
+    }
+    // The server is at its descriptor limit now, with more connections waiting in its backlog.
+    eventually(Duration::from_secs(5), "accepting failed", || async {
+        accept_failures.load(std::sync::atomic::Ordering::Relaxed) > 0
+    })
+    .await;
+    let before = cpu_time(&child);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let spent = cpu_time(&child) - before;
+    assert!(
+        spent < Duration::from_millis(300),
+        "the server used {spent:?} of CPU in one second at the descriptor limit"
+    );
+
+    // A new client is served: the silent sockets are closed after the handshake timeout,
+    // which frees descriptors, and accepting resumes.
+    let served = tokio::time::timeout(Duration::from_secs(20), async {
+        let health = health_client(endpoint.clone()).await.expect("connect");
+        is_serving(&health).await
+    })
+    .await
+    .expect("a new client was served");
+    assert!(served);
+    let elapsed = attack_started.elapsed();
+    for socket in silent {
+        let mut socket = socket;
+        let mut byte = [0u8; 1];
+        let closed = tokio::time::timeout(Duration::from_secs(10), async {
+            use tokio::io::AsyncReadExt;
+            loop {
+                match socket.read(&mut byte).await {
+                    Ok(0) | Err(_) => return,
+                    Ok(_) => {}
+                }
+            }
+        })
+        .await;
+        assert!(closed.is_ok(), "a silent socket was kept open");
+    }
+    let logged = accept_failures.load(std::sync::atomic::Ordering::Relaxed);
+    assert!(
+        logged as u64 <= elapsed.as_secs() + 2,
+        "{logged} log lines about failing accepts in {elapsed:?}"
+    );
+    println!(
+        "descriptor limit: {spent:?} CPU in 1 s at EMFILE, new client served after {elapsed:?}, \
+         {logged} accept-failure log lines"
+    );
+
+    send_signal(&child, "TERM");
+    let status = tokio::time::timeout(Duration::from_secs(15), child.wait())
+        .await
+        .expect("stopped")
+        .expect("wait");
+    assert_eq!(status.code(), Some(0));
 }
