@@ -339,3 +339,73 @@ async fn at_the_descriptor_limit_silent_sockets_are_closed_and_new_clients_serve
         .expect("wait");
     assert_eq!(status.code(), Some(0));
 }
+
+/// An essential task that ends while the service runs: the service turns NOT_SERVING (its
+/// Watch streams are told), drains, and `run_until_stopped` answers the failure, which the
+/// binary turns into exit status 1 for a restart.
+#[tokio::test]
+async fn an_essential_task_that_ends_stops_the_service_with_an_error() {
+    use idempotency_coordinator::config::{Cli, Command as CliCommand};
+    use idempotency_coordinator::startup::StartupError;
+    use tokio_stream::StreamExt;
+    use tonic_health::pb::health_check_response::ServingStatus as Status;
+
+    let database = TestDatabase::create(Backend::Postgres).await;
+    let cli = <Cli as clap::Parser>::try_parse_from([
+        "idempotency-coordinator",
+        "--listen",
+        "127.0.0.1:0",
+        "--database-url",
+        &database.url,
+        "--health-check-interval",
+        "100ms",
+        "--shutdown-grace",
+        "2s",
+    ])
+    .expect("valid flags");
+    let CliCommand::Serve(serve) = cli.into_command() else {
+        panic!("serve");
+    };
+    let app = idempotency_coordinator::Application::build(serve.settings().expect("settings"))
+        .await
+        .expect("builds");
+    let endpoint = format!("http://{}", app.local_addr());
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    let (end_it, ended) = tokio::sync::oneshot::channel::<()>();
+    app.supervisor().spawn("doomed", &shutdown, async move {
+        let _ = ended.await;
+    });
+    let server = tokio::spawn(app.run_until_stopped(shutdown.clone()));
+
+    let mut health = health_client(endpoint).await.expect("connect");
+    let mut statuses = health
+        .watch(tonic_health::pb::HealthCheckRequest {
+            service: String::new(),
+        })
+        .await
+        .expect("Watch")
+        .into_inner();
+    let mut next_status = async || {
+        let message = tokio::time::timeout(Duration::from_secs(20), statuses.next())
+            .await
+            .expect("a status in time")
+            .expect("the stream goes on")
+            .expect("a status");
+        message.status()
+    };
+    while next_status().await != Status::Serving {}
+
+    end_it.send(()).expect("the task is waiting");
+    assert_eq!(next_status().await, Status::NotServing);
+    let stopped = tokio::time::timeout(Duration::from_secs(10), server)
+        .await
+        .expect("the service stopped")
+        .expect("the server task");
+    match stopped {
+        Err(StartupError::TaskFailed(failure)) => {
+            assert_eq!(failure.task, "doomed");
+            assert_eq!(failure.how, "ended unexpectedly");
+        }
+        other => panic!("expected the task's failure, got {other:?}"),
+    }
+}
