@@ -10,6 +10,7 @@ use tokio::process::{Child, Command};
 use tonic::Code;
 
 use crate::support::process::ServerProcess;
+use crate::support::proxy::TcpProxy;
 use crate::support::security::{Bearer, TokensFile, authed_client, token};
 use crate::support::*;
 
@@ -56,7 +57,12 @@ async fn start_with_logs_on(
         .env("RUST_LOG", "debug")
         .stdout(stdout)
         .stderr(stderr);
-    start(command, database_url, &["--shutdown-grace", "5s"]).await
+    start(
+        command,
+        database_url,
+        &["--shutdown-grace", "5s", "--operation-timeout", "1s"],
+    )
+    .await
 }
 
 /// Starts `command` (the binary, or a wrapper that runs it) as `serve` on a free port with
@@ -113,7 +119,10 @@ fn send_signal(child: &Child, signal: &str) {
 
 async fn with_both_log_streams_failing_the_service_serves_and_stops_on_sigterm(sink: LogSink) {
     let database = TestDatabase::create(Backend::Postgres).await;
-    let (mut child, addr, _dir) = start_with_logs_on(&database.url, &sink).await;
+    // The database is reached through a proxy, to take it away later.
+    let proxy = TcpProxy::start("127.0.0.1:5432".parse().expect("address")).await;
+    let url = proxy.database_url(database.postgres_name());
+    let (mut child, addr, _dir) = start_with_logs_on(&url, &sink).await;
     let endpoint = format!("http://{addr}");
     let health = health_client(endpoint.clone()).await.expect("connect");
     eventually(Duration::from_secs(20), "the binary serves", || {
@@ -127,6 +136,21 @@ async fn with_both_log_streams_failing_the_service_serves_and_stops_on_sigterm(s
         claim(&mut client, try_start(&format!("k{n}"))).await;
     }
     assert!(is_serving(&health).await, "still SERVING, truthfully");
+
+    // The health monitor logs the outage into the broken sink, and must still report it; calls
+    // fail as the contract says, not CANCELLED by a task that died.
+    proxy.cut();
+    eventually(
+        Duration::from_secs(10),
+        "health reports the outage",
+        || async { !is_serving(&health).await },
+    )
+    .await;
+    let status = client
+        .try_start(try_start("during-the-outage"))
+        .await
+        .expect_err("the store is down");
+    assert_error(&status, Code::Unavailable, "STORE_UNAVAILABLE");
 
     // The signal handler logs "SIGTERM received" into the broken sink, then must still stop
     // the service: exit 0 within the grace period (5 s) and its second of margin.
