@@ -11,7 +11,9 @@
 //!   bytes of its handshake, whose completion tonic bounds separately) within the handshake
 //!   timeout, or it is closed: keepalive PINGs start only after the preface, so without this a
 //!   silent socket would be held for ever.
-//! - **Idle.** A connection with no call open for the idle timeout is closed.
+//! - **Idle.** A connection with no call open for the idle timeout is closed, whatever it
+//!   sends meanwhile: floods of PINGs, WINDOW_UPDATEs or SETTINGS, which h2 answers without a
+//!   limit, end there when no call is open.
 //! - **Responses not taken.** A response body of the API is accounted ([`ResponseBudget`]) from
 //!   the moment the handler produced it until it has been handed to HTTP/2 in full, server-wide
 //!   and per connection, and it must be taken within the send timeout: a connection holding a
@@ -281,8 +283,7 @@ impl GuardedIo {
             .is_some_and(|deadline| deadline <= now)
     }
 
-    /// Why the connection must close now, if it must: checked whenever the peer has nothing
-    /// for us to read.
+    /// Why the connection must close now, if it must: checked on every read.
     fn verdict(&self, now: Instant) -> Option<&'static str> {
         if !self.handshaken() && now >= self.accepted + self.settings.handshake_timeout {
             return Some("no HTTP/2 preface within the handshake timeout");
@@ -333,11 +334,11 @@ impl AsyncRead for GuardedIo {
     ) -> Poll<std::io::Result<()>> {
         let this = self.get_mut();
         this.info.state.remember_task(cx.waker());
-        // A flood of input must not keep an overdue response alive.
-        if this.response_overdue(Instant::now()) {
-            return Poll::Ready(Err(
-                this.closing("a response not taken within the send timeout")
-            ));
+        // Judged before reading as well as when there is nothing to read: a client that never
+        // stops sending (a flood of PINGs, with no call open) must not escape the idle
+        // timeout, nor keep an overdue response alive.
+        if let Some(reason) = this.verdict(Instant::now()) {
+            return Poll::Ready(Err(this.closing(reason)));
         }
         let before = buf.filled().len();
         if let Poll::Ready(result) = Pin::new(&mut this.stream).poll_read(cx, buf) {
@@ -346,8 +347,8 @@ impl AsyncRead for GuardedIo {
                 .saturating_add((buf.filled().len() - before) as u64);
             return Poll::Ready(result);
         }
-        // Nothing to read: the moment to judge the connection, then to sleep until the next
-        // moment its verdict may change (the timer wakes this task, which reads again).
+        // Nothing to read: sleep until the next moment the verdict may change (the timer wakes
+        // this task, which reads again).
         loop {
             if let Some(reason) = this.verdict(Instant::now()) {
                 return Poll::Ready(Err(this.closing(reason)));

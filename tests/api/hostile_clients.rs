@@ -411,3 +411,56 @@ async fn health_watch_streams_are_bounded() {
     let full_again = watch().await;
     assert!(refused(&full_again), "{full_again:?}");
 }
+
+/// A connection that floods PINGs without opening a call is cut off at the idle timeout, even
+/// though it never stops sending (h2 answers every PING and has no limit of its own).
+#[tokio::test]
+async fn a_ping_flood_without_calls_is_cut_off_at_the_idle_timeout() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    let database = TestDatabase::create(Backend::Postgres).await;
+    let server = crate::support::process::ServerProcess::start(
+        &database.url,
+        &["--connection-idle-timeout", "2s"],
+    )
+    .await;
+    let _ = server.client_when_serving().await;
+
+    let socket = tokio::net::TcpStream::connect(server.addr)
+        .await
+        .expect("connect");
+    let (mut reading, mut writing) = socket.into_split();
+    // The server's SETTINGS and PONGs are read and thrown away, so that its writes never
+    // block; reading ends when the server closes the connection.
+    let drained = tokio::spawn(async move {
+        let mut buffer = vec![0u8; 64 * 1024];
+        while matches!(reading.read(&mut buffer).await, Ok(n) if n > 0) {}
+    });
+    let started = tokio::time::Instant::now();
+    let mut opening = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
+    opening.extend_from_slice(&[0, 0, 0, 4, 0, 0, 0, 0, 0]); // SETTINGS, empty
+    opening.extend_from_slice(&[0, 0, 0, 4, 1, 0, 0, 0, 0]); // SETTINGS ACK
+    writing.write_all(&opening).await.expect("preface");
+    // PING frames (length 8, type 6, stream 0), 64 at a time, until the server hangs up.
+    let ping: Vec<u8> = [0, 0, 8, 6, 0, 0, 0, 0, 0, 1, 2, 3, 4, 5, 6, 7, 8].to_vec();
+    let burst = ping.repeat(64);
+    let mut pings = 0u64;
+    let flooding = async {
+        while writing.write_all(&burst).await.is_ok() {
+            pings += 64;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(10), flooding)
+        .await
+        .expect("the server cut the flood off");
+    let cut_after = started.elapsed();
+    tokio::time::timeout(Duration::from_secs(5), drained)
+        .await
+        .expect("the connection is closed")
+        .expect("the reader");
+    assert!(
+        cut_after >= Duration::from_millis(1900),
+        "cut off after {cut_after:?}, before the 2 s idle timeout"
+    );
+    println!("PING flood: {pings} PINGs sent, cut off after {cut_after:?}");
+}
