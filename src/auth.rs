@@ -556,6 +556,61 @@ mod tests {
     }
 
     #[test]
+    fn only_a_regular_file_of_at_most_16_mib_is_read_as_a_tokens_file() {
+        let (token, line) = new_token("payments", "*").expect("a token");
+        let dir = std::env::temp_dir().join(format!("auth-kinds-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("a folder");
+        let path = dir.join("tokens");
+        std::fs::write(&path, &line).expect("write");
+        let authenticator = Authenticator::load(&path, None).expect("loads");
+
+        // A folder in its place is refused by kind, without reading.
+        std::fs::remove_file(&path).expect("remove");
+        std::fs::create_dir(&path).expect("a folder in its place");
+        let refused = authenticator.reload().expect_err("a folder");
+        assert!(
+            matches!(
+                refused,
+                TokensFileError::NotAFile {
+                    kind: "a folder",
+                    ..
+                }
+            ),
+            "{refused:?}"
+        );
+        std::fs::remove_dir(&path).expect("remove the folder");
+
+        // A symlink to a regular file is followed.
+        let target = dir.join("tokens.real");
+        std::fs::write(&target, &line).expect("write");
+        std::os::unix::fs::symlink(&target, &path).expect("symlink");
+        assert_eq!(authenticator.reload().expect("through the symlink"), 1);
+        std::fs::remove_file(&path).expect("remove the symlink");
+
+        // The size bound: 16 MiB is read, one byte more is refused.
+        let file = std::fs::File::create(&path).expect("create");
+        std::io::Write::write_all(&mut &file, line.as_bytes()).expect("write");
+        file.set_len(MAX_TOKENS_FILE_BYTES).expect("grow");
+        // The rest of the file is NUL bytes, which no line parses: refused for its content.
+        assert!(matches!(
+            authenticator.reload(),
+            Err(TokensFileError::Invalid { .. })
+        ));
+        file.set_len(MAX_TOKENS_FILE_BYTES + 1).expect("grow");
+        assert!(matches!(
+            authenticator.reload(),
+            Err(TokensFileError::TooLarge { .. })
+        ));
+        // Through every refusal, the tokens in force stayed.
+        assert!(
+            authenticator
+                .authenticate(Some(&format!("Bearer {token}")))
+                .is_ok()
+        );
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
+    #[test]
     fn the_rate_limit_admits_bursts_of_its_rate_then_refuses() {
         let limiter = RateLimiter {
             rate: 3.0,
