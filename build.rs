@@ -19,6 +19,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     tonic_prost_build::configure()
         .build_client(true)
         .build_server(true)
+        // prost's codec, except that an undecodable message is INVALID_ARGUMENT, not INTERNAL.
+        .codec_path("crate::grpc::codec::ApiCodec")
         .compile_fds(descriptors)?;
     Ok(())
 }

@@ -85,6 +85,12 @@ pub enum TokensFileError {
         #[source]
         source: std::io::Error,
     },
+    /// A FIFO, a device or a folder where the tokens file should be: opening or reading it
+    /// could block for ever or never end, so it is refused without reading.
+    #[error("{path} is not a regular file (it is {kind}); the tokens file must be one")]
+    NotAFile { path: PathBuf, kind: &'static str },
+    #[error("{path} is larger than {limit} bytes; it cannot be a tokens file")]
+    TooLarge { path: PathBuf, limit: u64 },
     #[error("line {line}: {problem}")]
     Invalid { line: usize, problem: String },
     /// A file without a single token would lock every caller out; it is taken for a file
@@ -97,6 +103,66 @@ pub enum TokensFileError {
 #[derive(Debug, Clone, Default)]
 pub struct TokenSet {
     callers: Vec<Caller>,
+}
+
+/// Far more than any tokens file needs (a line is about 100 bytes), so that a huge file is
+/// refused instead of read into memory.
+const MAX_TOKENS_FILE_BYTES: u64 = 16 * 1024 * 1024;
+
+/// Reads `path` (following symlinks) only if it is a regular file. It is opened without
+/// blocking (`O_NONBLOCK`, which regular files ignore), so that a FIFO renamed into its place
+/// does not wedge the reader until some writer opens it, and the kind is checked on the opened
+/// file, so that nothing can be swapped in between the check and the read.
+fn read_regular_file(path: &Path) -> Result<String, TokensFileError> {
+    use std::io::Read;
+    use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
+
+    let read_error = |source| TokensFileError::Read {
+        path: path.to_owned(),
+        source,
+    };
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(path)
+        .map_err(read_error)?;
+    let metadata = file.metadata().map_err(read_error)?;
+    let file_type = metadata.file_type();
+    if !file_type.is_file() {
+        let kind = if file_type.is_fifo() {
+            "a FIFO"
+        } else if file_type.is_dir() {
+            "a folder"
+        } else if file_type.is_char_device() || file_type.is_block_device() {
+            "a device"
+        } else if file_type.is_socket() {
+            "a socket"
+        } else {
+            "not a regular file"
+        };
+        return Err(TokensFileError::NotAFile {
+            path: path.to_owned(),
+            kind,
+        });
+    }
+    if metadata.len() > MAX_TOKENS_FILE_BYTES {
+        return Err(TokensFileError::TooLarge {
+            path: path.to_owned(),
+            limit: MAX_TOKENS_FILE_BYTES,
+        });
+    }
+    let mut text = String::new();
+    // The file may grow after the check; the limit holds for what is read, too.
+    file.take(MAX_TOKENS_FILE_BYTES + 1)
+        .read_to_string(&mut text)
+        .map_err(read_error)?;
+    if text.len() as u64 > MAX_TOKENS_FILE_BYTES {
+        return Err(TokensFileError::TooLarge {
+            path: path.to_owned(),
+            limit: MAX_TOKENS_FILE_BYTES,
+        });
+    }
+    Ok(text)
 }
 
 fn hash(token: &str) -> [u8; 32] {
@@ -160,12 +226,10 @@ impl TokenSet {
         Ok(Self { callers })
     }
 
-    /// Reads a tokens file, which must list at least one token.
+    /// Reads a tokens file, which must list at least one token. This blocks (it reads a
+    /// file): in the service it runs off the async workers, under a timeout (`shutdown`).
     pub fn load(path: &Path) -> Result<Self, TokensFileError> {
-        let text = std::fs::read_to_string(path).map_err(|source| TokensFileError::Read {
-            path: path.to_owned(),
-            source,
-        })?;
+        let text = read_regular_file(path)?;
         let tokens = Self::parse(&text)?;
         if tokens.is_empty() {
             return Err(TokensFileError::Empty {
@@ -272,6 +336,17 @@ pub enum Refusal {
     },
 }
 
+/// Why a reload left the tokens in force.
+#[derive(Debug, thiserror::Error)]
+pub enum ReloadError {
+    #[error(transparent)]
+    File(#[from] TokensFileError),
+    #[error("reading the tokens file did not finish within {timeout:?}")]
+    TimedOut { timeout: std::time::Duration },
+    #[error("reading the tokens file crashed")]
+    Crashed,
+}
+
 /// The tokens in force (reloaded on SIGHUP) and the rate limit.
 #[derive(Debug)]
 pub struct Authenticator {
@@ -292,8 +367,31 @@ impl Authenticator {
 
     /// Reads the tokens file again. On any problem the tokens in force stay as they were.
     /// Calls in flight are not affected either way: each was admitted by the set it met.
+    /// Blocking: the service calls [`Self::reload_off_workers`].
     pub fn reload(&self) -> Result<usize, TokensFileError> {
         let tokens = TokenSet::load(&self.path)?;
+        Ok(self.replace(tokens))
+    }
+
+    /// [`Self::reload`] on a blocking thread, within `timeout`. A read that does not finish in
+    /// time (a file system that stopped answering) leaves the tokens in force, and its result,
+    /// should it come later, is thrown away: an operator told "not reloaded" is not surprised
+    /// by a reload minutes after.
+    pub async fn reload_off_workers(
+        self: &Arc<Self>,
+        timeout: std::time::Duration,
+    ) -> Result<usize, ReloadError> {
+        let path = self.path.clone();
+        let reading = tokio::task::spawn_blocking(move || TokenSet::load(&path));
+        match tokio::time::timeout(timeout, reading).await {
+            Ok(Ok(Ok(tokens))) => Ok(self.replace(tokens)),
+            Ok(Ok(Err(error))) => Err(ReloadError::File(error)),
+            Ok(Err(_)) => Err(ReloadError::Crashed),
+            Err(_) => Err(ReloadError::TimedOut { timeout }),
+        }
+    }
+
+    fn replace(&self, tokens: TokenSet) -> usize {
         let count = tokens.len();
         if let Some(limiter) = &self.rate_limit {
             limiter.forget_idle();
@@ -302,7 +400,7 @@ impl Authenticator {
             .tokens
             .write()
             .unwrap_or_else(std::sync::PoisonError::into_inner) = Arc::new(tokens);
-        Ok(count)
+        count
     }
 
     fn current(&self) -> Arc<TokenSet> {
@@ -456,6 +554,61 @@ mod tests {
             authenticator.reload(),
             Err(TokensFileError::Empty { .. })
         ));
+        assert!(
+            authenticator
+                .authenticate(Some(&format!("Bearer {token}")))
+                .is_ok()
+        );
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
+    #[test]
+    fn only_a_regular_file_of_at_most_16_mib_is_read_as_a_tokens_file() {
+        let (token, line) = new_token("payments", "*").expect("a token");
+        let dir = std::env::temp_dir().join(format!("auth-kinds-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("a folder");
+        let path = dir.join("tokens");
+        std::fs::write(&path, &line).expect("write");
+        let authenticator = Authenticator::load(&path, None).expect("loads");
+
+        // A folder in its place is refused by kind, without reading.
+        std::fs::remove_file(&path).expect("remove");
+        std::fs::create_dir(&path).expect("a folder in its place");
+        let refused = authenticator.reload().expect_err("a folder");
+        assert!(
+            matches!(
+                refused,
+                TokensFileError::NotAFile {
+                    kind: "a folder",
+                    ..
+                }
+            ),
+            "{refused:?}"
+        );
+        std::fs::remove_dir(&path).expect("remove the folder");
+
+        // A symlink to a regular file is followed.
+        let target = dir.join("tokens.real");
+        std::fs::write(&target, &line).expect("write");
+        std::os::unix::fs::symlink(&target, &path).expect("symlink");
+        assert_eq!(authenticator.reload().expect("through the symlink"), 1);
+        std::fs::remove_file(&path).expect("remove the symlink");
+
+        // The size bound: 16 MiB is read, one byte more is refused.
+        let file = std::fs::File::create(&path).expect("create");
+        std::io::Write::write_all(&mut &file, line.as_bytes()).expect("write");
+        file.set_len(MAX_TOKENS_FILE_BYTES).expect("grow");
+        // The rest of the file is NUL bytes, which no line parses: refused for its content.
+        assert!(matches!(
+            authenticator.reload(),
+            Err(TokensFileError::Invalid { .. })
+        ));
+        file.set_len(MAX_TOKENS_FILE_BYTES + 1).expect("grow");
+        assert!(matches!(
+            authenticator.reload(),
+            Err(TokensFileError::TooLarge { .. })
+        ));
+        // Through every refusal, the tokens in force stayed.
         assert!(
             authenticator
                 .authenticate(Some(&format!("Bearer {token}")))

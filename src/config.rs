@@ -8,6 +8,7 @@ use clap::{Args, Parser, Subcommand};
 
 use crate::domain::Limits;
 use crate::domain::{EventRetention, KeyRetention, LeaseTtl};
+use crate::grpc::connections::ConnectionSettings;
 use crate::readiness::ReadinessSettings;
 use crate::reaper::ReaperSettings;
 use crate::store::{StoreLocation, StoreSettings};
@@ -227,6 +228,70 @@ pub struct ServeArgs {
     #[arg(long, env = "IDEMPOTENCY_WAITER_RECHECK_INTERVAL", default_value = "5s",
           value_parser = parse_duration)]
     pub waiter_recheck_interval: Duration,
+
+    /// How long a new connection may take to send the HTTP/2 preface (100ms-5m); one that
+    /// stays silent longer is closed. (TLS handshakes have their own 10 s bound.)
+    #[arg(long, env = "IDEMPOTENCY_CONNECTION_HANDSHAKE_TIMEOUT", default_value = "10s",
+          value_parser = parse_duration)]
+    pub connection_handshake_timeout: Duration,
+
+    /// A connection with no call open for this long is closed (1s-24h).
+    #[arg(long, env = "IDEMPOTENCY_CONNECTION_IDLE_TIMEOUT", default_value = "5m",
+          value_parser = parse_duration)]
+    pub connection_idle_timeout: Duration,
+
+    /// The most connections open at once (1-1000000); more wait in the kernel's backlog until
+    /// one closes. No cap when absent.
+    #[arg(long, env = "IDEMPOTENCY_MAX_CONNECTIONS",
+          value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    pub max_connections: Option<u32>,
+
+    /// A response its client has not taken (read) within this is given up, and its connection
+    /// closed (1s-1h).
+    #[arg(long, env = "IDEMPOTENCY_RESPONSE_SEND_TIMEOUT", default_value = "30s",
+          value_parser = parse_duration)]
+    pub response_send_timeout: Duration,
+
+    /// Response bytes produced and not yet taken by their clients, server-wide (1 MiB-64 GiB).
+    /// Beyond it, calls that wrote nothing are refused RESOURCE_EXHAUSTED / OVERLOADED.
+    #[arg(long, env = "IDEMPOTENCY_MAX_PENDING_RESPONSE_BYTES", default_value_t = 256 * MIB,
+          value_parser = clap::value_parser!(u64).range(MIB..=64 * 1024 * MIB))]
+    pub max_pending_response_bytes: u64,
+
+    /// The same, per connection (1 MiB-64 GiB, at most --max-pending-response-bytes).
+    #[arg(long, env = "IDEMPOTENCY_MAX_CONNECTION_PENDING_RESPONSE_BYTES",
+          default_value_t = 32 * MIB,
+          value_parser = clap::value_parser!(u64).range(MIB..=64 * 1024 * MIB))]
+    pub max_connection_pending_response_bytes: u64,
+
+    /// Health Watch streams open at once, server-wide (1-100000); more are refused
+    /// RESOURCE_EXHAUSTED. Health is open to callers without a token, so it is bounded.
+    #[arg(long, env = "IDEMPOTENCY_MAX_HEALTH_WATCHERS", default_value_t = 1000,
+          value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    pub max_health_watchers: u32,
+}
+
+const MIB: u64 = 1024 * 1024;
+
+/// A duration setting within `[min, max]`, named by its flag when it is not.
+fn within(
+    flag: &'static str,
+    value: Duration,
+    min: Duration,
+    max: Duration,
+) -> Result<Duration, SettingError> {
+    if value < min || value > max {
+        return Err(SettingError {
+            flag,
+            problem: format!(
+                "must be between {} and {} (got {})",
+                humantime::format_duration(min),
+                humantime::format_duration(max),
+                humantime::format_duration(value)
+            ),
+        });
+    }
+    Ok(value)
 }
 
 fn parse_duration(text: &str) -> Result<Duration, String> {
@@ -271,25 +336,7 @@ pub struct Settings {
     /// `None`: every call runs on its own.
     pub coalescing: Option<crate::service::Coalescing>,
     pub waiting: crate::service::waiting::WaitSettings,
-}
-
-fn within(
-    flag: &'static str,
-    value: Duration,
-    min: Duration,
-    max: Duration,
-) -> Result<Duration, SettingError> {
-    if value < min || value > max {
-        return Err(SettingError {
-            flag,
-            problem: format!(
-                "must be between {} and {}",
-                humantime::format_duration(min),
-                humantime::format_duration(max)
-            ),
-        });
-    }
-    Ok(value)
+    pub connections: ConnectionSettings,
 }
 
 fn nonzero(flag: &'static str, value: Duration) -> Result<Duration, SettingError> {
@@ -441,6 +488,44 @@ impl ServeArgs {
                 executors: self.coalesce_executors as usize,
                 max_batch: self.coalesce_max_batch as usize,
             }),
+            connections: self.connections()?,
+        })
+    }
+
+    fn connections(&self) -> Result<ConnectionSettings, SettingError> {
+        let seconds = Duration::from_secs;
+        if self.max_connection_pending_response_bytes > self.max_pending_response_bytes {
+            return Err(SettingError {
+                flag: "max-connection-pending-response-bytes",
+                problem: format!(
+                    "must not exceed --max-pending-response-bytes ({})",
+                    self.max_pending_response_bytes
+                ),
+            });
+        }
+        Ok(ConnectionSettings {
+            handshake_timeout: within(
+                "connection-handshake-timeout",
+                self.connection_handshake_timeout,
+                Duration::from_millis(100),
+                seconds(5 * 60),
+            )?,
+            idle_timeout: within(
+                "connection-idle-timeout",
+                self.connection_idle_timeout,
+                seconds(1),
+                seconds(24 * 3600),
+            )?,
+            max_connections: self.max_connections,
+            response_send_timeout: within(
+                "response-send-timeout",
+                self.response_send_timeout,
+                seconds(1),
+                seconds(3600),
+            )?,
+            max_pending_response_bytes: self.max_pending_response_bytes,
+            max_connection_pending_response_bytes: self.max_connection_pending_response_bytes,
+            max_health_watchers: self.max_health_watchers,
         })
     }
 }
@@ -630,5 +715,78 @@ mod tests {
         assert!(parse(&["--max-response-bytes", "262143"]).is_err());
         assert!(parse(&["--max-response-bytes", "262144"]).is_ok());
         assert!(parse(&["--reaper-interval", "soon"]).is_err());
+    }
+
+    fn serve_settings(args: &[&str]) -> Result<Settings, String> {
+        let cli = parse(args).map_err(|e| e.to_string())?;
+        let Command::Serve(serve) = cli.into_command() else {
+            panic!("expected serve");
+        };
+        serve.settings().map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn connection_limits_have_defaults_and_bounds() {
+        let defaults = serve_settings(&[]).expect("valid defaults").connections;
+        assert_eq!(defaults.handshake_timeout, Duration::from_secs(10));
+        assert_eq!(defaults.idle_timeout, Duration::from_secs(300));
+        assert_eq!(defaults.max_connections, None);
+        assert_eq!(defaults.response_send_timeout, Duration::from_secs(30));
+        assert_eq!(defaults.max_pending_response_bytes, 256 * MIB);
+        assert_eq!(defaults.max_connection_pending_response_bytes, 32 * MIB);
+        assert_eq!(defaults.max_health_watchers, 1000);
+
+        // Each bound: the value at it is taken, the one just past it refused, naming the flag.
+        let cases: [(&str, &str, &str, &str, &str); 6] = [
+            ("--max-health-watchers", "1", "0", "100000", "100001"),
+            (
+                "--connection-handshake-timeout",
+                "100ms",
+                "99ms",
+                "5m",
+                "301s",
+            ),
+            ("--connection-idle-timeout", "1s", "999ms", "24h", "86401s"),
+            ("--response-send-timeout", "1s", "999ms", "1h", "3601s"),
+            ("--max-connections", "1", "0", "1000000", "1000001"),
+            // Raised together with the server-wide limit, so that only this bound is tested.
+            (
+                "--max-pending-response-bytes",
+                "1048576",
+                "1048575",
+                "68719476736",
+                "68719476737",
+            ),
+        ];
+        for (flag, low, below, high, above) in cases {
+            let pair = |value: &'static str| -> Vec<&'static str> {
+                if flag == "--max-pending-response-bytes" {
+                    vec![
+                        flag,
+                        value,
+                        "--max-connection-pending-response-bytes",
+                        "1048576",
+                    ]
+                } else {
+                    vec![flag, value]
+                }
+            };
+            for accepted in [low, high] {
+                serve_settings(&pair(accepted))
+                    .unwrap_or_else(|e| panic!("{flag} {accepted}: {e}"));
+            }
+            for refused in [below, above] {
+                let error = serve_settings(&pair(refused)).expect_err(refused);
+                assert!(error.contains(flag), "{flag} {refused}: {error}");
+            }
+        }
+        let per_connection = "--max-connection-pending-response-bytes";
+        for accepted in ["1048576", "268435456"] {
+            serve_settings(&[per_connection, accepted]).expect(accepted);
+        }
+        for refused in ["1048575", "268435457"] {
+            let error = serve_settings(&[per_connection, refused]).expect_err(refused);
+            assert!(error.contains(per_connection), "{refused}: {error}");
+        }
     }
 }

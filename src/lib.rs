@@ -16,6 +16,7 @@ pub mod service;
 pub mod shutdown;
 pub mod startup;
 pub mod store;
+pub mod supervise;
 pub mod telemetry;
 
 /// Code generated from `proto/` by `build.rs`.

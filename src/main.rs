@@ -35,10 +35,20 @@ async fn run(command: Command) -> anyhow::Result<()> {
             // Signals are handled from before the address is announced: a supervisor that
             // stops the service as soon as it listens must get a graceful stop, not a kill.
             let shutdown = CancellationToken::new();
-            shutdown::cancel_on_signal(shutdown.clone()).context("installing signal handlers")?;
+            let stop = shutdown::on_stop_signals().context("installing signal handlers")?;
             let reload = shutdown::on_sighup().context("installing the SIGHUP handler")?;
             let app = Application::build(settings).await?;
-            reload.reload_tokens(app.authenticator());
+            let supervisor = app.supervisor();
+            supervisor.spawn(
+                "signal handling",
+                &shutdown,
+                stop.cancel_on_signal(shutdown.clone()),
+            );
+            supervisor.spawn(
+                "tokens reload",
+                &shutdown,
+                reload.reload_tokens(app.authenticator()),
+            );
             tracing::info!(address = %app.local_addr(), store = app.store().backend(), "listening");
             if let Some(path) = &args.address_file {
                 write_address_file(path, app.local_addr())

@@ -24,6 +24,7 @@ use crate::reaper;
 use crate::service::waiting::{DatabaseClock, Waiters};
 use crate::service::{Coordinator, InFlight, Waiting};
 use crate::store::{AnyStore, OpenError, Store};
+use crate::supervise::{Supervisor, TaskFailure};
 
 /// How long past the grace period the process may take to let go of what is left.
 const EXIT_MARGIN: Duration = Duration::from_secs(1);
@@ -42,6 +43,8 @@ pub enum StartupError {
     Serve(#[from] grpc::ServeError),
     #[error("the tokens file is not valid")]
     Tokens(#[from] TokensFileError),
+    #[error(transparent)]
+    TaskFailed(#[from] TaskFailure),
     #[error("reading {path}")]
     TlsFile {
         path: std::path::PathBuf,
@@ -61,6 +64,8 @@ pub struct Application {
     in_flight: InFlight,
     /// The TryStarts waiting for a key's holder (`None` with `--max-waiters 0`).
     waiters: Option<Waiters>,
+    /// Watches the essential tasks; one that fails stops the service with an error.
+    supervisor: Supervisor,
     settings: Settings,
 }
 
@@ -77,7 +82,11 @@ impl Application {
             .await
             .map_err(bind_error)?;
         let local_addr = listener.local_addr().map_err(bind_error)?;
-        let security = security(&settings.security, settings.operation_timeout)?;
+        let security = security(
+            &settings.security,
+            settings.operation_timeout,
+            settings.connections.clone(),
+        )?;
         Ok(Self {
             listener,
             local_addr,
@@ -86,6 +95,7 @@ impl Application {
             store_work: TaskTracker::new(),
             in_flight: InFlight::default(),
             waiters: (settings.waiting.max_waiters > 0).then(|| Waiters::new(settings.waiting)),
+            supervisor: Supervisor::new(),
             settings,
         })
     }
@@ -102,6 +112,12 @@ impl Application {
     /// The tokens in force, to reload them (on SIGHUP), when the API requires tokens.
     pub fn authenticator(&self) -> Option<Arc<Authenticator>> {
         self.security.authenticator.clone()
+    }
+
+    /// Registers essential tasks (signal handling, the tokens reload, ...): if one fails, the
+    /// service stops and `run_until_stopped` answers the failure.
+    pub fn supervisor(&self) -> Supervisor {
+        self.supervisor.clone()
     }
 
     /// The calls the store has yet to finish, whether or not their callers still wait (a
@@ -124,6 +140,7 @@ impl Application {
             in_flight,
             security,
             waiters,
+            supervisor,
             settings,
             ..
         } = self;
@@ -135,13 +152,15 @@ impl Application {
             shutdown: shutdown.clone(),
         });
         // Changes committed by any replica wake this replica's waiters.
-        let key_watch = tokio::spawn({
+        let key_watch = supervisor.spawn("key watcher", &shutdown, {
             let store = store.clone();
             let shutdown = shutdown.clone();
             async move { store.watch_keys(shutdown).await }
         });
         let waking = waiting.as_ref().map(|waiting| {
-            tokio::spawn(
+            supervisor.spawn(
+                "waiter wake-ups",
+                &shutdown,
                 waiting
                     .waiters
                     .clone()
@@ -157,18 +176,22 @@ impl Application {
             waiting,
         );
 
-        let monitor = tokio::spawn(readiness::monitor(
-            store.clone(),
-            health.clone(),
-            clock,
-            settings.readiness.clone(),
-            shutdown.clone(),
-        ));
-        let reaper = tokio::spawn(reaper::run(
-            store.clone(),
-            settings.reaper.clone(),
-            shutdown.clone(),
-        ));
+        let monitor = supervisor.spawn(
+            "health monitor",
+            &shutdown,
+            readiness::monitor(
+                store.clone(),
+                health.clone(),
+                clock,
+                settings.readiness.clone(),
+                shutdown.clone(),
+            ),
+        );
+        let reaper = supervisor.spawn(
+            "reaper",
+            &shutdown,
+            reaper::run(store.clone(), settings.reaper.clone(), shutdown.clone()),
+        );
 
         // Health flips inside the server's shutdown signal, so it is NOT_SERVING before the
         // listener closes. The signal also fixes when the grace period ends.
@@ -231,6 +254,9 @@ impl Application {
             );
         }
         tracing::info!("stopped");
+        if let Some(failure) = supervisor.failure() {
+            return Err(failure.into());
+        }
         served.map_err(StartupError::from)
     }
 }
@@ -239,6 +265,7 @@ impl Application {
 fn security(
     settings: &SecuritySettings,
     operation_timeout: std::time::Duration,
+    connections: crate::grpc::connections::ConnectionSettings,
 ) -> Result<Security, StartupError> {
     let authenticator = settings
         .tokens_file
@@ -265,5 +292,6 @@ fn security(
         tls,
         max_concurrent_streams: settings.max_concurrent_streams,
         request_read_timeout: operation_timeout,
+        connections,
     })
 }

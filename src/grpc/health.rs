@@ -2,7 +2,9 @@
 //! [`HealthState`]. Once shutdown begins, open Watch streams get NOT_SERVING and are then
 //! ended, so that they do not hold the drain for the whole grace period.
 
-use tokio::sync::mpsc;
+use std::sync::Arc;
+
+use tokio::sync::{Semaphore, mpsc};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status};
 use tonic_health::pb::health_check_response::ServingStatus as ProtoStatus;
@@ -16,11 +18,17 @@ pub const SERVICE_NAMES: [&str; 2] = ["", "idempotency.v1.IdempotencyService"];
 
 pub struct HealthApi {
     state: HealthState,
+    /// Watch streams are open to anyone (probes carry no token), so they are counted: each
+    /// holds a task and a channel for as long as its client likes.
+    watchers: Arc<Semaphore>,
 }
 
 impl HealthApi {
-    pub fn new(state: HealthState) -> Self {
-        Self { state }
+    pub fn new(state: HealthState, max_watchers: u32) -> Self {
+        Self {
+            state,
+            watchers: Arc::new(Semaphore::new(max_watchers as usize)),
+        }
     }
 }
 
@@ -55,10 +63,14 @@ impl Health for HealthApi {
         &self,
         request: Request<HealthCheckRequest>,
     ) -> Result<Response<Self::WatchStream>, Status> {
+        let Ok(watcher) = self.watchers.clone().try_acquire_owned() else {
+            return Err(super::status::too_many_watchers());
+        };
         let known = SERVICE_NAMES.contains(&request.get_ref().service.as_str());
         let mut statuses = self.state.subscribe();
         let (sender, receiver) = mpsc::channel(4);
         tokio::spawn(async move {
+            let _watcher = watcher;
             if !known {
                 // The protocol's answer for a name it does not serve. The stream stays open, as
                 // the protocol asks, until the client leaves or shutdown begins.

@@ -4,6 +4,8 @@
 //! that grpcurl decodes error details).
 
 mod auth_layer;
+pub mod codec;
+pub mod connections;
 mod convert;
 pub mod health;
 mod service;
@@ -13,7 +15,6 @@ use std::future::Future;
 use std::sync::Arc;
 
 use tokio::net::TcpListener;
-use tonic::transport::server::TcpIncoming;
 use tonic::transport::{Certificate, Identity, Server, ServerTlsConfig};
 
 use crate::auth::Authenticator;
@@ -62,6 +63,8 @@ pub struct Security {
     pub max_concurrent_streams: u32,
     /// How long a known caller may take to send its request.
     pub request_read_timeout: std::time::Duration,
+    /// Timeouts, caps and the response budget of connections.
+    pub connections: connections::ConnectionSettings,
 }
 
 /// Pings on idle connections, so that dead peers are noticed and their streams let go.
@@ -69,6 +72,14 @@ const KEEPALIVE_INTERVAL: std::time::Duration = std::time::Duration::from_secs(3
 const KEEPALIVE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 /// How long a TLS handshake may take.
 const TLS_HANDSHAKE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+/// Streams a client may open and reset before the server has accepted them, per connection,
+/// before the connection is closed with GOAWAY (the "rapid reset" attack, CVE-2023-44487). h2's
+/// default, set here so that it does not silently change.
+const MAX_PENDING_ACCEPT_RESET_STREAMS: usize = 20;
+/// Streams the server may reset because of the client's protocol errors, per connection, before
+/// it closes the connection (RUSTSEC-2024-0003). tonic passes "no limit" to hyper unless told;
+/// this is hyper's own default.
+const MAX_LOCAL_ERROR_RESET_STREAMS: usize = 1024;
 
 /// Serves until `shutdown` completes, then stops accepting, lets calls in flight finish, and
 /// returns once every connection has closed.
@@ -86,13 +97,20 @@ pub async fn serve(
 
     let reflection_v1 = reflection_builder().build_v1()?;
     let reflection_v1alpha = reflection_builder().build_v1alpha()?;
-    let health = tonic_health::pb::health_server::HealthServer::new(health::HealthApi::new(health));
+    let health = tonic_health::pb::health_server::HealthServer::new(health::HealthApi::new(
+        health,
+        security.connections.max_health_watchers,
+    ));
 
-    let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
+    let connection_settings = Arc::new(security.connections.clone());
+    let incoming = connections::Incoming::new(listener, connection_settings.clone());
+    let budget = connections::ResponseBudget::new(connection_settings);
     let mut server = Server::builder()
         .max_concurrent_streams(security.max_concurrent_streams)
         .http2_keepalive_interval(Some(KEEPALIVE_INTERVAL))
-        .http2_keepalive_timeout(Some(KEEPALIVE_TIMEOUT));
+        .http2_keepalive_timeout(Some(KEEPALIVE_TIMEOUT))
+        .http2_max_pending_accept_reset_streams(Some(MAX_PENDING_ACCEPT_RESET_STREAMS))
+        .http2_max_local_error_reset_streams(Some(MAX_LOCAL_ERROR_RESET_STREAMS));
     if let Some(tls) = &security.tls {
         let mut config = ServerTlsConfig::new()
             .identity(Identity::from_pem(&tls.certificate, &tls.private_key))
@@ -105,8 +123,12 @@ pub async fn serve(
     let door = security.authenticator.map(|authenticator| {
         auth_layer::AuthLayer::new(authenticator, decoding_limit, security.request_read_timeout)
     });
+    // Outermost first: every call, refused at the door or not, is counted on its connection.
+    let layers = tower::ServiceBuilder::new()
+        .layer(connections::ConnectionLayer::new(budget))
+        .option_layer(door);
     server
-        .layer(tower::util::option_layer(door))
+        .layer(layers)
         .add_service(health)
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)

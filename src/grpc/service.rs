@@ -4,6 +4,7 @@
 use tonic::{Request, Response, Status};
 use tracing::{Instrument, Span, field};
 
+use super::connections::ResponseSize;
 use super::convert;
 use super::status::reason;
 use crate::domain::{KeyState, Limits};
@@ -77,6 +78,19 @@ fn finish<T>(
     }
 }
 
+/// A response carrying its size, for the response budget (see `connections`). `refusable`: the
+/// call wrote nothing, so its response may be refused while too many response bytes wait for
+/// their clients.
+fn sized<M: prost::Message>(message: M, refusable: bool) -> Response<M> {
+    let size = ResponseSize {
+        bytes: message.encoded_len() as u64,
+        refusable,
+    };
+    let mut response = Response::new(message);
+    response.extensions_mut().insert(size);
+    response
+}
+
 /// Parses a request, recording INVALID_ARGUMENT as the outcome when it fails.
 fn parsed<T>(result: Result<T, Status>) -> Result<T, Status> {
     if result.is_err() {
@@ -101,7 +115,13 @@ impl IdempotencyService for IdempotencyApi {
                     .await,
                 |o| o.name(),
             )?;
-            Ok(Response::new(convert::try_start_response(outcome)))
+            let response = convert::try_start_response(outcome);
+            // Only a new claim (or re-entry) is a write; the other answers read the key.
+            let wrote = matches!(
+                response.outcome,
+                Some(pb::try_start_response::Outcome::Started(_))
+            );
+            Ok(sized(response, !wrote))
         }
         .instrument(rpc_span("TryStart"))
         .await
@@ -118,7 +138,7 @@ impl IdempotencyService for IdempotencyApi {
             ))?;
             record_scope(command.namespace.as_str());
             let completion = finish(self.coordinator.complete(command).await, |_| "completed")?;
-            Ok(Response::new(convert::complete_response(completion)))
+            Ok(sized(convert::complete_response(completion), false))
         }
         .instrument(rpc_span("Complete"))
         .await
@@ -132,7 +152,7 @@ impl IdempotencyService for IdempotencyApi {
             let command = parsed(convert::release_command(request.into_inner()))?;
             record_scope(command.namespace.as_str());
             finish(self.coordinator.release(command).await, |_| "released")?;
-            Ok(Response::new(pb::ReleaseResponse {}))
+            Ok(sized(pb::ReleaseResponse {}, false))
         }
         .instrument(rpc_span("Release"))
         .await
@@ -150,9 +170,10 @@ impl IdempotencyService for IdempotencyApi {
             record_scope(command.namespace.as_str());
             let lease_expires_at =
                 finish(self.coordinator.extend_lease(command).await, |_| "extended")?;
-            Ok(Response::new(pb::ExtendLeaseResponse {
+            let response = pb::ExtendLeaseResponse {
                 lease_expires_at: Some(convert::timestamp(lease_expires_at)),
-            }))
+            };
+            Ok(sized(response, false))
         }
         .instrument(rpc_span("ExtendLease"))
         .await
@@ -170,7 +191,7 @@ impl IdempotencyService for IdempotencyApi {
                 KeyState::InProgress { .. } => "in_progress",
                 KeyState::Completed { .. } => "completed",
             })?;
-            Ok(Response::new(convert::lookup_response(state)))
+            Ok(sized(convert::lookup_response(state), true))
         }
         .instrument(rpc_span("Lookup"))
         .await
@@ -187,7 +208,7 @@ impl IdempotencyService for IdempotencyApi {
             ))?;
             record_scope(command.consumer.as_str());
             let results = finish(self.coordinator.mark_processed(command).await, |_| "marked")?;
-            Ok(Response::new(convert::mark_processed_response(results)))
+            Ok(sized(convert::mark_processed_response(results), false))
         }
         .instrument(rpc_span("MarkProcessed"))
         .await

@@ -57,6 +57,39 @@ pub fn invalid_argument(violations: Vec<(String, String)>) -> Status {
     Status::with_error_details(Code::InvalidArgument, message, details)
 }
 
+/// A request message the protobuf decoder refused: the client's fault, so INVALID_ARGUMENT
+/// (never INTERNAL, which means a bug here). There is no field to name in a BadRequest.
+pub fn undecodable() -> Status {
+    Status::with_error_details(
+        Code::InvalidArgument,
+        "the message could not be decoded",
+        error_info("INVALID_ARGUMENT"),
+    )
+}
+
+/// A response refused because too many response bytes already wait for their clients to take
+/// them (see `connections`). Only calls that wrote nothing are refused this way.
+pub fn responses_pending() -> Status {
+    let mut details = error_info("OVERLOADED");
+    details.set_retry_info(Some(Duration::from_secs(1)));
+    Status::with_error_details(
+        Code::ResourceExhausted,
+        "too many responses are waiting for their clients to read them; retry later",
+        details,
+    )
+}
+
+/// A health Watch refused because `--max-health-watchers` streams are already open.
+pub fn too_many_watchers() -> Status {
+    let mut details = error_info("OVERLOADED");
+    details.set_retry_info(Some(Duration::from_secs(1)));
+    Status::with_error_details(
+        Code::ResourceExhausted,
+        "too many health Watch streams are open; retry later, or use Check",
+        details,
+    )
+}
+
 /// A call turned away at the door (see `auth_layer`), with an ErrorInfo like every other error
 /// and RetryInfo when waiting helps.
 pub fn refused(refusal: Refusal) -> Status {

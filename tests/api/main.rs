@@ -11,6 +11,8 @@ mod faults;
 mod grpcurl;
 mod health;
 mod hostile;
+mod hostile_clients;
+mod hostile_environment;
 mod lookup;
 mod mark_processed;
 mod model;
