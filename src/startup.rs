@@ -174,6 +174,8 @@ impl Application {
             settings.operation_timeout,
             settings.coalescing,
             waiting,
+            &supervisor,
+            &shutdown,
         );
 
         let monitor = supervisor.spawn(

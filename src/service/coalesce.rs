@@ -28,12 +28,14 @@ use std::time::Duration;
 
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
 use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use super::CoordinatorError;
 use super::in_flight::{InFlight, InFlightGuard};
 use crate::domain::batch::{Batchable, Round, round_numbers};
 use crate::store::StoreError;
+use crate::supervise::Supervisor;
 
 struct Pending<C, R> {
     command: C,
@@ -99,10 +101,15 @@ where
     C: Batchable + Send + 'static,
     R: Send + 'static,
 {
-    /// Starts the dispatcher. `execute` runs one round (no two commands share a conflict key)
-    /// and answers one result per command, in order. Batches run as tasks of `tasks`, so that
-    /// shutdown waits for them.
+    /// Starts the dispatcher, an essential task named `name` under `supervisor` (it ends only
+    /// once every handle is dropped, after `shutdown`). `execute` runs one round (no two
+    /// commands share a conflict key) and answers one result per command, in order. Batches
+    /// run as tasks of `tasks`, so that shutdown waits for them.
+    #[allow(clippy::too_many_arguments)]
     pub fn start<F, Fut>(
+        name: &'static str,
+        supervisor: &Supervisor,
+        shutdown: &CancellationToken,
         settings: CoalescerSettings,
         tasks: TaskTracker,
         in_flight: InFlight,
@@ -118,7 +125,7 @@ where
         let execute = Arc::new(execute);
         let timeout = settings.timeout;
         let max_batch = settings.max_batch.max(1);
-        tokio::spawn(async move {
+        supervisor.spawn(name, shutdown, async move {
             // A command taken from the queue that did not fit the batch before it.
             let mut carried: Option<Pending<C, R>> = None;
             loop {
@@ -303,6 +310,9 @@ mod tests {
         let seen = Arc::new(Mutex::new(Vec::new()));
         let recorded = seen.clone();
         let coalescer = Coalescer::start(
+            "test dispatcher",
+            &Supervisor::new(),
+            &CancellationToken::new(),
             settings,
             TaskTracker::new(),
             InFlight::default(),

@@ -37,6 +37,7 @@ use crate::domain::{
     TryStartOutcome, WaitTime,
 };
 use crate::store::{AnyStore, Store, StoreError};
+use crate::supervise::Supervisor;
 use tokio_util::sync::CancellationToken;
 
 /// Why an operation did not produce its answer.
@@ -132,6 +133,8 @@ impl Coordinator {
         operation_timeout: Duration,
         coalescing: Option<Coalescing>,
         waiting: Option<Waiting>,
+        supervisor: &Supervisor,
+        shutdown: &CancellationToken,
     ) -> Self {
         let coalescers = coalescing.map(|coalescing| {
             let queue_capacity = coalescing
@@ -156,6 +159,9 @@ impl Coordinator {
             };
             Coalescers {
                 try_start: Coalescer::start(
+                    "coalescer dispatcher: TryStart",
+                    supervisor,
+                    shutdown,
                     settings,
                     tasks.clone(),
                     in_flight.clone(),
@@ -165,6 +171,9 @@ impl Coordinator {
                     },
                 ),
                 complete: Coalescer::start(
+                    "coalescer dispatcher: Complete",
+                    supervisor,
+                    shutdown,
                     settings,
                     tasks.clone(),
                     in_flight.clone(),
@@ -174,6 +183,9 @@ impl Coordinator {
                     },
                 ),
                 mark_processed: Coalescer::start(
+                    "coalescer dispatcher: MarkProcessed",
+                    supervisor,
+                    shutdown,
                     mark_settings,
                     tasks.clone(),
                     in_flight.clone(),
