@@ -24,6 +24,7 @@ use crate::reaper;
 use crate::service::waiting::{DatabaseClock, Waiters};
 use crate::service::{Coordinator, InFlight, Waiting};
 use crate::store::{AnyStore, OpenError, Store};
+use crate::supervise::Lifecycle;
 use crate::supervise::{Supervisor, TaskFailure};
 
 /// How long past the grace period the process may take to let go of what is left.
@@ -174,8 +175,10 @@ impl Application {
             settings.operation_timeout,
             settings.coalescing,
             waiting,
-            &supervisor,
-            &shutdown,
+            &Lifecycle {
+                supervisor: supervisor.clone(),
+                shutdown: shutdown.clone(),
+            },
         );
 
         let monitor = supervisor.spawn(

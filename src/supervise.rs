@@ -11,6 +11,24 @@ use std::sync::{Arc, OnceLock};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
+/// What the service's background tasks answer to: the supervisor that watches them and the
+/// token that stops them.
+#[derive(Debug, Clone)]
+pub struct Lifecycle {
+    pub supervisor: Supervisor,
+    pub shutdown: CancellationToken,
+}
+
+impl Lifecycle {
+    /// Runs `task` as an essential task named `name` (see [`Supervisor::spawn`]).
+    pub fn spawn<F>(&self, name: &'static str, task: F) -> JoinHandle<()>
+    where
+        F: Future<Output = ()> + Send + 'static,
+    {
+        self.supervisor.spawn(name, &self.shutdown, task)
+    }
+}
+
 #[derive(Debug, Clone, Default)]
 pub struct Supervisor {
     inner: Arc<Inner>,

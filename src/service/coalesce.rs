@@ -28,14 +28,13 @@ use std::time::Duration;
 
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
 use tokio::time::Instant;
-use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use super::CoordinatorError;
 use super::in_flight::{InFlight, InFlightGuard};
 use crate::domain::batch::{Batchable, Round, round_numbers};
 use crate::store::StoreError;
-use crate::supervise::Supervisor;
+use crate::supervise::Lifecycle;
 
 struct Pending<C, R> {
     command: C,
@@ -101,15 +100,13 @@ where
     C: Batchable + Send + 'static,
     R: Send + 'static,
 {
-    /// Starts the dispatcher, an essential task named `name` under `supervisor` (it ends only
-    /// once every handle is dropped, after `shutdown`). `execute` runs one round (no two
+    /// Starts the dispatcher, an essential task named `name` of `lifecycle` (it ends only once
+    /// every handle is dropped, after shutdown). `execute` runs one round (no two
     /// commands share a conflict key) and answers one result per command, in order. Batches
     /// run as tasks of `tasks`, so that shutdown waits for them.
-    #[allow(clippy::too_many_arguments)]
     pub fn start<F, Fut>(
         name: &'static str,
-        supervisor: &Supervisor,
-        shutdown: &CancellationToken,
+        lifecycle: &Lifecycle,
         settings: CoalescerSettings,
         tasks: TaskTracker,
         in_flight: InFlight,
@@ -125,7 +122,7 @@ where
         let execute = Arc::new(execute);
         let timeout = settings.timeout;
         let max_batch = settings.max_batch.max(1);
-        supervisor.spawn(name, shutdown, async move {
+        lifecycle.spawn(name, async move {
             // A command taken from the queue that did not fit the batch before it.
             let mut carried: Option<Pending<C, R>> = None;
             loop {
@@ -311,8 +308,10 @@ mod tests {
         let recorded = seen.clone();
         let coalescer = Coalescer::start(
             "test dispatcher",
-            &Supervisor::new(),
-            &CancellationToken::new(),
+            &Lifecycle {
+                supervisor: crate::supervise::Supervisor::new(),
+                shutdown: tokio_util::sync::CancellationToken::new(),
+            },
             settings,
             TaskTracker::new(),
             InFlight::default(),

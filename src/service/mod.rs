@@ -37,7 +37,7 @@ use crate::domain::{
     TryStartOutcome, WaitTime,
 };
 use crate::store::{AnyStore, Store, StoreError};
-use crate::supervise::Supervisor;
+use crate::supervise::Lifecycle;
 use tokio_util::sync::CancellationToken;
 
 /// Why an operation did not produce its answer.
@@ -133,8 +133,7 @@ impl Coordinator {
         operation_timeout: Duration,
         coalescing: Option<Coalescing>,
         waiting: Option<Waiting>,
-        supervisor: &Supervisor,
-        shutdown: &CancellationToken,
+        lifecycle: &Lifecycle,
     ) -> Self {
         let coalescers = coalescing.map(|coalescing| {
             let queue_capacity = coalescing
@@ -160,8 +159,7 @@ impl Coordinator {
             Coalescers {
                 try_start: Coalescer::start(
                     "coalescer dispatcher: TryStart",
-                    supervisor,
-                    shutdown,
+                    lifecycle,
                     settings,
                     tasks.clone(),
                     in_flight.clone(),
@@ -172,8 +170,7 @@ impl Coordinator {
                 ),
                 complete: Coalescer::start(
                     "coalescer dispatcher: Complete",
-                    supervisor,
-                    shutdown,
+                    lifecycle,
                     settings,
                     tasks.clone(),
                     in_flight.clone(),
@@ -184,8 +181,7 @@ impl Coordinator {
                 ),
                 mark_processed: Coalescer::start(
                     "coalescer dispatcher: MarkProcessed",
-                    supervisor,
-                    shutdown,
+                    lifecycle,
                     mark_settings,
                     tasks.clone(),
                     in_flight.clone(),
