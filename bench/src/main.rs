@@ -7,6 +7,7 @@
 //! - `reaper-under-load` measures TryStart while the reaper clears a backlog of expired keys,
 //!   against TryStart without a backlog.
 
+mod contended;
 mod direct;
 mod load;
 mod reaper;
@@ -77,6 +78,9 @@ enum BenchCommand {
     },
     /// TryStart latency while the reaper clears a backlog of expired keys, against without.
     ReaperUnderLoad(reaper::Settings),
+    /// Callers piled up on a few keys whose holder works, then completes: waiting on the server
+    /// (TryStart's `wait`) against polling every 50 ms.
+    Contended(contended::Settings),
 }
 
 #[tokio::main]
@@ -190,6 +194,7 @@ async fn main() -> anyhow::Result<()> {
             drop_postgres_database(&postgres_server, &database).await?;
         }
         BenchCommand::ReaperUnderLoad(settings) => reaper::run(settings).await?,
+        BenchCommand::Contended(settings) => contended::run(settings).await?,
     }
     Ok(())
 }

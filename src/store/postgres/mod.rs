@@ -19,7 +19,7 @@ use std::time::Duration;
 
 use sqlx::migrate::{MigrateDatabase, Migrator};
 use sqlx::postgres::{PgConnectOptions, PgListener, PgPoolOptions};
-use sqlx::{PgPool, Postgres};
+use sqlx::{Connection, PgConnection, PgPool, Postgres};
 use tokio::sync::broadcast;
 use tokio_util::sync::CancellationToken;
 
@@ -62,6 +62,8 @@ pub struct PgStore {
     migration_options: Arc<PgConnectOptions>,
     /// The one connection that `LISTEN`s for committed changes, held by [`Store::watch_keys`].
     listen_pool: PgPool,
+    /// The listener's connection settings, to find out why it cannot connect.
+    listen_options: Arc<PgConnectOptions>,
     events: broadcast::Sender<KeyEvent>,
     url: String,
 }
@@ -106,11 +108,12 @@ impl PgStore {
         let listen_pool = PgPoolOptions::new()
             .max_connections(1)
             .acquire_timeout(budget.connection_wait)
-            .connect_lazy_with(listen_options);
+            .connect_lazy_with(listen_options.clone());
         Ok(Self {
             pool,
             probe_pool,
             listen_pool,
+            listen_options: Arc::new(listen_options),
             events: broadcast::channel(EVENTS_QUEUED).0,
             migration_options: Arc::new(migration_options),
             url: settings.url.clone(),
@@ -177,7 +180,23 @@ const LISTEN_RETRY: (Duration, Duration) = (Duration::from_millis(100), Duration
 impl PgStore {
     /// Listens on [`KEY_CHANNEL`] until the connection drops (answered `Ok`) or shutdown.
     async fn listen_until_dropped(&self, shutdown: &CancellationToken) -> Result<(), sqlx::Error> {
-        let mut listener = PgListener::connect_with(&self.listen_pool).await?;
+        let mut listener = match PgListener::connect_with(&self.listen_pool).await {
+            Ok(listener) => listener,
+            // The pool says only that it timed out: one direct attempt tells why (the database
+            // does not exist yet, authentication, the network).
+            Err(sqlx::Error::PoolTimedOut) => {
+                return Err(
+                    match PgConnection::connect_with(&self.listen_options).await {
+                        Ok(connection) => {
+                            let _ = connection.close().await;
+                            sqlx::Error::PoolTimedOut
+                        }
+                        Err(cause) => cause,
+                    },
+                );
+            }
+            Err(other) => return Err(other),
+        };
         listener.listen(KEY_CHANNEL).await?;
         // Whatever committed while nobody listened is unknown: every waiter looks again.
         let _ = self.events.send(KeyEvent::Missed);
