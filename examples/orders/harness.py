@@ -328,12 +328,22 @@ class System:
         self.broker_prefix = f"orders-example.{self.run_id}"
         self.processes: list[Process] = []
         self.started = Counter[str]()
-        create_database(self.orders_database)
-        create_database(self.notifications_database)
-        self.coordinator = Coordinator(self.coordinator_database, folder)
+        self.coordinator: Coordinator | None = None
         self.api_listen = "127.0.0.1:0"  # the first API picks a port; restarts keep it
         self.provider_address = ""
-        self.provider_address = self._start_listening("provider", {})[1]
+        try:
+            create_database(self.orders_database)
+            create_database(self.notifications_database)
+            self.coordinator = Coordinator(self.coordinator_database, folder)
+            self.provider_address = self._start_listening("provider", {})[1]
+        except BaseException:
+            self.close()
+            raise
+
+    @property
+    def coordinator_address(self) -> str:
+        assert self.coordinator is not None
+        return self.coordinator.address
 
     # --- components ---
 
@@ -342,7 +352,7 @@ class System:
             key: value for key, value in os.environ.items() if not key.startswith("EXAMPLE_FAULT")
         }
         environment.update(
-            COORDINATOR_ADDRESS=self.coordinator.address,
+            COORDINATOR_ADDRESS=self.coordinator_address,
             ORDERS_DATABASE_URL=f"{POSTGRES}/{self.orders_database}",
             NOTIFICATIONS_DATABASE_URL=f"{POSTGRES}/{self.notifications_database}",
             AMQP_URL=AMQP_URL,
@@ -441,7 +451,7 @@ class System:
                 return False
             # The service's own view, through the client's raw stub (an observer's read; the
             # client has no public Lookup).
-            with grpc.insecure_channel(self.coordinator.address) as channel:
+            with grpc.insecure_channel(self.coordinator_address) as channel:
                 stub = Stub(channel)
                 for (event_id,) in published:
                     if event_id in charged:
@@ -483,7 +493,8 @@ class System:
         )
 
     def close(self) -> None:
-        for process in [*self.processes, self.coordinator.process]:
+        coordinator = [] if self.coordinator is None else [self.coordinator.process]
+        for process in [*self.processes, *coordinator]:
             with contextlib.suppress(FileNotFoundError, ProcessLookupError):
                 if not process.exited() and process.stopped_by_signal():
                     process.signal(signal.SIGCONT)

@@ -229,6 +229,13 @@ def test_5_sigterm_to_every_component_under_load(tmp_path: Path) -> None:
         driver.start()
         # The relay holds a claimed batch until it is told to stop: SIGTERM lands mid-batch.
         await_condition(relay_in_batch.exists, "the relay to be in the middle of a batch")
+        held = [
+            row[0]
+            for row in system.orders_query(
+                "SELECT id::text FROM outbox WHERE status = 'PUBLISHING'"
+            )
+        ]
+        assert held, "the relay should be holding a claimed batch"
         answered_before = driver.answered
         for process in components.values():
             process.signal(signal.SIGTERM)
@@ -236,10 +243,15 @@ def test_5_sigterm_to_every_component_under_load(tmp_path: Path) -> None:
             assert process.wait(30) == 0, f"{name} did not stop cleanly:\n{process.log()}"
         assert answered_before < ORDER_COUNT, "the signal should land under load"
 
-        # The relay finished the batch it was in rather than abandoning it half way.
+        # The relay finished the batch it was in rather than abandoning it half way: published
+        # and marked by this relay, once, not left PUBLISHING for a reset to publish again.
         assert system.orders_query("SELECT count(*) FROM outbox WHERE status = 'PUBLISHING'") == [
             (0,)
         ]
+        batch = system.orders_query(
+            "SELECT DISTINCT status, claims FROM outbox WHERE id::text = ANY(%s)", held
+        )
+        assert batch == [("PUBLISHED", 1)]
         for component in ("relay", "payments", "payments", "notifications", "api"):
             system.start(component)
         settle(system, driver)
@@ -253,9 +265,33 @@ def test_6_coordinator_restarted_under_load(tmp_path: Path) -> None:
         driver = Driver(system.run_id, system.api_address, ORDER_COUNT)
         driver.start()
         await_condition(lambda: driver.answered >= ORDER_COUNT // 3, "a third of the orders")
-        assert system.coordinator.process.terminate_and_wait() == 0
+        coordinator = system.coordinator
+        assert coordinator is not None
+        assert coordinator.process.terminate_and_wait() == 0
         answered_before = driver.answered
-        system.coordinator.start()
+        coordinator.start()
         assert answered_before < ORDER_COUNT, "the restart should land under load"
         settle(system, driver)
         check(system, driver)
+
+
+def test_7_notifications_killed_between_its_commit_and_the_record(tmp_path: Path) -> None:
+    with running_system("7 notifications kill -9 before mark", tmp_path) as system:
+        doomed = system.start(
+            "notifications",
+            **system.fault("notifications.after_commit", "kill", after=ORDER_COUNT // 3),
+        )
+        start_back_end(system, "notifications")
+        system.start("api")
+        driver = Driver(system.run_id, system.api_address, ORDER_COUNT)
+        driver.start()
+        assert doomed.wait(60) == -signal.SIGKILL
+        system.start("notifications")
+        settle(system, driver)
+
+        # The killed delivery had committed its inbox row but was never recorded: redelivered,
+        # its handling ran again (the inbox row is still one) and the record says first time.
+        # Recording before the commit would have lost the event here; the shared checks would
+        # then find it missing from the inbox.
+        counts = check(system, driver)
+        assert counts.redeliveries_skipped == 0

@@ -14,14 +14,15 @@ import logging
 import uuid
 from typing import Any
 
+import psycopg
 from aiohttp import web
 from idempotency_client import (
     AsyncIdempotencyClient,
     AsyncLease,
-    DeadlineExceeded,
     FingerprintMismatch,
+    IdempotencyError,
     InProgress,
-    Unavailable,
+    LeaseLost,
 )
 from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool
@@ -88,10 +89,22 @@ class OrdersApi:
             response = error(409, "IN_PROGRESS", "a request with this key is still running")
             response.headers["Retry-After"] = str(max(1, round(busy.retry_after or 1)))
             return response
+        except LeaseLost:
+            # This request's claim ran out and another request with the key took it over; that
+            # one's answer is the answer, and a retry gets it.
+            response = error(409, "IN_PROGRESS", "a request with this key is still running")
+            response.headers["Retry-After"] = "1"
+            return response
         except FingerprintMismatch:
             return error(422, "IDEMPOTENCY_KEY_REUSED", "this key was used for another request")
-        except (Unavailable, DeadlineExceeded):
+        except IdempotencyError:
+            # The coordinator could not be reached or failed: nothing is known to be done, so
+            # the client must retry with the same key.
             return error(503, "COORDINATOR_UNAVAILABLE", "try again with the same key")
+        except psycopg.Error:
+            # The work failed, so run_once released the key: a retry starts afresh.
+            log.exception("order not written")
+            return error(503, "DATABASE_UNAVAILABLE", "try again with the same key")
         answer = outcome.value
         response = web.json_response(answer["body"], status=answer["status"])
         response.headers["Idempotent-Replayed"] = "true" if outcome.replayed else "false"
