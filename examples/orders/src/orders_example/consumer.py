@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 
@@ -31,10 +32,18 @@ async def consume(queue_of: Callable[[Topology], str], prefetch: int, handle: Ha
         in_hand.add(task)
         try:
             await handle(message)
+        except Exception:
+            # Unexpected (the consumer's own database down, say): hand the message back rather
+            # than hold it unacked, which with a prefetch of one would stall the consumer.
+            log.exception("message %s not handled; requeued", message.message_id)
+            with contextlib.suppress(Exception):
+                await message.nack(requeue=True)
         finally:
             in_hand.discard(task)
 
-    async with await aio_pika.connect(amqp_url()) as broker:
+    # Robust: reconnects and resumes consuming if the broker connection drops; the messages
+    # that were in hand when it dropped are redelivered by the broker.
+    async with await aio_pika.connect_robust(amqp_url()) as broker:
         channel = await broker.channel()
         await channel.set_qos(prefetch_count=prefetch)
         _, queues = await topology.declare(channel)

@@ -79,8 +79,14 @@ class Relay:
         while not self.shutdown.requested.is_set():
             try:
                 published = await asyncio.wait_for(self.one_batch(), self.batch_timeout)
-            except (psycopg.Error, aio_pika.exceptions.AMQPError, TimeoutError):
-                # The rows this batch claimed stay PUBLISHING and come back after the reset.
+            except (
+                psycopg.Error,
+                aio_pika.exceptions.AMQPError,
+                aio_pika.exceptions.ChannelInvalidStateError,
+                TimeoutError,
+            ):
+                # The rows this batch claimed stay PUBLISHING and come back after the reset; the
+                # robust connection reopens the channel if that was what failed.
                 log.exception("batch failed; trying again")
                 published = 0
             if published == 0:
@@ -129,7 +135,7 @@ async def serve() -> None:
     topology = Topology.from_environment()
     async with (
         await psycopg.AsyncConnection.connect(database_url, autocommit=True) as connection,
-        await aio_pika.connect(amqp_url()) as broker,
+        await aio_pika.connect_robust(amqp_url()) as broker,
     ):
         # Confirms on; an unroutable event raises rather than vanishing.
         channel = await broker.channel(publisher_confirms=True, on_return_raises=True)
