@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import http.client
 import json
 import os
@@ -499,13 +500,28 @@ class System:
                 if not process.exited() and process.stopped_by_signal():
                     process.signal(signal.SIGCONT)
             process.kill()
-        for database in (
-            self.orders_database,
-            self.notifications_database,
-            self.coordinator_database,
-        ):
-            drop_database(database)
-        asyncio.run(_delete_topology(self.broker_prefix))
+        # Each clean-up on its own, so that one failing (PostgreSQL restarted by somebody else
+        # on a shared machine, say) neither skips the others nor hides the scenario's own
+        # failure; what is left is named.
+        cleanups: list[tuple[str, Callable[[], None]]] = [
+            (f"database {name}", functools.partial(drop_database, name))
+            for name in (
+                self.orders_database,
+                self.notifications_database,
+                self.coordinator_database,
+            )
+        ]
+        cleanups.append(
+            (
+                f"RabbitMQ names {self.broker_prefix}.*",
+                lambda: asyncio.run(_delete_topology(self.broker_prefix)),
+            )
+        )
+        for what, cleanup in cleanups:
+            try:
+                cleanup()
+            except Exception as error:
+                print(f"could not remove {what}: {error!r}", file=sys.stderr)
 
 
 @contextlib.contextmanager
