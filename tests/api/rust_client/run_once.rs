@@ -316,6 +316,40 @@ async fn a_key_held_elsewhere_is_a_typed_in_progress_with_when_to_retry(backend:
     assert_eq!(try_starts.count(), 1, "one TryStart, held by the service");
 }
 
+async fn a_service_at_its_waiter_limit_is_asked_again_after_pauses_not_hammered(backend: Backend) {
+    // With no waiter slots, every TryStart is answered at once, as without `wait`.
+    let app = TestApp::spawn_with(backend, &["--max-waiters", "0"]).await;
+    let client = client_for(&app).await;
+    let mut raw = app.client().await;
+    let key = unique_key("charge");
+    let mut request = try_start(&key);
+    request.namespace = PAYMENTS.into();
+    request.fingerprint = Vec::new();
+    request.lease_ttl = secs(30);
+    claim(&mut raw, request).await;
+    let try_starts = TryStarts::capture();
+
+    let asked_at = std::time::Instant::now();
+    let busy = client
+        .run_once(PAYMENTS, &key)
+        .wait(Duration::from_millis(1500))
+        .run(|_lease| async { Ok::<_, PaymentError>(()) })
+        .await;
+    let waited = asked_at.elapsed();
+    assert!(
+        matches!(busy, Err(RunError::Coordinator(Error::InProgress { .. }))),
+        "{busy:?}"
+    );
+    assert!(
+        waited >= Duration::from_millis(1400),
+        "gave up after {waited:?}"
+    );
+    // Asked again while the limit lasted, but after pauses (50 ms growing to 1 s): a handful of
+    // TryStarts, not one per round trip.
+    let sent = try_starts.count();
+    assert!((3..=20).contains(&sent), "{sent} TryStarts in {waited:?}");
+}
+
 async fn bad_input_is_a_typed_invalid_argument_naming_the_field(backend: Backend) {
     let app = TestApp::spawn(backend).await;
     let client = client_for(&app).await;
@@ -396,6 +430,7 @@ for_each_backend!(
     an_error_mapped_to_a_result_is_stored_and_replayed,
     a_key_reused_for_another_request_is_a_typed_mismatch,
     a_key_held_elsewhere_is_a_typed_in_progress_with_when_to_retry,
+    a_service_at_its_waiter_limit_is_asked_again_after_pauses_not_hammered,
     bad_input_is_a_typed_invalid_argument_naming_the_field,
     mark_processed_answers_the_new_ids_and_process_once_runs_an_event_once,
 );
