@@ -98,6 +98,36 @@ testOnEveryStore('a wait that runs out is an InProgressError after about the cal
   assert.deepEqual(await first, { value: 'done', replayed: false });
 });
 
+testOnEveryStore(
+  'a service at its waiter limit is asked again after pauses, not hammered',
+  async ({ client, newClient }) => {
+    const holding = deferred();
+    const finish = deferred();
+    const first = client.runOnce('payments', 'order-no-waiters', async () => {
+      holding.resolve();
+      await finish.promise;
+      return 'done';
+    });
+    await holding.promise;
+    const recorder = new TryStartRecorder();
+    const askedAt = Date.now();
+    const error = await newClient({ channelOptions: { interceptors: [recorder.interceptor] } })
+      .runOnce('payments', 'order-no-waiters', () => assert.fail('the work must not run twice'), { waitMs: 1_500 })
+      .then(() => assert.fail('expected InProgressError'), (caught: unknown) => caught);
+    const waited = Date.now() - askedAt;
+    assert.ok(error instanceof InProgressError, `got ${String(error)}`);
+    assert.ok(waited >= 1_400, `gave up after ${waited} ms`);
+    // Asked again while the limit lasted, but after pauses (100 ms growing to 1 s): a handful of
+    // TryStarts, not one per round trip.
+    const sent = recorder.calls.length;
+    assert.ok(sent >= 3 && sent <= 20, `${sent} TryStarts in ${waited} ms`);
+    finish.resolve();
+    assert.deepEqual(await first, { value: 'done', replayed: false });
+  },
+  // With no waiter slots, every TryStart is answered at once, as without `wait`.
+  async () => ({ serverOptions: { extraArgs: ['--max-waiters', '0'] }, fixture: undefined }),
+);
+
 testOnEveryStore('work that throws releases the key, and the next runOnce runs the work again', async ({ client }) => {
   let runs = 0;
   const failure = new Error('the card network timed out');

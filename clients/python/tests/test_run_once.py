@@ -14,6 +14,7 @@ from support import (
     LogWatch,
     RawService,
     ReplyDroppingProxy,
+    StartCoordinator,
     await_condition,
     unique_key,
 )
@@ -330,6 +331,32 @@ def test_a_key_held_past_the_callers_wait_is_in_progress_with_a_retry_time(
     # The service held the one TryStart for the caller's limit, then answered.
     assert 1.2 <= waited < 4
     assert try_starts.count == 1
+
+
+def test_a_service_at_its_waiter_limit_is_asked_again_after_pauses_not_hammered(
+    start_coordinator: StartCoordinator, watch_log: Callable[[str], LogWatch]
+) -> None:
+    # With no waiter slots, every TryStart is answered at once, as without `wait`.
+    coordinator = start_coordinator("--max-waiters", "0")
+    key = unique_key()
+    raw = RawService(coordinator.address)
+    try:
+        held = raw.try_start(NAMESPACE, key, fingerprint_of(ORDER), attempt_id="holder")
+    finally:
+        raw.close()
+    assert held.WhichOneof("outcome") == "started"
+
+    try_starts = watch_log("claiming key")
+    with IdempotencyClient(coordinator.address) as client:
+        waited_from = time.monotonic()
+        with pytest.raises(InProgress):
+            client.run_once(NAMESPACE, key, lambda lease: "never", request=ORDER, wait=1.5)
+        waited = time.monotonic() - waited_from
+
+    assert waited >= 1.4
+    # Asked again while the limit lasted, but after pauses (50 ms growing to 1 s): a handful of
+    # TryStarts, not one per round trip.
+    assert 3 <= try_starts.count <= 20
 
 
 def test_bad_input_is_refused_by_the_service_naming_each_field(coordinator: Coordinator) -> None:
