@@ -287,10 +287,29 @@ impl Client {
         F: Fn(Grpc, tonic::Request<Req>) -> Fut,
         Fut: Future<Output = Result<tonic::Response<Resp>, tonic::Status>>,
     {
+        self.call_with(name, || (message.clone(), Duration::ZERO), retry, send)
+            .await
+    }
+
+    /// Like [`Client::call`], with the message made afresh for every try, together with how
+    /// long beyond the normal call timeout the service may hold that try (a TryStart's `wait`).
+    pub(crate) async fn call_with<Req, Resp, M, F, Fut>(
+        &self,
+        name: &'static str,
+        message: M,
+        retry: Retry,
+        send: F,
+    ) -> Result<Resp, Error>
+    where
+        M: Fn() -> (Req, Duration),
+        F: Fn(Grpc, tonic::Request<Req>) -> Fut,
+        Fut: Future<Output = Result<tonic::Response<Resp>, tonic::Status>>,
+    {
         let give_up_at = Instant::now() + self.retry.total;
         let mut pauses = self.retry.delays();
         loop {
-            let error = match self.call_once(message, &send).await {
+            let (request, held_for) = message();
+            let error = match self.call_once(request, held_for, &send).await {
                 Ok(answer) => return Ok(answer),
                 Err(error) => error,
             };
@@ -306,14 +325,21 @@ impl Client {
         }
     }
 
-    async fn call_once<Req, Resp, F, Fut>(&self, message: &Req, send: &F) -> Result<Resp, Error>
+    async fn call_once<Req, Resp, F, Fut>(
+        &self,
+        message: Req,
+        held_for: Duration,
+        send: &F,
+    ) -> Result<Resp, Error>
     where
-        Req: Clone,
         F: Fn(Grpc, tonic::Request<Req>) -> Fut,
         Fut: Future<Output = Result<tonic::Response<Resp>, tonic::Status>>,
     {
-        let mut request = tonic::Request::new(message.clone());
-        request.set_timeout(self.call_timeout);
+        // A call the service may hold (a waiting TryStart) gets that long on top of the normal
+        // timeout, so that the timeout does not cut the wait short.
+        let timeout = self.call_timeout.saturating_add(held_for);
+        let mut request = tonic::Request::new(message);
+        request.set_timeout(timeout);
         if let Some(authorization) = &self.authorization {
             request
                 .metadata_mut()
@@ -321,12 +347,12 @@ impl Client {
         }
         // The grpc-timeout header lets the service give up; this side's own timer covers a
         // connection that stopped answering altogether.
-        match tokio::time::timeout(self.call_timeout, send(self.grpc.clone(), request)).await {
+        match tokio::time::timeout(timeout, send(self.grpc.clone(), request)).await {
             Ok(Ok(response)) => Ok(response.into_inner()),
             Ok(Err(status)) => Err(Error::from_status(&status)),
             Err(_) => Err(Error::DeadlineExceeded(CallError::local(
                 tonic::Code::DeadlineExceeded,
-                format!("no answer within {:?}", self.call_timeout),
+                format!("no answer within {timeout:?}"),
             ))),
         }
     }

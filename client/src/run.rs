@@ -109,7 +109,8 @@ impl<'c, T, E, C> RunOnce<'c, T, E, C> {
     }
 
     /// How long to wait for another holder before failing with [`Error::InProgress`] (default
-    /// zero: answer at once).
+    /// zero: answer at once). The service holds the TryStart until the holder finishes, gives
+    /// up or its lease runs out (at most 60 s per TryStart; longer limits ask again).
     pub fn wait(mut self, wait: Duration) -> Self {
         self.wait = wait;
         self
@@ -280,7 +281,13 @@ enum Claim {
 
 /// Claims the key: TryStart with one `attempt_id` for this whole logical attempt, so that a try
 /// whose answer was lost is recognised by the service when it is sent again (the client's
-/// retries) and a poll after `in_progress` finds this caller's own claim if it had one.
+/// retries) and a TryStart after `in_progress` finds this caller's own claim if it had one.
+///
+/// The one place that waits for a holder: each TryStart asks the service to wait for it (the
+/// request's `wait`, what is left of the caller's limit, at most 60 s) and is given that long on
+/// top of the normal call timeout. A service that answers `in_progress` clearly before the wait
+/// it was asked for (it is at its waiter limit) is asked again after a short pause, so that a
+/// full service is not hammered.
 async fn claim(
     client: &Client,
     spec: &Spec,
@@ -298,13 +305,21 @@ async fn claim(
         wait: None,
     };
     let wait_until = Instant::now() + wait;
-    let mut polls = holder_poll_delays();
+    let mut pauses = holder_poll_delays();
     loop {
         let asked_at = Instant::now();
+        let asked_wait = server_wait(wait_until);
+        tracing::debug!(namespace = %spec.namespace, wait = ?asked_wait, "claiming the key");
         let answer = client
-            .call(
+            .call_with(
                 "TryStart",
-                &request,
+                || {
+                    // Recomputed for every try, so that a retry never waits past the limit.
+                    let wait = server_wait(wait_until);
+                    let mut request = request.clone();
+                    request.wait = (!wait.is_zero()).then(|| duration_message(wait));
+                    (request, wait)
+                },
                 Retry::Transient,
                 |mut grpc, r| async move { grpc.try_start(r).await },
             )
@@ -328,7 +343,8 @@ async fn claim(
             }
             Some(try_start_response::Outcome::InProgress(held)) => {
                 let remaining = wait_until.saturating_duration_since(Instant::now());
-                if remaining.is_zero() {
+                // A service that waited until (about) the limit has answered for all of it.
+                if remaining < WAIT_SLACK {
                     let lease_expires_at = system_time(held.lease_expires_at);
                     return Err(Error::InProgress {
                         lease_expires_at,
@@ -338,11 +354,13 @@ async fn claim(
                             .unwrap_or_default(),
                     });
                 }
-                // The one place that waits for a holder. Until the service serves TryStart's
-                // `wait` (field 7), this polls; then it becomes `wait = remaining` on the request.
-                tracing::debug!(namespace = %spec.namespace, "key in progress elsewhere; polling");
-                let pause = polls.next().unwrap_or(Duration::from_secs(1));
-                tokio::time::sleep(pause.min(remaining)).await;
+                // The service held the call for (about) the wait it was asked for: ask again at
+                // once. It answered clearly sooner (at its waiter limit): pause first.
+                if asked_at.elapsed() < asked_wait / 2 {
+                    tracing::debug!(namespace = %spec.namespace, "the service did not wait; pausing");
+                    let pause = pauses.next().unwrap_or(Duration::from_secs(1));
+                    tokio::time::sleep(pause.min(remaining)).await;
+                }
             }
             None => {
                 return Err(Error::Call(CallError::local(
@@ -354,8 +372,23 @@ async fn claim(
     }
 }
 
-/// Pauses between TryStarts while another caller holds the key: quick at first (most work is
-/// short), then at most one a second.
+/// What is left of the caller's limit when a waiting TryStart comes back that is too little to
+/// ask again for.
+const WAIT_SLACK: Duration = Duration::from_millis(20);
+
+/// The longest wait one TryStart may ask the service for.
+const MAX_SERVER_WAIT: Duration = Duration::from_secs(60);
+
+/// What a TryStart sent now asks the service to wait: what is left of the caller's limit, at
+/// most 60 s, in whole milliseconds.
+fn server_wait(wait_until: Instant) -> Duration {
+    let left = wait_until.saturating_duration_since(Instant::now());
+    let millis = u64::try_from(left.as_millis()).unwrap_or(u64::MAX);
+    Duration::from_millis(millis).min(MAX_SERVER_WAIT)
+}
+
+/// Pauses between TryStarts while the service answers `in_progress` without waiting (it is at
+/// its waiter limit): quick at first, then at most one a second.
 fn holder_poll_delays() -> crate::client::Backoff {
     crate::RetryPolicy {
         initial_delay: Duration::from_millis(50),

@@ -72,6 +72,8 @@ export interface TryStartRequest {
   leaseTtlMs?: number;
   retentionMs?: number;
   attemptId?: string;
+  /** How long the service may hold the call for another holder (0–60 000; default 0: at once). */
+  waitMs?: number;
 }
 
 export type TryStartOutcome =
@@ -133,7 +135,10 @@ export interface RunOnceOptions<T> {
   leaseTtlMs?: number;
   /** How long the key is kept, in milliseconds. Default: the server's (24 h unless configured). */
   retentionMs?: number;
-  /** How long to wait for another holder to finish before throwing InProgressError. Default 0. */
+  /**
+   * How long to wait for another holder to finish before throwing InProgressError. Default 0.
+   * The service holds the TryStart until the holder finishes (at most 60 s per TryStart).
+   */
   waitMs?: number;
   /** Pause between heartbeats (ExtendLease). Default: a third of `leaseTtlMs`; 0 turns them off. */
   heartbeatIntervalMs?: number;
@@ -159,9 +164,19 @@ export interface RunOnceResult<T> {
 const DEFAULT_CALL_TIMEOUT_MS = 5_000;
 const DEFAULT_LEASE_TTL_MS = 30_000;
 const DEFAULT_RETRY: RetryOptions = { initialBackoffMs: 50, maxBackoffMs: 2_000, totalMs: 15_000 };
-// Polling an in-progress key: often at first, at most once a second.
+// Pauses before asking again when the service answered in_progress without waiting (it is at
+// its waiter limit): often at first, at most once a second.
 const IN_PROGRESS_POLL = { initialMs: 100, maxMs: 1_000 };
 const MIN_POLL_MS = 25;
+/** The longest wait one TryStart may ask the service for. */
+const MAX_SERVER_WAIT_MS = 60_000;
+/** What is left of the caller's limit when a waiting TryStart comes back that is too little to ask again for. */
+const WAIT_SLACK_MS = 20;
+
+/** What a TryStart sent now asks the service to wait: what is left of the limit, at most 60 s. */
+function serverWaitMs(waitEnds: number): number {
+  return Math.max(0, Math.min(MAX_SERVER_WAIT_MS, waitEnds - Date.now()));
+}
 // A failed heartbeat (other than a lost lease) is tried again this soon, if the interval is longer.
 const HEARTBEAT_RETRY_MS = 1_000;
 
@@ -208,6 +223,7 @@ export class IdempotencyClient {
             leaseTtl: durationFromMs('leaseTtlMs', request.leaseTtlMs),
             retention: durationFromMs('retentionMs', request.retentionMs),
             attemptId: request.attemptId,
+            wait: request.waitMs ? durationFromMs('waitMs', request.waitMs) : undefined,
           },
           metadata,
           callOptions,
@@ -438,20 +454,52 @@ export class IdempotencyClient {
   }
 
   /**
-   * TryStart until the answer is not `inProgress` or `waitMs` has passed. The server does not
-   * implement TryStart's `wait` yet, so this polls; once it does, the loop becomes one call
-   * that passes the remaining wait in the request.
+   * TryStart until the answer is not `inProgress` or `waitMs` has passed: the one place that
+   * waits for a holder. Each TryStart asks the service to wait (what is left of `waitMs`, at most
+   * 60 s) and is given that long on top of the call timeout; a service that answers `inProgress`
+   * clearly before the wait it was asked for (it is at its waiter limit) is asked again after a
+   * short pause, so that a full service is not hammered.
    */
   private async claim(request: TryStartRequest, waitMs: number, signal: AbortSignal | undefined): Promise<TryStartOutcome> {
     const waitEnds = Date.now() + waitMs;
     const poll = new Backoff(IN_PROGRESS_POLL);
     for (;;) {
-      // The signal is not handed to TryStart itself: a call cancelled in flight may still have
-      // claimed the key, and the claim would be left to run out unseen. It ends the pauses.
-      const outcome = await this.withRetries(() => this.tryStart(request), signal);
+      const askedAt = Date.now();
+      const askedWaitMs = serverWaitMs(waitEnds);
+      let outcome: TryStartOutcome;
+      try {
+        outcome = await this.withRetries(() => {
+          // Recomputed for every try, so that a retry never waits past the limit.
+          const wait = serverWaitMs(waitEnds);
+          return this.tryStart({ ...request, waitMs: wait }, { timeoutMs: this.callTimeoutMs + wait, signal });
+        }, signal);
+      } catch (error) {
+        if (signal?.aborted) {
+          await this.giveBackAfterAbort(request);
+          throw signal.reason;
+        }
+        throw error;
+      }
       const remainingMs = waitEnds - Date.now();
-      if (outcome.kind !== 'inProgress' || remainingMs <= 0) return outcome;
-      await sleep(Math.min(remainingMs, poll.nextDelayMs(MIN_POLL_MS)), signal);
+      if (outcome.kind !== 'inProgress' || remainingMs < WAIT_SLACK_MS) return outcome;
+      if (Date.now() - askedAt < askedWaitMs / 2) {
+        await sleep(Math.min(remainingMs, poll.nextDelayMs(MIN_POLL_MS)), signal);
+      }
+    }
+  }
+
+  /**
+   * After the caller's signal cancelled a TryStart in flight (a wait for a holder ends at once):
+   * that TryStart may still have claimed the key, so one more TryStart with the same attempt_id
+   * and no wait finds such a claim (or claims the key if it is free) and releases it. Failing
+   * that, a claim runs out with its lease.
+   */
+  private async giveBackAfterAbort(request: TryStartRequest): Promise<void> {
+    try {
+      const outcome = await this.tryStart({ ...request, waitMs: 0 });
+      if (outcome.kind === 'started') await this.releaseQuietly(request.namespace, request.key, outcome.leaseToken);
+    } catch {
+      // Deliberately ignored; see above.
     }
   }
 

@@ -4,6 +4,7 @@ import assert from 'node:assert/strict';
 
 import { InProgressError, LeaseLostError, type Lease } from '../src';
 import { deferred, delay, testOnEveryStore } from './support/harness';
+import { TryStartRecorder } from './support/recorder';
 
 testOnEveryStore('concurrent runOnce with one key: the work runs once and every caller gets its result', async ({ client, newClient }) => {
   const callers = [client, newClient(), newClient(), newClient()];
@@ -45,6 +46,87 @@ testOnEveryStore('a caller that may not wait is told when to retry', async ({ cl
   finish.resolve();
   assert.deepEqual(await first, { value: 'done', replayed: false });
 });
+
+testOnEveryStore('a caller with a wait gets the holder result right after it finishes, from one TryStart held by the service', async ({ client, newClient }) => {
+  const holding = deferred();
+  const finish = deferred();
+  const first = client.runOnce('payments', 'order-wait', async () => {
+    holding.resolve();
+    await finish.promise;
+    return 'ch_wait';
+  });
+  await holding.promise;
+  const recorder = new TryStartRecorder();
+  let answered = false;
+  const second = newClient({ channelOptions: { interceptors: [recorder.interceptor] } })
+    .runOnce('payments', 'order-wait', () => assert.fail('the work must not run twice'), { waitMs: 20_000 })
+    .finally(() => {
+      answered = true;
+    });
+  await recorder.until((calls) => calls.length >= 1);
+  // While the holder holds, the waiting caller is not answered: its TryStart waits on the service.
+  await delay(500);
+  assert.equal(answered, false, 'the second caller waits while the holder holds');
+  finish.resolve();
+  const finishedAt = Date.now();
+  assert.deepEqual(await first, { value: 'ch_wait', replayed: false });
+  assert.deepEqual(await second, { value: 'ch_wait', replayed: true });
+  assert.ok(Date.now() - finishedAt < 3_000, `answered ${Date.now() - finishedAt} ms after the holder finished`);
+  assert.equal(recorder.calls.length, 1, 'one TryStart, held by the service, instead of polls');
+});
+
+testOnEveryStore('a wait that runs out is an InProgressError after about the caller limit, from one TryStart', async ({ client, newClient }) => {
+  const holding = deferred();
+  const finish = deferred();
+  const first = client.runOnce('payments', 'order-wait-out', async () => {
+    holding.resolve();
+    await finish.promise;
+    return 'done';
+  });
+  await holding.promise;
+  const recorder = new TryStartRecorder();
+  const askedAt = Date.now();
+  const error = await newClient({ channelOptions: { interceptors: [recorder.interceptor] } })
+    .runOnce('payments', 'order-wait-out', () => assert.fail('the work must not run twice'), { waitMs: 1_500 })
+    .then(() => assert.fail('expected InProgressError'), (caught: unknown) => caught);
+  const waited = Date.now() - askedAt;
+  assert.ok(error instanceof InProgressError, `got ${String(error)}`);
+  assert.equal(error.attempt, 1);
+  assert.ok(waited >= 1_200 && waited < 4_000, `gave up after ${waited} ms`);
+  assert.equal(recorder.calls.length, 1, 'one TryStart, held by the service for the whole limit');
+  finish.resolve();
+  assert.deepEqual(await first, { value: 'done', replayed: false });
+});
+
+testOnEveryStore(
+  'a service at its waiter limit is asked again after pauses, not hammered',
+  async ({ client, newClient }) => {
+    const holding = deferred();
+    const finish = deferred();
+    const first = client.runOnce('payments', 'order-no-waiters', async () => {
+      holding.resolve();
+      await finish.promise;
+      return 'done';
+    });
+    await holding.promise;
+    const recorder = new TryStartRecorder();
+    const askedAt = Date.now();
+    const error = await newClient({ channelOptions: { interceptors: [recorder.interceptor] } })
+      .runOnce('payments', 'order-no-waiters', () => assert.fail('the work must not run twice'), { waitMs: 1_500 })
+      .then(() => assert.fail('expected InProgressError'), (caught: unknown) => caught);
+    const waited = Date.now() - askedAt;
+    assert.ok(error instanceof InProgressError, `got ${String(error)}`);
+    assert.ok(waited >= 1_400, `gave up after ${waited} ms`);
+    // Asked again while the limit lasted, but after pauses (100 ms growing to 1 s): a handful of
+    // TryStarts, not one per round trip.
+    const sent = recorder.calls.length;
+    assert.ok(sent >= 3 && sent <= 20, `${sent} TryStarts in ${waited} ms`);
+    finish.resolve();
+    assert.deepEqual(await first, { value: 'done', replayed: false });
+  },
+  // With no waiter slots, every TryStart is answered at once, as without `wait`.
+  async () => ({ serverOptions: { extraArgs: ['--max-waiters', '0'] }, fixture: undefined }),
+);
 
 testOnEveryStore('work that throws releases the key, and the next runOnce runs the work again', async ({ client }) => {
   let runs = 0;

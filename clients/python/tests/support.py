@@ -227,16 +227,27 @@ def raw(coordinator: Coordinator) -> Iterator[RawService]:
 
 
 class LogWatch(logging.Handler):
-    """Sets `seen` once the client logs a message containing `fragment`, from any thread."""
+    """Sets `seen` once the client logs a message containing `fragment`, from any thread, and
+    counts such messages in `count`."""
 
     def __init__(self, fragment: str) -> None:
         super().__init__(logging.DEBUG)
         self.fragment = fragment
         self.seen = threading.Event()
+        self.count = 0
+        self._counted = threading.Condition()
 
     def emit(self, record: logging.LogRecord) -> None:
         if self.fragment in record.getMessage():
+            with self._counted:
+                self.count += 1
+                self._counted.notify_all()
             self.seen.set()
+
+    def reached(self, count: int, limit: float = 10.0) -> bool:
+        """Waits until `count` such messages were logged; `False` if they were not in `limit`."""
+        with self._counted:
+            return self._counted.wait_for(lambda: self.count >= count, limit)
 
 
 @pytest.fixture

@@ -18,7 +18,7 @@ def test_async_concurrent_callers_run_the_work_once(
 ) -> None:
     key = unique_key()
     runs: list[int] = []
-    second_caller_waits = watch_log("in progress; polling")
+    try_starts = watch_log("claiming key")
 
     async def main() -> None:
         holding = asyncio.Event()
@@ -26,8 +26,11 @@ def test_async_concurrent_callers_run_the_work_once(
         async def charge(lease: AsyncLease) -> dict[str, str]:
             runs.append(lease.attempt)
             holding.set()
-            # Finish only once the other caller has found the key in progress.
-            assert await asyncio.to_thread(second_caller_waits.seen.wait, 10)
+            # Finish only once the other caller has sent its TryStart, and while this holder
+            # still holds, it is not answered: it waits on the service rather than polling.
+            assert await asyncio.to_thread(try_starts.reached, 2)
+            done, _ = await asyncio.wait([second_run], timeout=0.5)
+            assert not done
             return {"charge": "ch_async"}
 
         async with (
@@ -40,6 +43,7 @@ def test_async_concurrent_callers_run_the_work_once(
                 second.run_once("orders", key, charge, request=ORDER, wait=10)
             )
             outcomes = await asyncio.wait_for(asyncio.gather(first_run, second_run), 30)
+            assert try_starts.count == 2  # one per caller: the second waited on the service
             with pytest.raises(FingerprintMismatch):
                 await second.run_once("orders", key, charge, request={"order_id": 8})
 

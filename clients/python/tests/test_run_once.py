@@ -14,6 +14,7 @@ from support import (
     LogWatch,
     RawService,
     ReplyDroppingProxy,
+    StartCoordinator,
     await_condition,
     unique_key,
 )
@@ -25,6 +26,7 @@ from idempotency_client import (
     InvalidArgument,
     Lease,
     LeaseLost,
+    Outcome,
     fingerprint_of,
 )
 
@@ -52,29 +54,47 @@ def test_two_concurrent_callers_run_the_work_once(
     key = unique_key()
     runs = Counter()
     holding = threading.Event()
-    second_caller_waits = watch_log("in progress; polling")
+    second_answered = threading.Event()
+    try_starts = watch_log("claiming key")
 
     def charge(lease: Lease) -> dict[str, Any]:
         runs.add()
         holding.set()
-        # Finish only once the other caller has found the key in progress, so that it must
-        # wait for this result rather than arrive after it.
-        assert second_caller_waits.seen.wait(SIGNAL_LIMIT)
         return {"charge": "ch_1", "attempt": lease.attempt}
+
+    def slow_charge(lease: Lease) -> dict[str, Any]:
+        value = charge(lease)
+        # Finish only once the other caller has sent its TryStart, and while this holder
+        # still holds, it is not answered: it waits on the service rather than polling.
+        assert try_starts.reached(2, SIGNAL_LIMIT)
+        assert not second_answered.wait(0.5)
+        return value
+
+    def second_caller(client: IdempotencyClient) -> Outcome[Any]:
+        try:
+            return client.run_once(NAMESPACE, key, charge, request=ORDER, wait=10)
+        finally:
+            second_answered.set()
 
     with (
         IdempotencyClient(coordinator.address) as first,
         IdempotencyClient(coordinator.address) as second,
         ThreadPoolExecutor(2) as pool,
     ):
-        first_run = pool.submit(first.run_once, NAMESPACE, key, charge, request=ORDER)
+        first_run = pool.submit(first.run_once, NAMESPACE, key, slow_charge, request=ORDER)
         assert holding.wait(SIGNAL_LIMIT)
-        second_run = pool.submit(second.run_once, NAMESPACE, key, charge, request=ORDER, wait=10)
-        outcomes = [first_run.result(30), second_run.result(30)]
+        second_run = pool.submit(second_caller, second)
+        first_outcome = first_run.result(30)
+        finished_at = time.monotonic()
+        second_outcome = second_run.result(30)
+        answered_after = time.monotonic() - finished_at
 
     assert runs.value == 1
-    assert outcomes[0].value == outcomes[1].value == {"charge": "ch_1", "attempt": 1}
-    assert [outcome.replayed for outcome in outcomes] == [False, True]
+    assert first_outcome.value == second_outcome.value == {"charge": "ch_1", "attempt": 1}
+    assert [first_outcome.replayed, second_outcome.replayed] == [False, True]
+    # Woken by the holder's Complete, having sent exactly one TryStart (one per caller).
+    assert answered_after < 3
+    assert try_starts.count == 2
 
 
 def test_work_that_raises_releases_the_key_and_the_next_call_runs_it_again(
@@ -293,21 +313,50 @@ def test_a_key_reused_for_another_request_is_a_fingerprint_mismatch(
 
 
 def test_a_key_held_past_the_callers_wait_is_in_progress_with_a_retry_time(
-    coordinator: Coordinator, raw: RawService
+    coordinator: Coordinator, raw: RawService, watch_log: Callable[[str], LogWatch]
 ) -> None:
     key = unique_key()
     held = raw.try_start(NAMESPACE, key, fingerprint_of(ORDER), attempt_id="holder")
     assert held.WhichOneof("outcome") == "started"
 
+    try_starts = watch_log("claiming key")
     with IdempotencyClient(coordinator.address) as client:
         waited_from = time.monotonic()
         with pytest.raises(InProgress) as caught:
-            client.run_once(NAMESPACE, key, lambda lease: "never", request=ORDER, wait=0.3)
+            client.run_once(NAMESPACE, key, lambda lease: "never", request=ORDER, wait=1.5)
         waited = time.monotonic() - waited_from
 
     assert caught.value.attempt == 1
     assert 20 < caught.value.retry_after <= 30  # the holder's default 30 s lease
-    assert waited >= 0.3
+    # The service held the one TryStart for the caller's limit, then answered.
+    assert 1.2 <= waited < 4
+    assert try_starts.count == 1
+
+
+def test_a_service_at_its_waiter_limit_is_asked_again_after_pauses_not_hammered(
+    start_coordinator: StartCoordinator, watch_log: Callable[[str], LogWatch]
+) -> None:
+    # With no waiter slots, every TryStart is answered at once, as without `wait`.
+    coordinator = start_coordinator("--max-waiters", "0")
+    key = unique_key()
+    raw = RawService(coordinator.address)
+    try:
+        held = raw.try_start(NAMESPACE, key, fingerprint_of(ORDER), attempt_id="holder")
+    finally:
+        raw.close()
+    assert held.WhichOneof("outcome") == "started"
+
+    try_starts = watch_log("claiming key")
+    with IdempotencyClient(coordinator.address) as client:
+        waited_from = time.monotonic()
+        with pytest.raises(InProgress):
+            client.run_once(NAMESPACE, key, lambda lease: "never", request=ORDER, wait=1.5)
+        waited = time.monotonic() - waited_from
+
+    assert waited >= 1.4
+    # Asked again while the limit lasted, but after pauses (50 ms growing to 1 s): a handful of
+    # TryStarts, not one per round trip.
+    assert 3 <= try_starts.count <= 20
 
 
 def test_bad_input_is_refused_by_the_service_naming_each_field(coordinator: Coordinator) -> None:

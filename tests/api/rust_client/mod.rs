@@ -64,19 +64,19 @@ pub enum PaymentError {
     Declined,
 }
 
-/// Counts the client's polls of a key held elsewhere (its debug event "key in progress
-/// elsewhere"), so that a test can wait until a caller is really waiting for a holder. Captures
+/// Counts the TryStarts `run_once` sends to claim a key (its debug event "claiming the key"),
+/// so that a test can tell a caller that waited on the service from one that polled. Captures
 /// the events of the current thread, which runs every task of a `#[tokio::test]`.
-pub struct Polls {
+pub struct TryStarts {
     seen: Arc<AtomicUsize>,
     _guard: tracing::subscriber::DefaultGuard,
 }
 
-impl Polls {
+impl TryStarts {
     pub fn capture() -> Self {
         use tracing_subscriber::layer::SubscriberExt;
         let seen = Arc::new(AtomicUsize::new(0));
-        let subscriber = tracing_subscriber::registry().with(PollLayer(seen.clone()));
+        let subscriber = tracing_subscriber::registry().with(TryStartLayer(seen.clone()));
         Self {
             seen,
             _guard: tracing::subscriber::set_default(subscriber),
@@ -88,15 +88,15 @@ impl Polls {
     }
 }
 
-struct PollLayer(Arc<AtomicUsize>);
+struct TryStartLayer(Arc<AtomicUsize>);
 
-impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for PollLayer {
+impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for TryStartLayer {
     fn on_event(&self, event: &tracing::Event<'_>, _: tracing_subscriber::layer::Context<'_, S>) {
         struct Message(bool);
         impl tracing::field::Visit for Message {
             fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
                 if field.name() == "message" {
-                    self.0 |= format!("{value:?}").contains("in progress elsewhere");
+                    self.0 |= format!("{value:?}").contains("claiming the key");
                 }
             }
         }

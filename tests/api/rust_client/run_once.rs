@@ -6,7 +6,7 @@ use std::time::Duration;
 use idempotency_client::{Error, Outcome, RunError};
 use serde::{Deserialize, Serialize};
 
-use super::{PAYMENTS, PaymentError, Polls, Runs, client_for, payments_state};
+use super::{PAYMENTS, PaymentError, Runs, TryStarts, client_for, payments_state};
 use crate::support::*;
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -21,7 +21,7 @@ async fn two_concurrent_callers_run_the_work_once_and_get_the_same_result(backen
     let raw = app.client().await;
     let key = unique_key("charge");
     let runs = Runs::default();
-    let polls = Polls::capture();
+    let try_starts = TryStarts::capture();
     let (started_tx, started_rx) = tokio::sync::oneshot::channel();
     let (finish_tx, finish_rx) = tokio::sync::oneshot::channel::<()>();
     let request = serde_json::json!({"order": "o-1", "amount": 1250});
@@ -65,17 +65,14 @@ async fn two_concurrent_callers_run_the_work_once_and_get_the_same_result(backen
                 .await
         })
     };
-    eventually(
-        Duration::from_secs(10),
-        "the second caller waits for the holder",
-        || async { polls.count() >= 1 },
-    )
-    .await;
+    // The second caller's TryStart waits on the service for the holder.
+    app.wait_for_waiters(1).await;
     assert!(matches!(
         payments_state(&raw, &key).await,
         pb_state::InProgress(_)
     ));
     finish_tx.send(()).expect("the work waits");
+    let finished_at = std::time::Instant::now();
 
     let first = first
         .await
@@ -85,6 +82,17 @@ async fn two_concurrent_callers_run_the_work_once_and_get_the_same_result(backen
         .await
         .expect("task")
         .expect("the second caller succeeds");
+    // Woken by the holder's Complete, not by a poll or the end of its 20 s wait.
+    assert!(
+        finished_at.elapsed() < Duration::from_secs(5),
+        "answered {:?} after the holder finished",
+        finished_at.elapsed()
+    );
+    assert_eq!(
+        try_starts.count(),
+        2,
+        "one TryStart for each caller: the second waited on the service instead of polling"
+    );
     let charge = Charge {
         id: "ch_1".into(),
         amount: 1250,
@@ -274,12 +282,15 @@ async fn a_key_held_elsewhere_is_a_typed_in_progress_with_when_to_retry(backend:
     request.fingerprint = Vec::new();
     request.lease_ttl = secs(30);
     let held = claim(&mut raw, request).await;
+    let try_starts = TryStarts::capture();
 
+    let asked_at = std::time::Instant::now();
     let busy = client
         .run_once(PAYMENTS, &key)
-        .wait(Duration::from_millis(300))
+        .wait(Duration::from_millis(1500))
         .run(|_lease| async { Ok::<_, PaymentError>(()) })
         .await;
+    let waited = asked_at.elapsed();
     let Err(RunError::Coordinator(Error::InProgress {
         attempt,
         retry_after,
@@ -297,6 +308,46 @@ async fn a_key_held_elsewhere_is_a_typed_in_progress_with_when_to_retry(backend:
         retry_after > Duration::from_secs(20) && retry_after <= Duration::from_secs(30),
         "retry after the holder's lease: {retry_after:?}"
     );
+    // The service held the one TryStart for the caller's whole limit, and answered before it.
+    assert!(
+        waited >= Duration::from_millis(1200) && waited < Duration::from_secs(4),
+        "gave up after {waited:?}"
+    );
+    assert_eq!(try_starts.count(), 1, "one TryStart, held by the service");
+}
+
+async fn a_service_at_its_waiter_limit_is_asked_again_after_pauses_not_hammered(backend: Backend) {
+    // With no waiter slots, every TryStart is answered at once, as without `wait`.
+    let app = TestApp::spawn_with(backend, &["--max-waiters", "0"]).await;
+    let client = client_for(&app).await;
+    let mut raw = app.client().await;
+    let key = unique_key("charge");
+    let mut request = try_start(&key);
+    request.namespace = PAYMENTS.into();
+    request.fingerprint = Vec::new();
+    request.lease_ttl = secs(30);
+    claim(&mut raw, request).await;
+    let try_starts = TryStarts::capture();
+
+    let asked_at = std::time::Instant::now();
+    let busy = client
+        .run_once(PAYMENTS, &key)
+        .wait(Duration::from_millis(1500))
+        .run(|_lease| async { Ok::<_, PaymentError>(()) })
+        .await;
+    let waited = asked_at.elapsed();
+    assert!(
+        matches!(busy, Err(RunError::Coordinator(Error::InProgress { .. }))),
+        "{busy:?}"
+    );
+    assert!(
+        waited >= Duration::from_millis(1400),
+        "gave up after {waited:?}"
+    );
+    // Asked again while the limit lasted, but after pauses (50 ms growing to 1 s): a handful of
+    // TryStarts, not one per round trip.
+    let sent = try_starts.count();
+    assert!((3..=20).contains(&sent), "{sent} TryStarts in {waited:?}");
 }
 
 async fn bad_input_is_a_typed_invalid_argument_naming_the_field(backend: Backend) {
@@ -379,6 +430,7 @@ for_each_backend!(
     an_error_mapped_to_a_result_is_stored_and_replayed,
     a_key_reused_for_another_request_is_a_typed_mismatch,
     a_key_held_elsewhere_is_a_typed_in_progress_with_when_to_retry,
+    a_service_at_its_waiter_limit_is_asked_again_after_pauses_not_hammered,
     bad_input_is_a_typed_invalid_argument_naming_the_field,
     mark_processed_answers_the_new_ids_and_process_once_runs_an_event_once,
 );

@@ -213,7 +213,7 @@ class RunSpec:
             error_result=error_result,
         )
 
-    def try_start_request(self, attempt_id: str) -> pb.TryStartRequest:
+    def try_start_request(self, attempt_id: str, wait: float = 0.0) -> pb.TryStartRequest:
         request = pb.TryStartRequest(
             namespace=self.namespace,
             key=self.key,
@@ -223,6 +223,8 @@ class RunSpec:
         )
         if self.retention is not None:
             request.retention.CopyFrom(duration_message(self.retention))
+        if wait > 0:
+            request.wait.CopyFrom(duration_message(wait))
         return request
 
     def complete_request(self, token: int, response: bytes) -> pb.CompleteRequest:
@@ -292,9 +294,29 @@ def read_claim(spec: RunSpec, answer: pb.TryStartResponse) -> Started | Replay |
     )
 
 
+MAX_SERVER_WAIT = 60.0
+"""The longest wait one TryStart may ask the service for (the contract's bound)."""
+
+WAIT_SLACK = 0.02
+"""What is left of the caller's limit when a waiting TryStart comes back that is too little to
+ask again for: the service waited until about the limit."""
+
+
+def server_wait(wait_until: float, now: float) -> float:
+    """What a TryStart sent now asks the service to wait: what is left of the caller's limit, at
+    most 60 s, in whole milliseconds."""
+    return max(0.0, min(MAX_SERVER_WAIT, round(wait_until - now, 3)))
+
+
+def answered_early(asked_at: float, asked_wait: float, now: float) -> bool:
+    """Whether the service answered `in_progress` clearly before the wait it was asked for (it is
+    at its waiter limit), so that the next TryStart should come after a pause."""
+    return now - asked_at < asked_wait / 2
+
+
 def holder_poll_delays() -> Iterator[float]:
-    """Pauses between TryStarts while another caller holds the key: quick at first (most work is
-    short), then at most one a second."""
+    """Pauses between TryStarts while the service answers `in_progress` without waiting (it is
+    at its waiter limit): quick at first, then at most one a second."""
     return RetryPolicy(initial_delay=0.05, max_delay=1.0, multiplier=1.5).delays()
 
 

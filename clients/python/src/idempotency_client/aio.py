@@ -18,6 +18,7 @@ import grpc.aio
 
 from ._core import (
     JSON,
+    WAIT_SLACK,
     Codec,
     Duration,
     ErrorResult,
@@ -29,6 +30,7 @@ from ._core import (
     RunSpec,
     Started,
     TlsConfig,
+    answered_early,
     call_metadata,
     duration_message,
     holder_poll_delays,
@@ -37,6 +39,7 @@ from ._core import (
     is_transient,
     new_ids,
     read_claim,
+    server_wait,
 )
 from ._proto.idempotency.v1 import idempotency_pb2 as pb
 from ._rpc import AsyncStub
@@ -255,30 +258,41 @@ class AsyncIdempotencyClient:
         # One attempt_id for the whole logical attempt, as in the sync client.
         attempt_id = uuid.uuid4().hex
         wait_until = _now() + spec.wait
-        polls = holder_poll_delays()
+        pauses = holder_poll_delays()
         while True:
+            # The one place that waits for a holder: the service holds each TryStart for what is
+            # left of the caller's limit (at most 60 s), and the call's deadline covers that wait.
             asked_at = _now()
+            asked_wait = server_wait(wait_until, asked_at)
+
+            def fresh() -> tuple[pb.TryStartRequest, float]:
+                # Recomputed for every try, so that a retry never waits past the limit.
+                wait = server_wait(wait_until, _now())
+                return spec.try_start_request(attempt_id, wait), wait
+
+            log.debug("claiming key in namespace %s (wait %.3fs)", spec.namespace, asked_wait)
             answer = await self._call(
                 self._stub.try_start,
                 spec.try_start_request(attempt_id),
                 "TryStart",
                 retry=is_transient,
+                fresh=fresh,
             )
             claim = read_claim(spec, answer)
             if not isinstance(claim, HeldElsewhere):
                 return claim, asked_at
             remaining = wait_until - _now()
-            if remaining <= 0:
+            if remaining < WAIT_SLACK:
                 raise InProgress(
                     spec.namespace,
                     spec.key,
                     lease_expires_at=claim.lease_expires_at,
                     attempt=claim.attempt,
                 )
-            # Polling until the service can wait on TryStart (field 7); then this pause becomes
-            # `wait=remaining` on the next request.
-            log.debug("key in namespace %s is in progress; polling", spec.namespace)
-            await asyncio.sleep(min(next(polls), remaining))
+            if answered_early(asked_at, asked_wait, _now()):
+                # The service is at its waiter limit: pause so that it is not hammered.
+                log.debug("the service did not wait for key in namespace %s", spec.namespace)
+                await asyncio.sleep(min(next(pauses), remaining))
 
     async def _run_holding(
         self, spec: RunSpec, lease: AsyncLease, work: Callable[[AsyncLease], Awaitable[T]]
@@ -353,13 +367,20 @@ class AsyncIdempotencyClient:
         name: str,
         *,
         retry: RetryWhen | None,
+        fresh: Callable[[], tuple[Request, float]] | None = None,
     ) -> Response:
         """One call, sent again while `retry` says so, within the retry policy's total time."""
         pauses = self._retry.delays()
         give_up_at = _now() + self._retry.total
         while True:
+            # `fresh` makes the request anew for each try, with how long beyond the normal call
+            # timeout the service may hold it (a TryStart's wait).
+            held_for = 0.0
+            if fresh is not None:
+                request, held_for = fresh()
+            timeout = self.call_timeout + held_for
             try:
-                return await method(request, timeout=self.call_timeout, metadata=self._metadata)
+                return await method(request, timeout=timeout, metadata=self._metadata)
             except grpc.aio.AioRpcError as rpc_error:
                 error = error_from_status(
                     rpc_error.code(), rpc_error.details() or "", rpc_error.trailing_metadata()

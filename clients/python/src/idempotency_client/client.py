@@ -13,6 +13,7 @@ import grpc
 
 from ._core import (
     JSON,
+    WAIT_SLACK,
     Codec,
     Duration,
     ErrorResult,
@@ -24,6 +25,7 @@ from ._core import (
     RunSpec,
     Started,
     TlsConfig,
+    answered_early,
     call_metadata,
     duration_message,
     holder_poll_delays,
@@ -32,6 +34,7 @@ from ._core import (
     is_transient,
     new_ids,
     read_claim,
+    server_wait,
 )
 from ._proto.idempotency.v1 import idempotency_pb2 as pb
 from ._rpc import Stub
@@ -277,31 +280,41 @@ class IdempotencyClient:
         # retried with it and gets its own claim back instead of `in_progress`.
         attempt_id = uuid.uuid4().hex
         wait_until = time.monotonic() + spec.wait
-        polls = holder_poll_delays()
+        pauses = holder_poll_delays()
         while True:
+            # The one place that waits for a holder: the service holds each TryStart for what is
+            # left of the caller's limit (at most 60 s), and the call's deadline covers that wait.
             asked_at = time.monotonic()
+            asked_wait = server_wait(wait_until, asked_at)
+
+            def fresh() -> tuple[pb.TryStartRequest, float]:
+                # Recomputed for every try, so that a retry never waits past the limit.
+                wait = server_wait(wait_until, time.monotonic())
+                return spec.try_start_request(attempt_id, wait), wait
+
+            log.debug("claiming key in namespace %s (wait %.3fs)", spec.namespace, asked_wait)
             answer = self._call(
                 self._stub.try_start,
                 spec.try_start_request(attempt_id),
                 "TryStart",
                 retry=is_transient,
+                fresh=fresh,
             )
             claim = read_claim(spec, answer)
             if not isinstance(claim, HeldElsewhere):
                 return claim, asked_at
             remaining = wait_until - time.monotonic()
-            if remaining <= 0:
+            if remaining < WAIT_SLACK:
                 raise InProgress(
                     spec.namespace,
                     spec.key,
                     lease_expires_at=claim.lease_expires_at,
                     attempt=claim.attempt,
                 )
-            # The service cannot wait on TryStart yet (the contract's `wait`, field 7, is not in
-            # this proto), so the client polls. When it can, this pause becomes
-            # `wait=remaining` on the next request, and the loop stays as it is.
-            log.debug("key in namespace %s is in progress; polling", spec.namespace)
-            time.sleep(min(next(polls), remaining))
+            if answered_early(asked_at, asked_wait, time.monotonic()):
+                # The service is at its waiter limit: pause so that it is not hammered.
+                log.debug("the service did not wait for key in namespace %s", spec.namespace)
+                time.sleep(min(next(pauses), remaining))
 
     def _run_holding(self, spec: RunSpec, lease: Lease, work: Callable[[Lease], T]) -> Outcome[T]:
         interval = spec.heartbeat_interval
@@ -374,14 +387,21 @@ class IdempotencyClient:
         name: str,
         *,
         retry: RetryWhen | None,
+        fresh: Callable[[], tuple[Request, float]] | None = None,
     ) -> Response:
         """One call, sent again while `retry` says so (the same request, so a TryStart keeps its
         attempt_id), within the retry policy's total time."""
         pauses = self._retry.delays()
         give_up_at = time.monotonic() + self._retry.total
         while True:
+            # `fresh` makes the request anew for each try, with how long beyond the normal call
+            # timeout the service may hold it (a TryStart's wait).
+            held_for = 0.0
+            if fresh is not None:
+                request, held_for = fresh()
+            timeout = self.call_timeout + held_for
             try:
-                return method(request, timeout=self.call_timeout, metadata=self._metadata)
+                return method(request, timeout=timeout, metadata=self._metadata)
             except grpc.RpcError as rpc_error:
                 error = _typed_error(rpc_error)
                 pause = max(next(pauses), error.retry_after or 0.0)
