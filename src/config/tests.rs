@@ -1,0 +1,256 @@
+use super::*;
+
+fn parse(args: &[&str]) -> Result<Cli, clap::Error> {
+    Cli::try_parse_from(
+        [
+            "idempotency-coordinator",
+            "--database-url",
+            "postgres://x/y",
+        ]
+        .iter()
+        .chain(args),
+    )
+}
+
+#[test]
+fn serve_is_the_default_and_defaults_match_the_contract() {
+    let Command::Serve(args) = parse(&[]).expect("parses").into_command() else {
+        panic!("expected serve");
+    };
+    let settings = args.settings().expect("valid defaults");
+    assert_eq!(settings.listen.to_string(), "127.0.0.1:50051");
+    assert_eq!(
+        settings.limits.default_lease_ttl.get(),
+        Duration::from_secs(30)
+    );
+    assert_eq!(
+        settings.limits.default_key_retention.get(),
+        Duration::from_secs(24 * 3600)
+    );
+    assert_eq!(
+        settings.limits.default_event_retention.get(),
+        Duration::from_secs(7 * 24 * 3600)
+    );
+    assert_eq!(settings.limits.max_response_bytes, 1024 * 1024);
+    assert_eq!(settings.shutdown_grace, Duration::from_secs(25));
+    assert!(settings.readiness.migrate);
+}
+
+#[test]
+fn flags_work_with_and_without_the_serve_subcommand() {
+    for args in [
+        vec![
+            "x",
+            "serve",
+            "--database-url",
+            "postgres://a/b",
+            "--pool-size",
+            "3",
+        ],
+        vec!["x", "--database-url", "postgres://a/b", "--pool-size", "3"],
+    ] {
+        let Command::Serve(serve) = Cli::try_parse_from(args).expect("parses").into_command()
+        else {
+            panic!("expected serve");
+        };
+        assert_eq!(serve.database.pool_size, 3);
+    }
+    let migrate = Cli::try_parse_from(["x", "migrate", "--database-url", "postgres://a/b"])
+        .expect("parses")
+        .into_command();
+    assert!(matches!(migrate, Command::Migrate(_)));
+}
+
+#[test]
+fn the_url_scheme_selects_the_store() {
+    let settings = |args: &[&str]| {
+        let Command::Serve(serve) = Cli::try_parse_from(args).expect("parses").into_command()
+        else {
+            panic!("expected serve");
+        };
+        serve.settings()
+    };
+    let embedded = settings(&["x"]).expect("valid");
+    assert_eq!(
+        embedded.store.location,
+        StoreLocation::Sqlite {
+            path: "./data/coordinator.db".into()
+        }
+    );
+    let custom = settings(&["x", "--sqlite-path", "/tmp/c.db"]).expect("valid");
+    assert_eq!(
+        custom.store.location,
+        StoreLocation::Sqlite {
+            path: "/tmp/c.db".into()
+        }
+    );
+    let sqlite = settings(&["x", "--database-url", "sqlite:///var/lib/c.db"]).expect("valid");
+    assert_eq!(
+        sqlite.store.location,
+        StoreLocation::Sqlite {
+            path: "/var/lib/c.db".into()
+        }
+    );
+    for url in ["postgres://u@h/d", "postgresql://u@h/d"] {
+        let postgres = settings(&["x", "--database-url", url]).expect("valid");
+        assert!(matches!(
+            postgres.store.location,
+            StoreLocation::Postgres { .. }
+        ));
+    }
+    let error = settings(&["x", "--database-url", "mysql://u@h/d"]).expect_err("refused");
+    assert_eq!(error.flag, "database-url");
+    assert!(error.problem.contains("postgres://"), "{}", error.problem);
+    for refused in ["sqlite://", "sqlite://:memory:", "sqlite://./c.db?mode=rwc"] {
+        let error = settings(&["x", "--database-url", refused]).expect_err(refused);
+        assert_eq!(error.flag, "database-url");
+    }
+}
+
+#[test]
+fn a_non_loopback_address_needs_tokens_mtls_or_a_deliberate_flag() {
+    let settings = |args: &[&str]| {
+        let Command::Serve(serve) = parse(args).expect("parses").into_command() else {
+            panic!("expected serve");
+        };
+        serve.settings()
+    };
+    let error = settings(&["--listen", "0.0.0.0:50051"]).expect_err("refused");
+    assert_eq!(error.flag, "allow-unauthenticated");
+    assert!(error.to_string().contains("--allow-unauthenticated"));
+    for allowed in [
+        &["--listen", "0.0.0.0:50051", "--tokens-file", "t"][..],
+        &["--listen", "0.0.0.0:50051", "--allow-unauthenticated"][..],
+        &[
+            "--listen",
+            "[::]:50051",
+            "--tls-cert",
+            "c",
+            "--tls-key",
+            "k",
+            "--tls-client-ca",
+            "ca",
+        ][..],
+        &["--listen", "[::1]:50051"][..],
+    ] {
+        settings(allowed).unwrap_or_else(|e| panic!("{allowed:?}: {e}"));
+    }
+    // TLS without client certificates does not authenticate callers.
+    let error = settings(&["--listen", "0.0.0.0:1", "--tls-cert", "c", "--tls-key", "k"])
+        .expect_err("refused");
+    assert_eq!(error.flag, "allow-unauthenticated");
+}
+
+#[test]
+fn security_flags_come_in_sensible_combinations() {
+    let settings = |args: &[&str]| {
+        let Command::Serve(serve) = parse(args).expect("parses").into_command() else {
+            panic!("expected serve");
+        };
+        serve.settings()
+    };
+    assert_eq!(
+        settings(&["--tls-cert", "c"]).expect_err("no key").flag,
+        "tls-cert"
+    );
+    assert_eq!(
+        settings(&["--tls-client-ca", "ca"])
+            .expect_err("no cert")
+            .flag,
+        "tls-client-ca"
+    );
+    assert_eq!(
+        settings(&["--rate-limit", "10"])
+            .expect_err("no tokens")
+            .flag,
+        "rate-limit"
+    );
+    let ok = settings(&["--tokens-file", "t", "--rate-limit", "10"]).expect("valid");
+    assert_eq!(ok.security.rate_limit, Some(10));
+    assert_eq!(ok.security.max_concurrent_streams, 256);
+}
+
+#[test]
+fn defaults_outside_the_contract_bounds_are_refused() {
+    let args = parse(&["--default-lease-ttl", "25h"]).expect("parses");
+    let Command::Serve(args) = args.into_command() else {
+        panic!("expected serve");
+    };
+    let error = args.settings().expect_err("25h is above the lease bound");
+    assert_eq!(error.flag, "default-lease-ttl");
+    assert!(parse(&["--max-response-bytes", "262143"]).is_err());
+    assert!(parse(&["--max-response-bytes", "262144"]).is_ok());
+    assert!(parse(&["--reaper-interval", "soon"]).is_err());
+}
+
+fn serve_settings(args: &[&str]) -> Result<Settings, String> {
+    let cli = parse(args).map_err(|e| e.to_string())?;
+    let Command::Serve(serve) = cli.into_command() else {
+        panic!("expected serve");
+    };
+    serve.settings().map_err(|e| e.to_string())
+}
+
+#[test]
+fn connection_limits_have_defaults_and_bounds() {
+    let defaults = serve_settings(&[]).expect("valid defaults").connections;
+    assert_eq!(defaults.handshake_timeout, Duration::from_secs(10));
+    assert_eq!(defaults.idle_timeout, Duration::from_secs(300));
+    assert_eq!(defaults.max_connections, None);
+    assert_eq!(defaults.response_send_timeout, Duration::from_secs(30));
+    assert_eq!(defaults.max_pending_response_bytes, 256 * MIB);
+    assert_eq!(defaults.max_connection_pending_response_bytes, 32 * MIB);
+    assert_eq!(defaults.max_health_watchers, 1000);
+
+    // Each bound: the value at it is taken, the one just past it refused, naming the flag.
+    let cases: [(&str, &str, &str, &str, &str); 6] = [
+        ("--max-health-watchers", "1", "0", "100000", "100001"),
+        (
+            "--connection-handshake-timeout",
+            "100ms",
+            "99ms",
+            "5m",
+            "301s",
+        ),
+        ("--connection-idle-timeout", "1s", "999ms", "24h", "86401s"),
+        ("--response-send-timeout", "1s", "999ms", "1h", "3601s"),
+        ("--max-connections", "1", "0", "1000000", "1000001"),
+        // Raised together with the server-wide limit, so that only this bound is tested.
+        (
+            "--max-pending-response-bytes",
+            "1048576",
+            "1048575",
+            "68719476736",
+            "68719476737",
+        ),
+    ];
+    for (flag, low, below, high, above) in cases {
+        let pair = |value: &'static str| -> Vec<&'static str> {
+            if flag == "--max-pending-response-bytes" {
+                vec![
+                    flag,
+                    value,
+                    "--max-connection-pending-response-bytes",
+                    "1048576",
+                ]
+            } else {
+                vec![flag, value]
+            }
+        };
+        for accepted in [low, high] {
+            serve_settings(&pair(accepted)).unwrap_or_else(|e| panic!("{flag} {accepted}: {e}"));
+        }
+        for refused in [below, above] {
+            let error = serve_settings(&pair(refused)).expect_err(refused);
+            assert!(error.contains(flag), "{flag} {refused}: {error}");
+        }
+    }
+    let per_connection = "--max-connection-pending-response-bytes";
+    for accepted in ["1048576", "268435456"] {
+        serve_settings(&[per_connection, accepted]).expect(accepted);
+    }
+    for refused in ["1048575", "268435457"] {
+        let error = serve_settings(&[per_connection, refused]).expect_err(refused);
+        assert!(error.contains(per_connection), "{refused}: {error}");
+    }
+}

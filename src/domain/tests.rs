@@ -1,0 +1,174 @@
+use super::*;
+
+fn command(fingerprint: &[u8], attempt_id: Option<&str>) -> TryStartCommand {
+    TryStartCommand {
+        namespace: Scope::parse("ns".into()).expect("valid scope"),
+        key: Key::parse("k".into()).expect("valid key"),
+        fingerprint: Fingerprint::parse(fingerprint.to_vec()).expect("valid fingerprint"),
+        lease_ttl: LeaseTtl::parse(std::time::Duration::from_secs(30)).expect("valid ttl"),
+        retention: KeyRetention::parse(std::time::Duration::from_secs(60))
+            .expect("valid retention"),
+        attempt_id: attempt_id.map(|a| {
+            AttemptId::parse(a.into())
+                .expect("valid attempt id")
+                .expect("non-empty")
+        }),
+    }
+}
+
+fn record(attempt_id: Option<&str>, completed: bool) -> KeyRecord {
+    let now = Utc::now();
+    KeyRecord {
+        lease_token: LeaseToken::from_stored(9),
+        attempt: 2,
+        attempt_id: attempt_id.map(str::to_owned),
+        lease_expires_at: now,
+        fingerprint: b"fp".to_vec(),
+        checkpoint: Some(b"cp".to_vec()),
+        response: completed.then(|| b"resp".to_vec()),
+        completed_at: completed.then_some(now),
+        retention: Duration::from_secs(60),
+        expires_at: now + chrono::Duration::hours(1),
+    }
+}
+
+#[test]
+fn fingerprint_mismatch_wins_over_attempt_id() {
+    let outcome = TryStartOutcome::from_record(
+        record(Some("a"), false),
+        false,
+        &command(b"other", Some("a")),
+    );
+    assert_eq!(outcome, TryStartOutcome::FingerprintMismatch);
+}
+
+#[test]
+fn completed_wins_over_attempt_id() {
+    let outcome =
+        TryStartOutcome::from_record(record(Some("a"), true), false, &command(b"fp", Some("a")));
+    assert_eq!(outcome.name(), "completed");
+}
+
+#[test]
+fn same_attempt_id_is_started_with_the_same_token() {
+    let outcome =
+        TryStartOutcome::from_record(record(Some("a"), false), false, &command(b"fp", Some("a")));
+    match outcome {
+        TryStartOutcome::Started(claim) => assert_eq!(claim.lease_token.get(), 9),
+        other => panic!("expected started, got {other:?}"),
+    }
+}
+
+#[test]
+fn other_attempt_ids_and_none_are_in_progress() {
+    for attempt_id in [Some("b"), None] {
+        let outcome = TryStartOutcome::from_record(
+            record(Some("a"), false),
+            false,
+            &command(b"fp", attempt_id),
+        );
+        assert_eq!(outcome.name(), "in_progress");
+    }
+    let outcome = TryStartOutcome::from_record(record(None, false), false, &command(b"fp", None));
+    assert_eq!(outcome.name(), "in_progress");
+}
+
+#[test]
+fn claim_actions_follow_the_contract_order() {
+    let now = Utc::now();
+    let past = now - chrono::Duration::seconds(1);
+    let live = |lease_expires_at, attempt_id: Option<&str>, completed| KeyRecord {
+        lease_expires_at,
+        ..record(attempt_id, completed)
+    };
+    let cmd = command(b"fp", Some("a"));
+    assert_eq!(claim_action(None, now, &cmd), ClaimAction::Fresh);
+    let expired = KeyRecord {
+        expires_at: now,
+        ..record(Some("a"), true)
+    };
+    assert_eq!(claim_action(Some(&expired), now, &cmd), ClaimAction::Fresh);
+    let other = command(b"other", Some("a"));
+    assert_eq!(
+        claim_action(Some(&live(now, Some("a"), false)), now, &other),
+        ClaimAction::Answer
+    );
+    assert_eq!(
+        claim_action(Some(&live(past, Some("a"), true)), now, &cmd),
+        ClaimAction::Answer
+    );
+    assert_eq!(
+        claim_action(Some(&live(past, Some("a"), false)), now, &cmd),
+        ClaimAction::Reenter
+    );
+    let running = now + chrono::Duration::seconds(5);
+    assert_eq!(
+        claim_action(Some(&live(running, Some("b"), false)), now, &cmd),
+        ClaimAction::Answer
+    );
+    assert_eq!(
+        claim_action(Some(&live(past, Some("b"), false)), now, &cmd),
+        ClaimAction::Takeover
+    );
+}
+
+#[test]
+fn a_takeover_keeps_the_checkpoint_and_the_later_expiry() {
+    let now = Utc::now();
+    let old = KeyRecord {
+        lease_expires_at: now - chrono::Duration::seconds(1),
+        expires_at: now + chrono::Duration::days(2),
+        ..record(Some("old"), false)
+    };
+    let cmd = command(b"fp", Some("new"));
+    let taken = claimed_record(
+        Some(old.clone()),
+        ClaimAction::Takeover,
+        now,
+        &cmd,
+        LeaseToken::from_stored(10),
+    )
+    .expect("a record");
+    assert_eq!(taken.attempt, 3);
+    assert_eq!(taken.checkpoint, old.checkpoint);
+    assert_eq!(taken.expires_at, old.expires_at);
+    assert_eq!(taken.attempt_id.as_deref(), Some("new"));
+    assert_eq!(taken.lease_token.get(), 10);
+}
+
+#[test]
+fn refusals_follow_the_contract_order() {
+    let token = LeaseToken::from_stored(5);
+    let completion = Completion {
+        completed_at: Utc::now(),
+        expires_at: Utc::now(),
+    };
+    assert_eq!(classify_refusal(None, token), Err(Rejection::KeyNotFound));
+    let completed_by_other = GuardedKey {
+        lease_token: LeaseToken::from_stored(6),
+        completion: Some(completion.clone()),
+        same_response: false,
+    };
+    assert_eq!(
+        classify_refusal(Some(completed_by_other), token),
+        Err(Rejection::LeaseLost)
+    );
+    let completed_other_response = GuardedKey {
+        lease_token: token,
+        completion: Some(completion.clone()),
+        same_response: false,
+    };
+    assert_eq!(
+        classify_refusal(Some(completed_other_response), token),
+        Err(Rejection::AlreadyCompleted)
+    );
+    let completed_same_response = GuardedKey {
+        lease_token: token,
+        completion: Some(completion.clone()),
+        same_response: true,
+    };
+    assert_eq!(
+        classify_refusal(Some(completed_same_response), token),
+        Ok(Some(completion))
+    );
+}
