@@ -166,10 +166,7 @@ impl PgStore {
                 let mut transaction = pool.begin_with(begin.clone()).await?;
                 // Unnamed: a named statement would stay on the server connection, which the
                 // pooler hands to other clients, and collide with theirs.
-                let rows = query
-                    .persistent(false)
-                    .fetch_all(&mut *transaction)
-                    .await?;
+                let rows = query.persistent(false).fetch_all(&mut *transaction).await?;
                 transaction.commit().await?;
                 Ok(rows)
             }
