@@ -276,3 +276,27 @@ async fn migrating_through_the_pooler_is_refused_with_directions() {
             || String::from_utf8_lossy(&app_refused.stdout).contains("serve with --no-migrate")
     );
 }
+
+#[tokio::test]
+async fn a_refused_connection_is_reported_as_such_not_as_a_pool_timeout() {
+    // A port nobody listens on: the pool retries refused connections until its wait runs out.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port();
+    let url = format!("postgres://postgres@127.0.0.1:{port}/nowhere");
+    let server = ServerProcess::start(&url, &["--no-migrate"]).await;
+    eventually(
+        Duration::from_secs(20),
+        "the log says why the store is not ready",
+        || async { server.output_contains("store not ready") },
+    )
+    .await;
+    let output = server.output();
+    let reported = output
+        .lines()
+        .find(|line| line.contains("store not ready"))
+        .expect("the line");
+    assert!(reported.contains("Connection refused"), "{reported}");
+    assert!(!reported.contains("pool timed out"), "{reported}");
+}

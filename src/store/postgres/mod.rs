@@ -20,7 +20,9 @@ use std::time::Duration;
 use sqlx::migrate::{MigrateDatabase, Migrator};
 use sqlx::postgres::{PgArguments, PgConnectOptions, PgListener, PgPoolOptions, PgRow};
 use sqlx::query::QueryAs;
-use sqlx::{AssertSqlSafe, FromRow, PgPool, Postgres, SqlSafeStr, SqlStr};
+use sqlx::{
+    AssertSqlSafe, Connection, FromRow, PgConnection, PgPool, Postgres, SqlSafeStr, SqlStr,
+};
 use tokio::sync::broadcast;
 use tokio_util::sync::CancellationToken;
 
@@ -61,6 +63,10 @@ pub struct PgStore {
     /// One connection of its own for health probes, so that a pool busy with calls does not
     /// look like an unreachable database.
     probe_pool: PgPool,
+    /// How the probe connects, to connect once by hand when the pool only says it timed out.
+    probe_options: Arc<PgConnectOptions>,
+    /// How long a connection may take, for that one attempt.
+    connection_wait: Duration,
     /// For migrations, which run on a connection of their own without a statement timeout.
     migration_options: Arc<PgConnectOptions>,
     /// The one connection that `LISTEN`s for committed changes, held by [`Store::watch_keys`].
@@ -119,7 +125,7 @@ impl PgStore {
         let probe_pool = PgPoolOptions::new()
             .max_connections(1)
             .acquire_timeout(budget.connection_wait)
-            .connect_lazy_with(options);
+            .connect_lazy_with(options.clone());
         let listen_options = match &settings.notify_url {
             Some(url) => url.parse::<PgConnectOptions>()?,
             None => migration_options.clone(),
@@ -137,6 +143,8 @@ impl PgStore {
             migration_options: Arc::new(migration_options),
             url: settings.url.clone(),
             begin,
+            probe_options: Arc::new(options),
+            connection_wait: budget.connection_wait,
         })
     }
 
@@ -203,6 +211,28 @@ impl PgStore {
             .into_iter()
             .next()
             .ok_or(sqlx::Error::RowNotFound)
+    }
+}
+
+impl PgStore {
+    /// Why the probe's pool could not open a connection. The pool retries failures it takes
+    /// for passing (a refused connection, a database starting up) until its wait runs out and
+    /// then says only "pool timed out"; one connection made by hand reports the cause (a
+    /// refused connection, a wrong host), which is what an operator needs to read.
+    async fn why_no_connection(&self) -> sqlx::Error {
+        let attempt = tokio::time::timeout(
+            self.connection_wait,
+            PgConnection::connect_with(&self.probe_options),
+        )
+        .await;
+        match attempt {
+            Ok(Err(cause)) => cause,
+            Ok(Ok(connection)) => {
+                let _ = connection.close().await;
+                sqlx::Error::PoolTimedOut
+            }
+            Err(_) => sqlx::Error::PoolTimedOut,
+        }
     }
 }
 
@@ -570,10 +600,14 @@ impl Store for PgStore {
     }
 
     async fn probe(&self) -> Result<(), StoreError> {
-        let (version,): (i64,) = self
+        let probed = self
             .fetch_one_on(&self.probe_pool, sqlx::query_as(schema::SCHEMA_VERSION))
-            .await
-            .map_err(classify)?;
+            .await;
+        let probed = match probed {
+            Err(sqlx::Error::PoolTimedOut) => Err(self.why_no_connection().await),
+            other => other,
+        };
+        let (version,): (i64,) = probed.map_err(classify)?;
         schema::require_version(&MIGRATOR, version)
     }
 
