@@ -189,12 +189,16 @@ impl PgStore {
         self.fetch_all_on(&self.pool, query).await
     }
 
-    /// The row `query` answers, if any (it answers at most one).
+    /// The row `query` answers, if any (it answers at most one). Directly, exactly the driver's
+    /// own `fetch_optional`, as before there was a pooler mode.
     async fn fetch_optional<O>(&self, query: Statement<'_, O>) -> Result<Option<O>, sqlx::Error>
     where
         O: Send + Unpin + for<'r> FromRow<'r, PgRow>,
     {
-        Ok(self.fetch_all(query).await?.into_iter().next())
+        match &self.begin {
+            None => query.fetch_optional(&self.pool).await,
+            Some(_) => Ok(self.fetch_all(query).await?.into_iter().next()),
+        }
     }
 
     /// The one row `query` answers.
@@ -206,11 +210,15 @@ impl PgStore {
     where
         O: Send + Unpin + for<'r> FromRow<'r, PgRow>,
     {
-        self.fetch_all_on(pool, query)
-            .await?
-            .into_iter()
-            .next()
-            .ok_or(sqlx::Error::RowNotFound)
+        match &self.begin {
+            None => query.fetch_one(pool).await,
+            Some(_) => self
+                .fetch_all_on(pool, query)
+                .await?
+                .into_iter()
+                .next()
+                .ok_or(sqlx::Error::RowNotFound),
+        }
     }
 }
 
