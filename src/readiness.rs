@@ -29,6 +29,10 @@ pub async fn monitor<S: Store>(
     shutdown: CancellationToken,
 ) {
     let mut migrated = !settings.migrate;
+    // The cause last reported while not serving: a store that never becomes ready (a refused
+    // login, a pooler refusing the connection's settings) is reported with its cause once, and
+    // again whenever the cause changes, not at every check.
+    let mut reported: Option<String> = None;
     loop {
         if !migrated {
             // Migrations are not bounded by the check timeout (a long one must finish), only by
@@ -55,15 +59,26 @@ pub async fn monitor<S: Store>(
         let previous = health.set_store_ready(ready);
         match (previous, checked) {
             (ServingStatus::Serving, _) | (ServingStatus::ShuttingDown, _) if ready => {}
-            (_, Ok(Ok(()))) => tracing::info!("store ready; serving"),
+            (_, Ok(Ok(()))) => {
+                reported = None;
+                tracing::info!("store ready; serving");
+            }
             (ServingStatus::Serving, Ok(Err(error))) => {
-                tracing::warn!(error = %error_chain(&error), "store check failed; not serving");
+                let cause = error_chain(&error);
+                tracing::warn!(error = %cause, "store check failed; not serving");
+                reported = Some(cause);
             }
             (ServingStatus::Serving, Err(_)) => {
                 tracing::warn!(timeout = ?settings.check_timeout, "store check timed out; not serving");
             }
             (_, Ok(Err(error))) => {
-                tracing::debug!(error = %error_chain(&error), "store still not ready");
+                let cause = error_chain(&error);
+                if reported.as_deref() == Some(cause.as_str()) {
+                    tracing::debug!(error = %cause, "store still not ready");
+                } else {
+                    tracing::warn!(error = %cause, "store not ready; not serving");
+                    reported = Some(cause);
+                }
             }
             (_, Err(_)) => tracing::debug!("store check still timing out"),
         }

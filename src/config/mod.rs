@@ -11,7 +11,7 @@ use crate::domain::{EventRetention, KeyRetention, LeaseTtl};
 use crate::grpc::connections::ConnectionSettings;
 use crate::readiness::ReadinessSettings;
 use crate::reaper::ReaperSettings;
-use crate::store::{StoreLocation, StoreSettings};
+use crate::store::{Pooler, StoreLocation, StoreSettings};
 use crate::telemetry::LogFormat;
 
 #[derive(Debug, Parser)]
@@ -99,6 +99,13 @@ pub struct DatabaseArgs {
     /// for deployments whose --database-url goes through a pooler in transaction mode.
     #[arg(long, env = "IDEMPOTENCY_NOTIFY_DATABASE_URL", hide_env_values = true)]
     pub notify_database_url: Option<String>,
+
+    /// PostgreSQL only: `transaction` when --database-url goes through a pooler in transaction
+    /// mode (PgBouncer's pool_mode = transaction): no startup options, each statement in a
+    /// transaction of its own with SET LOCAL statement_timeout, no kept prepared statements.
+    /// Needs --notify-database-url and --no-migrate (migrate through a direct URL).
+    #[arg(long, env = "IDEMPOTENCY_POOLER", value_enum, default_value_t = Pooler::None)]
+    pub pooler: Pooler,
 }
 
 #[derive(Debug, Clone, Args)]
@@ -380,14 +387,52 @@ impl DatabaseArgs {
                 });
             }
         };
+        if self.pooler == Pooler::Transaction {
+            if let StoreLocation::Sqlite { .. } = location {
+                return Err(SettingError {
+                    flag: "pooler",
+                    problem: "applies to PostgreSQL only".into(),
+                });
+            }
+            if notify_url.is_none() {
+                return Err(SettingError {
+                    flag: "pooler",
+                    problem: "transaction needs --notify-database-url: a direct connection to \
+                              PostgreSQL on which to LISTEN, which a pooler in transaction mode \
+                              cannot hold"
+                        .into(),
+                });
+            }
+        }
         Ok(StoreSettings {
             location,
             pool_size: self.pool_size,
             operation_timeout: nonzero("operation-timeout", self.operation_timeout)?,
             notify_url,
+            pooler: self.pooler,
         })
     }
 }
+
+impl MigrateArgs {
+    /// The store to migrate: never through a pooler in transaction mode, whose pooled
+    /// connections cannot hold the migrator's session lock or its prepared statements.
+    pub fn store_settings(&self) -> Result<StoreSettings, SettingError> {
+        if self.database.pooler == Pooler::Transaction {
+            return Err(SettingError {
+                flag: "pooler",
+                problem: MIGRATE_THROUGH_POOLER.into(),
+            });
+        }
+        self.database.store_settings()
+    }
+}
+
+/// Why migrations are refused with `--pooler transaction`.
+const MIGRATE_THROUGH_POOLER: &str = "transaction cannot migrate: migrations need a session \
+    (an advisory lock, prepared statements) that a pooler in transaction mode does not keep; \
+    run `idempotency-coordinator migrate` with --database-url pointing at PostgreSQL directly \
+    (without --pooler), and serve with --no-migrate";
 
 impl ServeArgs {
     fn security(&self) -> Result<SecuritySettings, SettingError> {
@@ -448,6 +493,12 @@ impl ServeArgs {
             }
         };
         let store = self.database.store_settings()?;
+        if store.pooler == Pooler::Transaction && !self.no_migrate {
+            return Err(SettingError {
+                flag: "pooler",
+                problem: MIGRATE_THROUGH_POOLER.into(),
+            });
+        }
         let operation_timeout = store.operation_timeout;
         let limits = Limits {
             default_lease_ttl: LeaseTtl::parse(self.default_lease_ttl)

@@ -254,3 +254,74 @@ fn connection_limits_have_defaults_and_bounds() {
         assert!(error.contains(per_connection), "{refused}: {error}");
     }
 }
+
+#[test]
+fn pooler_transaction_needs_a_direct_notify_url_no_migrate_and_postgresql() {
+    let direct = ["--notify-database-url", "postgres://direct/y"];
+    let settings =
+        serve_settings(&[&["--pooler", "transaction", "--no-migrate"][..], &direct].concat())
+            .expect("transaction with a notify URL and --no-migrate");
+    assert_eq!(settings.store.pooler, Pooler::Transaction);
+    assert_eq!(
+        serve_settings(&[]).expect("defaults").store.pooler,
+        Pooler::None
+    );
+
+    let without_notify = serve_settings(&["--pooler", "transaction", "--no-migrate"])
+        .expect_err("LISTEN needs a direct connection");
+    assert!(
+        without_notify.contains("--notify-database-url"),
+        "{without_notify}"
+    );
+    let migrating = serve_settings(&[&["--pooler", "transaction"][..], &direct].concat())
+        .expect_err("migrating through the pooler");
+    assert!(migrating.contains("--no-migrate"), "{migrating}");
+    assert!(
+        parse(&["--pooler", "session"]).is_err(),
+        "only none and transaction"
+    );
+
+    let Command::Migrate(migrate) = Cli::try_parse_from([
+        "idempotency-coordinator",
+        "migrate",
+        "--database-url",
+        "postgres://x/y",
+        "--pooler",
+        "transaction",
+    ])
+    .expect("parses")
+    .into_command() else {
+        panic!("expected migrate");
+    };
+    let refused = migrate
+        .store_settings()
+        .expect_err("migrate through the pooler");
+    assert!(refused.to_string().contains("directly"), "{refused}");
+}
+
+#[test]
+fn pooler_is_refused_for_the_embedded_store_and_read_from_its_variable() {
+    let Command::Serve(serve) = Cli::try_parse_from([
+        "idempotency-coordinator",
+        "--database-url",
+        "sqlite://x.db",
+        "--pooler",
+        "transaction",
+        "--no-migrate",
+    ])
+    .expect("parses")
+    .into_command() else {
+        panic!("expected serve");
+    };
+    let error = serve.settings().expect_err("SQLite has no pooler");
+    assert!(error.to_string().contains("pooler"), "{error}");
+    // The variable is declared on the flag (read by clap at parse time).
+    let declared = <ServeArgs as clap::Args>::augment_args(clap::Command::new("t"))
+        .get_arguments()
+        .find(|a| a.get_id() == "pooler")
+        .and_then(|a| a.get_env().map(|v| v.to_owned()));
+    assert_eq!(
+        declared.as_deref(),
+        Some(std::ffi::OsStr::new("IDEMPOTENCY_POOLER"))
+    );
+}

@@ -163,6 +163,21 @@ pub struct StoreSettings {
     /// PostgreSQL only: where to `LISTEN` for other replicas' changes, when not the database
     /// URL itself (a connection pooler in transaction mode cannot hold a `LISTEN`).
     pub notify_url: Option<String>,
+    /// What stands between the service and PostgreSQL.
+    pub pooler: Pooler,
+}
+
+/// What stands between the service and PostgreSQL (`--pooler`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum Pooler {
+    /// A direct connection, or a pooler in session mode: settings go in the startup packet and
+    /// statements are prepared once per connection.
+    #[default]
+    None,
+    /// A pooler in transaction mode (PgBouncer `pool_mode = transaction`): nothing outlives a
+    /// transaction, so every statement runs in one of its own that sets its timeout with
+    /// `SET LOCAL`, statements are not kept prepared, and migrations are refused.
+    Transaction,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -189,6 +204,7 @@ impl AnyStore {
                 notify_url: settings.notify_url.clone(),
                 pool_size: settings.pool_size,
                 operation_timeout: settings.operation_timeout,
+                pooler: settings.pooler,
             })
             .map(Self::Postgres)
             .map_err(OpenError::Postgres),

@@ -192,6 +192,7 @@ async fn store_probe_requires_the_full_schema(backend: Backend) {
     let location = StoreLocation::from_url(&database.url).expect("a store URL");
     let store = AnyStore::open_lazy(&StoreSettings {
         notify_url: None,
+        pooler: Default::default(),
         location,
         pool_size: 2,
         operation_timeout: Duration::from_secs(5),

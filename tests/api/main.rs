@@ -16,6 +16,7 @@ mod hostile_environment;
 mod lookup;
 mod mark_processed;
 mod model;
+mod pgbouncer;
 mod reflection;
 mod release;
 mod retention;

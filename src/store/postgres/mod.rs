@@ -18,8 +18,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use sqlx::migrate::{MigrateDatabase, Migrator};
-use sqlx::postgres::{PgConnectOptions, PgListener, PgPoolOptions};
-use sqlx::{Connection, PgConnection, PgPool, Postgres};
+use sqlx::postgres::{PgArguments, PgConnectOptions, PgListener, PgPoolOptions, PgRow};
+use sqlx::query::QueryAs;
+use sqlx::{
+    AssertSqlSafe, Connection, FromRow, PgConnection, PgPool, Postgres, SqlSafeStr, SqlStr,
+};
 use tokio::sync::broadcast;
 use tokio_util::sync::CancellationToken;
 
@@ -27,7 +30,7 @@ use self::error::classify;
 use self::rows::{CompleteRow, GuardRow, KeyRow, MarkRow, TryStartBatchRow, TryStartRow};
 use self::sql::*;
 use super::schema;
-use super::{KeyEvent, Store, StoreError};
+use super::{KeyEvent, Pooler, Store, StoreError};
 use crate::domain::batch::Round;
 use crate::domain::budget::TimeBudget;
 use crate::domain::{
@@ -49,6 +52,8 @@ pub struct PgSettings {
     /// statement that runs too long (`statement_timeout`), so a timeout it reports means that
     /// nothing was written.
     pub operation_timeout: Duration,
+    /// What stands between the service and PostgreSQL.
+    pub pooler: Pooler,
 }
 
 #[derive(Clone)]
@@ -58,6 +63,10 @@ pub struct PgStore {
     /// One connection of its own for health probes, so that a pool busy with calls does not
     /// look like an unreachable database.
     probe_pool: PgPool,
+    /// How the probe connects, to connect once by hand when the pool only says it timed out.
+    probe_options: Arc<PgConnectOptions>,
+    /// How long a connection may take, for that one attempt.
+    connection_wait: Duration,
     /// For migrations, which run on a connection of their own without a statement timeout.
     migration_options: Arc<PgConnectOptions>,
     /// The one connection that `LISTEN`s for committed changes, held by [`Store::watch_keys`].
@@ -66,6 +75,9 @@ pub struct PgStore {
     listen_options: Arc<PgConnectOptions>,
     events: broadcast::Sender<KeyEvent>,
     url: String,
+    /// Behind a pooler in transaction mode: the statement that opens the transaction each
+    /// statement runs in, with the settings a direct connection gets in its startup packet.
+    begin: Option<SqlStr>,
 }
 
 impl std::fmt::Debug for PgStore {
@@ -88,10 +100,26 @@ impl PgStore {
         // Generic plans: every statement here is an index lookup or a walk over unnest()ed
         // arrays, whose best plan does not depend on the values, and re-planning the larger
         // statements for each call costs more than running them.
-        let options = migration_options.clone().options([
-            ("statement_timeout", statement_timeout_ms.as_str()),
-            ("plan_cache_mode", "force_generic_plan"),
-        ]);
+        let (options, begin) = match settings.pooler {
+            Pooler::None => (
+                migration_options.clone().options([
+                    ("statement_timeout", statement_timeout_ms.as_str()),
+                    ("plan_cache_mode", "force_generic_plan"),
+                ]),
+                None,
+            ),
+            // A pooler in transaction mode refuses startup options (PgBouncer: "unsupported
+            // startup parameter: options") and hands each transaction whichever server
+            // connection is free: settings are made per transaction, and no statement is kept
+            // prepared (each is unnamed, parsed again in the transaction that runs it).
+            Pooler::Transaction => (
+                migration_options.clone(),
+                Some(SqlSafeStr::into_sql_str(AssertSqlSafe(format!(
+                    "BEGIN; SET LOCAL statement_timeout = {statement_timeout_ms}; \
+                     SET LOCAL plan_cache_mode = force_generic_plan"
+                )))),
+            ),
+        };
         let pool = PgPoolOptions::new()
             .max_connections(settings.pool_size)
             .acquire_timeout(budget.connection_wait)
@@ -99,7 +127,7 @@ impl PgStore {
         let probe_pool = PgPoolOptions::new()
             .max_connections(1)
             .acquire_timeout(budget.connection_wait)
-            .connect_lazy_with(options);
+            .connect_lazy_with(options.clone());
         let listen_options = match &settings.notify_url {
             Some(url) => url.parse::<PgConnectOptions>()?,
             None => migration_options.clone(),
@@ -117,12 +145,105 @@ impl PgStore {
             events: broadcast::channel(EVENTS_QUEUED).0,
             migration_options: Arc::new(migration_options),
             url: settings.url.clone(),
+            begin,
+            probe_options: Arc::new(options),
+            connection_wait: budget.connection_wait,
         })
     }
 
     /// The pool, for tests and tools that inspect the database directly.
     pub fn pool(&self) -> &PgPool {
         &self.pool
+    }
+}
+
+/// A query of the store, answered by rows of type `O`.
+type Statement<'q, O> = QueryAs<'q, Postgres, O, PgArguments>;
+
+impl PgStore {
+    /// Runs `query` on `pool` and answers its rows: directly, or behind a pooler in transaction
+    /// mode in a transaction of its own that first sets the statement's timeout.
+    async fn fetch_all_on<O>(
+        &self,
+        pool: &PgPool,
+        query: Statement<'_, O>,
+    ) -> Result<Vec<O>, sqlx::Error>
+    where
+        O: Send + Unpin + for<'r> FromRow<'r, PgRow>,
+    {
+        match &self.begin {
+            None => query.fetch_all(pool).await,
+            Some(begin) => {
+                let mut transaction = pool.begin_with(begin.clone()).await?;
+                // Unnamed: a named statement would stay on the server connection, which the
+                // pooler hands to other clients, and collide with theirs.
+                let rows = query.persistent(false).fetch_all(&mut *transaction).await?;
+                transaction.commit().await?;
+                Ok(rows)
+            }
+        }
+    }
+
+    /// [`Self::fetch_all_on`] on the pool that serves the RPCs.
+    async fn fetch_all<O>(&self, query: Statement<'_, O>) -> Result<Vec<O>, sqlx::Error>
+    where
+        O: Send + Unpin + for<'r> FromRow<'r, PgRow>,
+    {
+        self.fetch_all_on(&self.pool, query).await
+    }
+
+    /// The row `query` answers, if any (it answers at most one). Directly, exactly the driver's
+    /// own `fetch_optional`, as before there was a pooler mode.
+    async fn fetch_optional<O>(&self, query: Statement<'_, O>) -> Result<Option<O>, sqlx::Error>
+    where
+        O: Send + Unpin + for<'r> FromRow<'r, PgRow>,
+    {
+        match &self.begin {
+            None => query.fetch_optional(&self.pool).await,
+            Some(_) => Ok(self.fetch_all(query).await?.into_iter().next()),
+        }
+    }
+
+    /// The one row `query` answers.
+    async fn fetch_one_on<O>(
+        &self,
+        pool: &PgPool,
+        query: Statement<'_, O>,
+    ) -> Result<O, sqlx::Error>
+    where
+        O: Send + Unpin + for<'r> FromRow<'r, PgRow>,
+    {
+        match &self.begin {
+            None => query.fetch_one(pool).await,
+            Some(_) => self
+                .fetch_all_on(pool, query)
+                .await?
+                .into_iter()
+                .next()
+                .ok_or(sqlx::Error::RowNotFound),
+        }
+    }
+}
+
+impl PgStore {
+    /// Why the probe's pool could not open a connection. The pool retries failures it takes
+    /// for passing (a refused connection, a database starting up) until its wait runs out and
+    /// then says only "pool timed out"; one connection made by hand reports the cause (a
+    /// refused connection, a wrong host), which is what an operator needs to read.
+    async fn why_no_connection(&self) -> sqlx::Error {
+        let attempt = tokio::time::timeout(
+            self.connection_wait,
+            PgConnection::connect_with(&self.probe_options),
+        )
+        .await;
+        match attempt {
+            Ok(Err(cause)) => cause,
+            Ok(Ok(connection)) => {
+                let _ = connection.close().await;
+                sqlx::Error::PoolTimedOut
+            }
+            Err(_) => sqlx::Error::PoolTimedOut,
+        }
     }
 }
 
@@ -137,7 +258,7 @@ impl PgStore {
     /// and completed keys never reopen, so what the read finds explains the refusal; should it
     /// find the caller holding an in-progress key after all (which only a token guessed before
     /// it was handed out can cause), the write is tried again.
-    async fn guarded_write<T, F, Fut>(
+    async fn guarded_write<'q, T, F>(
         &self,
         namespace: &str,
         key: &str,
@@ -145,17 +266,15 @@ impl PgStore {
         mut write: F,
     ) -> Result<Result<T, Rejection>, StoreError>
     where
-        F: FnMut() -> Fut,
-        Fut: std::future::Future<Output = Result<Option<T>, sqlx::Error>>,
+        F: FnMut() -> Statement<'q, T>,
+        T: Send + Unpin + for<'r> FromRow<'r, PgRow>,
     {
         for _ in 0..GUARD_ATTEMPTS {
-            if let Some(applied) = write().await.map_err(classify)? {
+            if let Some(applied) = self.fetch_optional(write()).await.map_err(classify)? {
                 return Ok(Ok(applied));
             }
-            let found: Option<GuardRow> = sqlx::query_as(GUARD_STATE)
-                .bind(namespace)
-                .bind(key)
-                .fetch_optional(&self.pool)
+            let found: Option<GuardRow> = self
+                .fetch_optional(sqlx::query_as(GUARD_STATE).bind(namespace).bind(key))
                 .await
                 .map_err(classify)?;
             match classify_refusal(found.map(GuardedKey::from), token) {
@@ -225,14 +344,17 @@ fn failed<T>(error: StoreError, count: usize) -> Vec<Result<T, StoreError>> {
 
 impl Store for PgStore {
     async fn try_start(&self, command: TryStartCommand) -> Result<TryStartOutcome, StoreError> {
-        let row: TryStartRow = sqlx::query_as(TRY_START)
-            .bind(command.namespace.as_str())
-            .bind(command.key.as_str())
-            .bind(command.fingerprint.as_bytes())
-            .bind(command.lease_ttl.as_micros())
-            .bind(command.retention.as_micros())
-            .bind(command.attempt_id.as_ref().map(|a| a.as_str()))
-            .fetch_one(&self.pool)
+        let row: TryStartRow = self
+            .fetch_one_on(
+                &self.pool,
+                sqlx::query_as(TRY_START)
+                    .bind(command.namespace.as_str())
+                    .bind(command.key.as_str())
+                    .bind(command.fingerprint.as_bytes())
+                    .bind(command.lease_ttl.as_micros())
+                    .bind(command.retention.as_micros())
+                    .bind(command.attempt_id.as_ref().map(|a| a.as_str())),
+            )
             .await
             .map_err(classify)?;
         Ok(TryStartOutcome::from_record(
@@ -274,14 +396,16 @@ impl Store for PgStore {
             .iter()
             .map(|c| c.attempt_id.as_ref().map(|a| a.as_str()))
             .collect();
-        let rows: Vec<TryStartBatchRow> = match sqlx::query_as(TRY_START_BATCH)
-            .bind(&namespaces)
-            .bind(&keys)
-            .bind(&fingerprints)
-            .bind(&leases)
-            .bind(&retentions)
-            .bind(&attempt_ids)
-            .fetch_all(&self.pool)
+        let rows: Vec<TryStartBatchRow> = match self
+            .fetch_all(
+                sqlx::query_as(TRY_START_BATCH)
+                    .bind(&namespaces)
+                    .bind(&keys)
+                    .bind(&fingerprints)
+                    .bind(&leases)
+                    .bind(&retentions)
+                    .bind(&attempt_ids),
+            )
             .await
         {
             Ok(rows) => rows,
@@ -320,13 +444,15 @@ impl Store for PgStore {
             .iter()
             .map(|c| c.retention.map(|r| r.as_micros()))
             .collect();
-        let rows: Vec<CompleteRow> = match sqlx::query_as(COMPLETE)
-            .bind(&namespaces)
-            .bind(&keys)
-            .bind(&tokens)
-            .bind(&responses)
-            .bind(&retentions)
-            .fetch_all(&self.pool)
+        let rows: Vec<CompleteRow> = match self
+            .fetch_all(
+                sqlx::query_as(COMPLETE)
+                    .bind(&namespaces)
+                    .bind(&keys)
+                    .bind(&tokens)
+                    .bind(&responses)
+                    .bind(&retentions),
+            )
             .await
         {
             Ok(rows) => rows,
@@ -356,7 +482,6 @@ impl Store for PgStore {
                         .bind(command.namespace.as_str())
                         .bind(command.key.as_str())
                         .bind(command.lease_token.get())
-                        .fetch_optional(&self.pool)
                 },
             )
             .await?;
@@ -381,7 +506,6 @@ impl Store for PgStore {
                         .bind(command.lease_ttl.as_micros())
                         .bind(checkpoint.is_some())
                         .bind(checkpoint)
-                        .fetch_optional(&self.pool)
                 },
             )
             .await?;
@@ -389,10 +513,12 @@ impl Store for PgStore {
     }
 
     async fn lookup(&self, query: LookupQuery) -> Result<KeyState, StoreError> {
-        let row: Option<KeyRow> = sqlx::query_as(LOOKUP)
-            .bind(query.namespace.as_str())
-            .bind(query.key.as_str())
-            .fetch_optional(&self.pool)
+        let row: Option<KeyRow> = self
+            .fetch_optional(
+                sqlx::query_as(LOOKUP)
+                    .bind(query.namespace.as_str())
+                    .bind(query.key.as_str()),
+            )
             .await
             .map_err(classify)?;
         Ok(KeyState::of(row.map(KeyRecord::from)))
@@ -427,11 +553,13 @@ impl Store for PgStore {
                 retentions.push(command.retention.as_micros());
             }
         }
-        let rows: Result<Vec<MarkRow>, StoreError> = sqlx::query_as(MARK_PROCESSED)
-            .bind(&consumers)
-            .bind(&ids)
-            .bind(&retentions)
-            .fetch_all(&self.pool)
+        let rows: Result<Vec<MarkRow>, StoreError> = self
+            .fetch_all(
+                sqlx::query_as(MARK_PROCESSED)
+                    .bind(&consumers)
+                    .bind(&ids)
+                    .bind(&retentions),
+            )
             .await
             .map_err(classify);
         match rows {
@@ -459,18 +587,19 @@ impl Store for PgStore {
     }
 
     async fn reap_expired_keys(&self, limit: u32) -> Result<u64, StoreError> {
-        let (deleted,): (i64,) = sqlx::query_as(REAP_KEYS)
-            .bind(i64::from(limit))
-            .fetch_one(&self.pool)
+        let (deleted,): (i64,) = self
+            .fetch_one_on(&self.pool, sqlx::query_as(REAP_KEYS).bind(i64::from(limit)))
             .await
             .map_err(classify)?;
         Ok(deleted.unsigned_abs())
     }
 
     async fn reap_expired_events(&self, limit: u32) -> Result<u64, StoreError> {
-        let (deleted,): (i64,) = sqlx::query_as(REAP_EVENTS)
-            .bind(i64::from(limit))
-            .fetch_one(&self.pool)
+        let (deleted,): (i64,) = self
+            .fetch_one_on(
+                &self.pool,
+                sqlx::query_as(REAP_EVENTS).bind(i64::from(limit)),
+            )
             .await
             .map_err(classify)?;
         Ok(deleted.unsigned_abs())
@@ -498,10 +627,14 @@ impl Store for PgStore {
     }
 
     async fn probe(&self) -> Result<(), StoreError> {
-        let (version,): (i64,) = sqlx::query_as(schema::SCHEMA_VERSION)
-            .fetch_one(&self.probe_pool)
-            .await
-            .map_err(classify)?;
+        let probed = self
+            .fetch_one_on(&self.probe_pool, sqlx::query_as(schema::SCHEMA_VERSION))
+            .await;
+        let probed = match probed {
+            Err(sqlx::Error::PoolTimedOut) => Err(self.why_no_connection().await),
+            other => other,
+        };
+        let (version,): (i64,) = probed.map_err(classify)?;
         schema::require_version(&MIGRATOR, version)
     }
 
@@ -512,8 +645,8 @@ impl Store for PgStore {
     }
 
     async fn clock(&self) -> Result<Instant, StoreError> {
-        let (now,): (Instant,) = sqlx::query_as(CLOCK)
-            .fetch_one(&self.probe_pool)
+        let (now,): (Instant,) = self
+            .fetch_one_on(&self.probe_pool, sqlx::query_as(CLOCK))
             .await
             .map_err(classify)?;
         Ok(now)

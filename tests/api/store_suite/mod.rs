@@ -53,6 +53,7 @@ pub async fn postgres() -> (PgStore, TestDatabase) {
         url: database.url.clone(),
         notify_url: None,
         pool_size: 4,
+        pooler: Default::default(),
         operation_timeout: OPERATION_TIMEOUT,
     })
     .expect("a valid URL");

@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Validates the Kubernetes manifests against the Kubernetes API schemas (kubernetes-validate from
+# PyPI, strict: unknown fields are errors), offline, from the schemas the package ships. Installs
+# the validator into a venv here (gitignored). Also checks what the schemas cannot: the pod's
+# termination grace outlasts --shutdown-grace, and the validator does refuse a broken manifest.
+set -euo pipefail
+cd "$(dirname "$0")"
+
+if [ ! -x .venv/bin/kubernetes-validate ]; then
+  python3 -m venv .venv
+  .venv/bin/pip install --quiet --disable-pip-version-check 'kubernetes-validate==1.37.0'
+fi
+
+# No network from here on when the kernel lets us say so: the schemas come from the package.
+offline=()
+if unshare -n true 2>/dev/null; then offline=(unshare -n); fi
+
+"${offline[@]}" .venv/bin/kubernetes-validate --strict --quiet -k 1.37.0 kubernetes/*.yaml
+echo "deploy: manifests valid against Kubernetes 1.37 schemas${offline:+ (offline)}"
+
+# A manifest with a misspelled field must fail, or the step above proves nothing.
+broken=$(mktemp --suffix=.yaml)
+trap 'rm -f "$broken"' EXIT
+sed 's/terminationGracePeriodSeconds:/terminationGracePeriodSecond:/' kubernetes/deployment.yaml >"$broken"
+if "${offline[@]}" .venv/bin/kubernetes-validate --strict --quiet -k 1.37.0 "$broken" >/dev/null 2>&1; then
+  echo "deploy: the validator accepted a misspelled field" >&2
+  exit 1
+fi
+
+# Kubernetes kills the pod terminationGracePeriodSeconds after SIGTERM: it must outlast the drain.
+.venv/bin/python - <<'PY'
+import re, sys
+text = open("kubernetes/deployment.yaml").read()
+period = int(re.search(r"terminationGracePeriodSeconds: (\d+)", text).group(1))
+grace = int(re.search(r"--shutdown-grace=(\d+)s", text).group(1))
+if period <= grace + 1:
+    sys.exit(f"terminationGracePeriodSeconds {period} must exceed --shutdown-grace {grace}s + 1s")
+for flag in ("--no-migrate", "service: idempotency.v1.IdempotencyService"):
+    if flag not in text:
+        sys.exit(f"the Deployment lacks {flag}")
+if '["migrate"' not in open("kubernetes/migrate-job.yaml").read():
+    sys.exit("the migrate Job does not run `migrate`")
+print(f"deploy: pods get {period}s to drain for {grace}s")
+PY
