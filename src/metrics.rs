@@ -70,7 +70,7 @@ pub fn install() -> Result<PrometheusHandle, MetricsError> {
     let handle = recorder.handle();
     metrics::set_global_recorder(recorder).map_err(|_| MetricsError::OtherRecorder)?;
     describe();
-    for method in METHODS {
+    for method in &METHODS {
         counter!("grpc_server_started_total",
             "grpc_type" => method.kind, "grpc_service" => method.service, "grpc_method" => method.method)
         .absolute(0);
@@ -274,7 +274,11 @@ struct Method {
 const API: &str = "idempotency.v1.IdempotencyService";
 const HEALTH: &str = "grpc.health.v1.Health";
 
-const METHODS: &[Method] = &[
+/// How many methods are known.
+const METHOD_COUNT: usize = 10;
+
+/// A static, so that each method has one address (see [`Series::of`]).
+static METHODS: [Method; METHOD_COUNT] = [
     Method {
         path: "/idempotency.v1.IdempotencyService/TryStart",
         service: API,
@@ -338,7 +342,7 @@ const METHODS: &[Method] = &[
 ];
 
 /// Any other path (a client can send any): one bounded set of labels.
-const UNKNOWN: Method = Method {
+static UNKNOWN: Method = Method {
     path: "",
     service: "unknown",
     method: "unknown",
@@ -381,6 +385,53 @@ fn status_code(headers: &http::HeaderMap) -> Option<tonic::Code> {
     value.parse::<i32>().ok().map(tonic::Code::from)
 }
 
+/// A method's series, registered on its first call and kept: recording a call is then a few
+/// atomic additions, with no label hashing or allocation on the hot path.
+struct Series {
+    started: metrics::Counter,
+    received: metrics::Counter,
+    sent: metrics::Counter,
+    seconds: metrics::Histogram,
+    /// `grpc_server_handled_total` by code (indexed by the code's number), each on first use.
+    handled: [std::sync::OnceLock<metrics::Counter>; 17],
+}
+
+impl Series {
+    fn of(method: &'static Method) -> &'static Series {
+        static SERIES: [std::sync::OnceLock<Series>; METHOD_COUNT + 1] =
+            [const { std::sync::OnceLock::new() }; METHOD_COUNT + 1];
+        let index = METHODS
+            .iter()
+            .position(|known| std::ptr::eq(known, method))
+            .unwrap_or(METHOD_COUNT);
+        SERIES[index].get_or_init(|| Series::register(method))
+    }
+
+    fn register(method: &'static Method) -> Series {
+        let labels = [
+            ("grpc_type", method.kind),
+            ("grpc_service", method.service),
+            ("grpc_method", method.method),
+        ];
+        Series {
+            started: counter!("grpc_server_started_total", &labels),
+            received: counter!("grpc_server_msg_received_total", &labels),
+            sent: counter!("grpc_server_msg_sent_total", &labels),
+            seconds: histogram!("grpc_server_handling_seconds", &labels),
+            handled: Default::default(),
+        }
+    }
+
+    fn handled(&self, method: &'static Method, code: tonic::Code) -> &metrics::Counter {
+        let slot = usize::try_from(code as i32).unwrap_or(2).min(16);
+        self.handled[slot].get_or_init(|| {
+            counter!("grpc_server_handled_total",
+                "grpc_type" => method.kind, "grpc_service" => method.service,
+                "grpc_method" => method.method, "grpc_code" => code_name(code))
+        })
+    }
+}
+
 /// One call being observed, until its status is known.
 struct Call {
     method: &'static Method,
@@ -390,14 +441,10 @@ struct Call {
 
 impl Call {
     fn start(method: &'static Method) -> Self {
-        let labels = [
-            ("grpc_type", method.kind),
-            ("grpc_service", method.service),
-            ("grpc_method", method.method),
-        ];
-        counter!("grpc_server_started_total", &labels).increment(1);
+        let series = Series::of(method);
+        series.started.increment(1);
         if method.kind != "bidi_stream" && method.kind != "client_stream" {
-            counter!("grpc_server_msg_received_total", &labels).increment(1);
+            series.received.increment(1);
         }
         Self {
             method,
@@ -408,25 +455,17 @@ impl Call {
 
     fn handled(self, code: tonic::Code) {
         let method = self.method;
-        let labels = [
-            ("grpc_type", method.kind),
-            ("grpc_service", method.service),
-            ("grpc_method", method.method),
-        ];
+        let series = Series::of(method);
         let sent = if method.kind == "unary" || method.kind == "client_stream" {
             u64::from(code == tonic::Code::Ok)
         } else {
             self.sent
         };
         if sent > 0 {
-            counter!("grpc_server_msg_sent_total", &labels).increment(sent);
+            series.sent.increment(sent);
         }
-        counter!("grpc_server_handled_total",
-            "grpc_type" => method.kind, "grpc_service" => method.service,
-            "grpc_method" => method.method, "grpc_code" => code_name(code))
-        .increment(1);
-        histogram!("grpc_server_handling_seconds", &labels)
-            .record(self.started.elapsed().as_secs_f64());
+        series.handled(method, code).increment(1);
+        series.seconds.record(self.started.elapsed().as_secs_f64());
     }
 }
 

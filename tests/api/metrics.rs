@@ -83,17 +83,17 @@ async fn a_known_sequence_of_calls_is_counted_exactly(backend: Backend) {
     let mut client = app.client().await;
     let key = unique_key("counted");
     let started = claim(&mut client, try_start(&key)).await;
-    expect_in_progress(try_start_response(&mut client, try_start(&key)).await);
+    expect_in_progress(try_start_response(&client, try_start(&key)).await);
     client
         .complete(complete(&key, started.lease_token, b"done"))
         .await
         .expect("Complete");
-    expect_completed(try_start_response(&mut client, try_start(&key)).await);
+    expect_completed(try_start_response(&client, try_start(&key)).await);
     let mismatch = pb::TryStartRequest {
         fingerprint: b"another".to_vec(),
         ..try_start(&key)
     };
-    expect_mismatch(try_start_response(&mut client, mismatch).await);
+    expect_mismatch(try_start_response(&client, mismatch).await);
     let refused = client
         .extend_lease(extend(&key, started.lease_token))
         .await
@@ -224,7 +224,13 @@ async fn a_known_sequence_of_calls_is_counted_exactly(backend: Backend) {
         assert_eq!(value(&after, series), *wanted, "{series}");
     }
     // Calls that failed sent no message; no other code was counted for them.
-    assert!(!after.contains_key(&format!("grpc_server_msg_sent_total{{{}}}", api("Release"))));
+    let release_sent = format!("grpc_server_msg_sent_total{{{}}}", api("Release"));
+    assert_eq!(after.get(&release_sent).copied().unwrap_or(0.0), 0.0);
+    let unknown = "grpc_service=\"unknown\"";
+    assert!(
+        !exposition.contains(unknown),
+        "every call was to a known method"
+    );
     assert!(!after.contains_key("idempotency_try_start_takeovers_total"));
     // Nothing a caller sent becomes a label.
     for secret in [key.as_str(), "another", "done", "metrics-consumer"] {
