@@ -302,6 +302,32 @@ for_each_backend!(
 );
 
 #[tokio::test]
+async fn a_made_up_method_is_counted_under_one_unknown_label() {
+    let app = TestApp::spawn_with(Backend::Sqlite, &["--metrics-listen", "127.0.0.1:0"]).await;
+    for path in [
+        "/idempotency.v1.IdempotencyService/MadeUp",
+        "/some.Other/secret-key-1",
+    ] {
+        let refused = raw_unary(app.endpoint(), path, Vec::new(), None)
+            .await
+            .expect_err("no such method");
+        assert_eq!(refused.code(), Code::Unimplemented);
+    }
+    let exposition = scrape(&app).await;
+    let after = samples(&exposition);
+    let unknown = "grpc_type=\"unary\",grpc_service=\"unknown\",grpc_method=\"unknown\"";
+    assert_eq!(value(&after, &format!("grpc_server_started_total{{{unknown}}}")), 2.0);
+    assert_eq!(
+        value(
+            &after,
+            &format!("grpc_server_handled_total{{{unknown},grpc_code=\"Unimplemented\"}}")
+        ),
+        2.0
+    );
+    assert!(!exposition.contains("MadeUp") && !exposition.contains("secret-key-1"));
+}
+
+#[tokio::test]
 async fn other_paths_are_not_found_and_metrics_are_off_by_default() {
     let app = TestApp::spawn_with(Backend::Sqlite, &["--metrics-listen", "127.0.0.1:0"]).await;
     let (status, _) = http_get(app.metrics_addr.expect("metrics on"), "/other").await;
