@@ -120,11 +120,11 @@ fn describe() {
     );
     describe_histogram!(
         "idempotency_coalesced_batch_size",
-        "Weight of each coalesced batch (calls, or event ids for MarkProcessed), by operation."
+        "Weight of each coalesced batch (calls, or event ids for MarkProcessed), by coalescer."
     );
     describe_counter!(
         "idempotency_auth_refusals_total",
-        "Calls refused at the door, by reason (missing, unknown, rate_limited, scope)."
+        "Calls refused at the door, by reason (unauthenticated, permission_denied, rate_limited)."
     );
     describe_gauge!(
         "idempotency_waiters",

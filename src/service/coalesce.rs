@@ -122,6 +122,8 @@ where
         let execute = Arc::new(execute);
         let timeout = settings.timeout;
         let max_batch = settings.max_batch.max(1);
+        // The metrics label: the operation, the last word of the name.
+        let label = name.rsplit(' ').next().unwrap_or(name);
         lifecycle.spawn(name, async move {
             // A command taken from the queue that did not fit the batch before it.
             let mut carried: Option<Pending<C, R>> = None;
@@ -150,6 +152,8 @@ where
                     weight += next_weight;
                     batch.push(next);
                 }
+                metrics::histogram!("idempotency_coalesced_batch_size", "coalescer" => label)
+                    .record(weight as f64);
                 let execute = execute.clone();
                 tasks.spawn(async move {
                     run_batch(batch, execute.as_ref(), timeout).await;

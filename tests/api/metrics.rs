@@ -218,6 +218,27 @@ async fn a_known_sequence_of_calls_is_counted_exactly(backend: Backend) {
             0.0,
         ),
         ("idempotency_waiters".into(), 0.0),
+        // Calls one after another: one batch each, of one call (or of its ids).
+        (
+            "idempotency_coalesced_batch_size_count{coalescer=\"TryStart\"}".into(),
+            4.0,
+        ),
+        (
+            "idempotency_coalesced_batch_size_sum{coalescer=\"TryStart\"}".into(),
+            4.0,
+        ),
+        (
+            "idempotency_coalesced_batch_size_count{coalescer=\"Complete\"}".into(),
+            1.0,
+        ),
+        (
+            "idempotency_coalesced_batch_size_count{coalescer=\"MarkProcessed\"}".into(),
+            2.0,
+        ),
+        (
+            "idempotency_coalesced_batch_size_sum{coalescer=\"MarkProcessed\"}".into(),
+            4.0,
+        ),
         ("idempotency_tokens_loaded".into(), 0.0),
     ];
     for (series, wanted) in &expected {
@@ -302,6 +323,55 @@ for_each_backend!(
 );
 
 #[tokio::test]
+async fn tokens_and_refusals_at_the_door_are_counted_by_reason() {
+    use crate::support::security::{Bearer, TokensFile, authed_client, token};
+    let (payments, payments_line) = token("payments", "payments-*");
+    let (_, other_line) = token("other", "*");
+    let tokens = TokensFile::new(&[&payments_line, &other_line]);
+    let app = TestApp::spawn_with(
+        Backend::Sqlite,
+        &[
+            "--tokens-file",
+            &tokens.flag(),
+            "--metrics-listen",
+            "127.0.0.1:0",
+        ],
+    )
+    .await;
+    let mut stranger = authed_client(app.endpoint(), Bearer::token("not-a-token")).await;
+    let refused = stranger
+        .lookup(lookup("k"))
+        .await
+        .expect_err("unknown token");
+    assert_eq!(refused.code(), Code::Unauthenticated);
+    let mut client = authed_client(app.endpoint(), Bearer::token(&payments)).await;
+    let denied = client
+        .lookup(lookup("k"))
+        .await
+        .expect_err("namespace tests is not the caller's");
+    assert_eq!(denied.code(), Code::PermissionDenied);
+
+    let exposition = scrape(&app).await;
+    let after = samples(&exposition);
+    assert_eq!(value(&after, "idempotency_tokens_loaded"), 2.0);
+    for reason in ["unauthenticated", "permission_denied"] {
+        let series = format!("idempotency_auth_refusals_total{{reason=\"{reason}\"}}");
+        assert_eq!(value(&after, &series), 1.0, "{series}");
+    }
+    assert_eq!(
+        value(
+            &after,
+            &format!(
+                "grpc_server_handled_total{{{},grpc_code=\"Unauthenticated\"}}",
+                api("Lookup")
+            )
+        ),
+        1.0
+    );
+    assert!(!exposition.contains(&payments) && !exposition.contains("payments\""));
+}
+
+#[tokio::test]
 async fn a_made_up_method_is_counted_under_one_unknown_label() {
     let app = TestApp::spawn_with(Backend::Sqlite, &["--metrics-listen", "127.0.0.1:0"]).await;
     for path in [
@@ -316,7 +386,10 @@ async fn a_made_up_method_is_counted_under_one_unknown_label() {
     let exposition = scrape(&app).await;
     let after = samples(&exposition);
     let unknown = "grpc_type=\"unary\",grpc_service=\"unknown\",grpc_method=\"unknown\"";
-    assert_eq!(value(&after, &format!("grpc_server_started_total{{{unknown}}}")), 2.0);
+    assert_eq!(
+        value(&after, &format!("grpc_server_started_total{{{unknown}}}")),
+        2.0
+    );
     assert_eq!(
         value(
             &after,
