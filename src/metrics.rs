@@ -114,6 +114,11 @@ fn describe() {
         "idempotency_events_total",
         "Event ids answered by MarkProcessed, by result (new, already_processed)."
     );
+    describe_histogram!(
+        "idempotency_store_seconds",
+        Unit::Seconds,
+        "Time the store took per statement, by operation (a coalesced round is one statement)."
+    );
     describe_counter!(
         "idempotency_reaped_rows_total",
         "Expired rows deleted by the reaper, by table (keys, events)."

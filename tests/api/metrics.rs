@@ -231,6 +231,28 @@ async fn a_known_sequence_of_calls_is_counted_exactly(backend: Backend) {
             "idempotency_coalesced_batch_size_count{coalescer=\"Complete\"}".into(),
             1.0,
         ),
+        // One statement per batch, and one per call for the others (the invalid Lookup never
+        // reached the store).
+        (
+            "idempotency_store_seconds_count{operation=\"TryStart\"}".into(),
+            4.0,
+        ),
+        (
+            "idempotency_store_seconds_count{operation=\"Complete\"}".into(),
+            1.0,
+        ),
+        (
+            "idempotency_store_seconds_count{operation=\"ExtendLease\"}".into(),
+            1.0,
+        ),
+        (
+            "idempotency_store_seconds_count{operation=\"Release\"}".into(),
+            1.0,
+        ),
+        (
+            "idempotency_store_seconds_count{operation=\"MarkProcessed\"}".into(),
+            2.0,
+        ),
         (
             "idempotency_coalesced_batch_size_count{coalescer=\"MarkProcessed\"}".into(),
             2.0,
