@@ -403,6 +403,11 @@ impl Authenticator {
         count
     }
 
+    /// How many tokens are in force now.
+    pub fn tokens_loaded(&self) -> usize {
+        self.current().len()
+    }
+
     fn current(&self) -> Arc<TokenSet> {
         Arc::clone(
             &self

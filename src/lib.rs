@@ -10,6 +10,7 @@ pub mod config;
 pub mod domain;
 pub mod grpc;
 pub mod health;
+pub mod metrics;
 pub mod readiness;
 pub mod reaper;
 pub mod service;

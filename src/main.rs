@@ -5,7 +5,7 @@ use std::process::ExitCode;
 use anyhow::Context;
 use clap::Parser;
 use idempotency_coordinator::auth;
-use idempotency_coordinator::config::{Cli, Command, TokenCommand};
+use idempotency_coordinator::config::{Cli, Command, HealthcheckArgs, TokenCommand};
 use idempotency_coordinator::store::{AnyStore, Store};
 use idempotency_coordinator::{Application, shutdown, telemetry};
 use tokio_util::sync::CancellationToken;
@@ -16,8 +16,18 @@ async fn main() -> ExitCode {
     let log_format = match &command {
         Command::Serve(args) => args.database.log_format,
         Command::Migrate(args) => args.database.log_format,
-        Command::Token(_) => telemetry::LogFormat::Text,
+        Command::Token(_) | Command::Healthcheck(_) => telemetry::LogFormat::Text,
     };
+    if let Command::Healthcheck(args) = &command {
+        // No logging: the answer is the exit status (and one line on failure).
+        return match healthcheck(args).await {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(problem) => {
+                eprintln!("unhealthy: {problem}");
+                ExitCode::FAILURE
+            }
+        };
+    }
     telemetry::init(log_format);
     match run(command).await {
         Ok(()) => ExitCode::SUCCESS,
@@ -50,6 +60,9 @@ async fn run(command: Command) -> anyhow::Result<()> {
                 reload.reload_tokens(app.authenticator()),
             );
             tracing::info!(address = %app.local_addr(), store = app.store().backend(), "listening");
+            if let Some(address) = app.metrics_addr() {
+                tracing::info!(%address, "serving metrics at /metrics");
+            }
             if let Some(path) = &args.address_file {
                 write_address_file(path, app.local_addr())
                     .with_context(|| format!("writing the address file {}", path.display()))?;
@@ -62,6 +75,7 @@ async fn run(command: Command) -> anyhow::Result<()> {
             tracing::info!("schema migrations applied");
             store.close().await;
         }
+        Command::Healthcheck(_) => {}
         Command::Token(TokenCommand::New { name, scopes }) => {
             let (token, line) = auth::new_token(&name, &scopes).map_err(anyhow::Error::msg)?;
             println!("# The token, for the caller only (it is not stored anywhere):");
@@ -71,6 +85,33 @@ async fn run(command: Command) -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+/// Asks the service at `args.addr` for the health of the API, within `args.timeout` in all.
+async fn healthcheck(args: &HealthcheckArgs) -> Result<(), String> {
+    use tonic_health::pb::HealthCheckRequest;
+    use tonic_health::pb::health_check_response::ServingStatus;
+    use tonic_health::pb::health_client::HealthClient;
+    let check = async {
+        let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", args.addr))
+            .map_err(|error| error.to_string())?
+            .connect()
+            .await
+            .map_err(|error| format!("cannot connect to {}: {error}", args.addr))?;
+        let answer = HealthClient::new(channel)
+            .check(HealthCheckRequest {
+                service: "idempotency.v1.IdempotencyService".into(),
+            })
+            .await
+            .map_err(|status| format!("health check failed: {}", status.code()))?;
+        match answer.into_inner().status() {
+            ServingStatus::Serving => Ok(()),
+            other => Err(format!("status {}", other.as_str_name())),
+        }
+    };
+    tokio::time::timeout(args.timeout, check)
+        .await
+        .unwrap_or_else(|_| Err(format!("no answer within {:?}", args.timeout)))
 }
 
 /// Writes `address` to `path` through a file beside it and a rename, so that whoever polls the

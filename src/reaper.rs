@@ -25,6 +25,16 @@ enum Table {
     Events,
 }
 
+impl Table {
+    /// The table's label in metrics.
+    fn label(self) -> &'static str {
+        match self {
+            Self::Keys => "keys",
+            Self::Events => "events",
+        }
+    }
+}
+
 pub async fn run<S: Store>(store: S, settings: ReaperSettings, shutdown: CancellationToken) {
     loop {
         tokio::select! {
@@ -78,6 +88,8 @@ async fn sweep<S: Store>(
             }
         };
         deleted_total += deleted;
+        metrics::counter!("idempotency_reaped_rows_total", "table" => table.label())
+            .increment(deleted);
         if deleted < u64::from(settings.batch_size) {
             if deleted_total > 0 {
                 tracing::info!(?table, deleted = deleted_total, "reaped expired rows");

@@ -46,6 +46,8 @@ pub enum StartupError {
     Tokens(#[from] TokensFileError),
     #[error(transparent)]
     TaskFailed(#[from] TaskFailure),
+    #[error(transparent)]
+    Metrics(#[from] crate::metrics::MetricsError),
     #[error("reading {path}")]
     TlsFile {
         path: std::path::PathBuf,
@@ -68,6 +70,8 @@ pub struct Application {
     /// Watches the essential tasks; one that fails stops the service with an error.
     supervisor: Supervisor,
     settings: Settings,
+    /// `/metrics`, when `--metrics-listen` asks for it: its listener and the recorder.
+    metrics: Option<(TcpListener, metrics_exporter_prometheus::PrometheusHandle)>,
 }
 
 impl Application {
@@ -83,6 +87,16 @@ impl Application {
             .await
             .map_err(bind_error)?;
         let local_addr = listener.local_addr().map_err(bind_error)?;
+        let metrics = match settings.metrics_listen {
+            Some(address) => {
+                let handle = crate::metrics::install()?;
+                let listener = crate::metrics::bind(address)
+                    .await
+                    .map_err(|source| StartupError::Bind { address, source })?;
+                Some((listener, handle))
+            }
+            None => None,
+        };
         let security = security(
             &settings.security,
             settings.operation_timeout,
@@ -98,12 +112,20 @@ impl Application {
             waiters: (settings.waiting.max_waiters > 0).then(|| Waiters::new(settings.waiting)),
             supervisor: Supervisor::new(),
             settings,
+            metrics,
         })
     }
 
     /// The address actually bound (the port is chosen by the system when 0 was asked for).
     pub fn local_addr(&self) -> SocketAddr {
         self.local_addr
+    }
+
+    /// Where `/metrics` is served, when it is.
+    pub fn metrics_addr(&self) -> Option<SocketAddr> {
+        self.metrics
+            .as_ref()
+            .and_then(|(listener, _)| listener.local_addr().ok())
     }
 
     pub fn store(&self) -> &AnyStore {
@@ -143,9 +165,24 @@ impl Application {
             waiters,
             supervisor,
             settings,
+            metrics,
             ..
         } = self;
         let health = HealthState::new();
+        let metrics_serving = metrics.map(|(listener, handle)| {
+            let sources = crate::metrics::Sources {
+                store: store.clone(),
+                health: health.clone(),
+                waiters: waiters.clone(),
+                authenticator: security.authenticator.clone(),
+            };
+            tokio::spawn(crate::metrics::serve(
+                listener,
+                handle,
+                sources,
+                shutdown.clone(),
+            ))
+        });
         let clock = DatabaseClock::default();
         let waiting = waiters.map(|waiters| Waiting {
             waiters,
@@ -218,6 +255,7 @@ impl Application {
             settings.limits.clone(),
             security,
             health.clone(),
+            settings.metrics_listen.is_some(),
             signal,
         );
         let grace_over = async {
@@ -250,6 +288,9 @@ impl Application {
             }
             store_work.wait().await;
             store.close().await;
+            if let Some(metrics_serving) = metrics_serving {
+                let _ = metrics_serving.await;
+            }
         })
         .await;
         if finished.is_err() {

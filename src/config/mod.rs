@@ -40,6 +40,33 @@ pub enum Command {
     /// Manage callers' bearer tokens.
     #[command(subcommand)]
     Token(TokenCommand),
+    /// Exit 0 when the service at --addr answers SERVING to a gRPC health check of
+    /// idempotency.v1.IdempotencyService, 1 otherwise (for a container HEALTHCHECK).
+    Healthcheck(HealthcheckArgs),
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct HealthcheckArgs {
+    /// The service's gRPC address (plaintext).
+    #[arg(
+        long,
+        env = "IDEMPOTENCY_HEALTHCHECK_ADDR",
+        default_value = "127.0.0.1:50051"
+    )]
+    pub addr: SocketAddr,
+
+    /// How long connecting and the check may take together (100ms-60s).
+    #[arg(long, env = "IDEMPOTENCY_HEALTHCHECK_TIMEOUT", default_value = "5s",
+          value_parser = parse_healthcheck_timeout)]
+    pub timeout: Duration,
+}
+
+fn parse_healthcheck_timeout(text: &str) -> Result<Duration, String> {
+    let value = parse_duration(text)?;
+    if value < Duration::from_millis(100) || value > Duration::from_secs(60) {
+        return Err("must be between 100ms and 60s".into());
+    }
+    Ok(value)
 }
 
 #[derive(Debug, Subcommand)]
@@ -276,6 +303,11 @@ pub struct ServeArgs {
     #[arg(long, env = "IDEMPOTENCY_MAX_HEALTH_WATCHERS", default_value_t = 1000,
           value_parser = clap::value_parser!(u32).range(1..=100_000))]
     pub max_health_watchers: u32,
+
+    /// Serve Prometheus metrics at GET /metrics on this address (e.g. 127.0.0.1:9464), a port
+    /// of its own. Off unless set. Port 0 picks a free port (the log says which).
+    #[arg(long, env = "IDEMPOTENCY_METRICS_LISTEN")]
+    pub metrics_listen: Option<SocketAddr>,
 }
 
 const MIB: u64 = 1024 * 1024;
@@ -344,6 +376,8 @@ pub struct Settings {
     pub coalescing: Option<crate::service::Coalescing>,
     pub waiting: crate::service::waiting::WaitSettings,
     pub connections: ConnectionSettings,
+    /// Where `/metrics` is served, when it is.
+    pub metrics_listen: Option<SocketAddr>,
 }
 
 fn nonzero(flag: &'static str, value: Duration) -> Result<Duration, SettingError> {
@@ -540,6 +574,7 @@ impl ServeArgs {
                 max_batch: self.coalesce_max_batch as usize,
             }),
             connections: self.connections()?,
+            metrics_listen: self.metrics_listen,
         })
     }
 

@@ -160,7 +160,10 @@ where
                 .and_then(|caller| authenticator.within_rate(&caller).map(|()| caller))
             {
                 Ok(caller) => caller,
-                Err(refusal) => return Ok(refuse(super::status::refused(refusal))),
+                Err(refusal) => {
+                    count_refusal(&refusal);
+                    return Ok(refuse(super::status::refused(refusal)));
+                }
             };
             // A caller that sends its message too slowly does not hold a stream (and its
             // buffer) for ever.
@@ -175,6 +178,7 @@ where
                 }
             };
             if let Err(refusal) = authenticator.authorize(&caller, &scope) {
+                count_refusal(&refusal);
                 return Ok(refuse(super::status::refused(refusal)));
             }
             let request =
@@ -182,4 +186,15 @@ where
             inner.call(request).await
         })
     }
+}
+
+/// `idempotency_auth_refusals_total`, by reason (never the caller's name or token).
+fn count_refusal(refusal: &crate::auth::Refusal) {
+    use crate::auth::Refusal;
+    let reason = match refusal {
+        Refusal::Unauthenticated => "unauthenticated",
+        Refusal::PermissionDenied { .. } => "permission_denied",
+        Refusal::RateLimited { .. } => "rate_limited",
+    };
+    metrics::counter!("idempotency_auth_refusals_total", "reason" => reason).increment(1);
 }

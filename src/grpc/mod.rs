@@ -89,6 +89,7 @@ pub async fn serve(
     limits: Limits,
     security: Security,
     health: HealthState,
+    metrics_on: bool,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), ServeError> {
     let decoding_limit = decoding_limit(limits.max_response_bytes);
@@ -124,7 +125,9 @@ pub async fn serve(
         auth_layer::AuthLayer::new(authenticator, decoding_limit, security.request_read_timeout)
     });
     // Outermost first: every call, refused at the door or not, is counted on its connection.
+    // With metrics on, the metrics layer comes first, so that refusals at the door are counted.
     let layers = tower::ServiceBuilder::new()
+        .layer(crate::metrics::GrpcMetricsLayer { on: metrics_on })
         .layer(connections::ConnectionLayer::new(budget))
         .option_layer(door);
     server

@@ -7,7 +7,7 @@ use tracing::{Instrument, Span, field};
 use super::connections::ResponseSize;
 use super::convert;
 use super::status::reason;
-use crate::domain::{KeyState, Limits};
+use crate::domain::{KeyState, Limits, TryStartOutcome};
 use crate::proto::idempotency::v1 as pb;
 use crate::proto::idempotency::v1::idempotency_service_server::IdempotencyService;
 use crate::service::{Coordinator, CoordinatorError};
@@ -56,8 +56,10 @@ fn record_scope(scope: &str) {
     Span::current().record("namespace", scope);
 }
 
-/// Records the outcome in the current span and turns a failure into its status.
+/// Records the outcome in the current span (and a refusal in the metrics) and turns a failure
+/// into its status.
 fn finish<T>(
+    rpc: &'static str,
     result: Result<T, CoordinatorError>,
     outcome: impl FnOnce(&T) -> &'static str,
 ) -> Result<T, Status> {
@@ -72,6 +74,8 @@ fn finish<T>(
         Err(error) => {
             let name = reason(&error);
             span.record("outcome", name);
+            metrics::counter!("idempotency_refusals_total", "rpc" => rpc, "reason" => name)
+                .increment(1);
             tracing::debug!(outcome = name, "rpc refused");
             Err(error.into())
         }
@@ -110,11 +114,19 @@ impl IdempotencyService for IdempotencyApi {
             let call = parsed(convert::try_start_call(request.into_inner(), &self.limits))?;
             record_scope(call.command.namespace.as_str());
             let outcome = finish(
+                "TryStart",
                 self.coordinator
                     .try_start_waiting(call.command, call.wait, deadline)
                     .await,
                 |o| o.name(),
             )?;
+            metrics::counter!("idempotency_try_start_total", "outcome" => outcome.name())
+                .increment(1);
+            if let TryStartOutcome::Started(claim) = &outcome
+                && claim.attempt > 1
+            {
+                metrics::counter!("idempotency_try_start_takeovers_total").increment(1);
+            }
             let response = convert::try_start_response(outcome);
             // Only a new claim (or re-entry) is a write; the other answers read the key.
             let wrote = matches!(
@@ -137,7 +149,11 @@ impl IdempotencyService for IdempotencyApi {
                 &self.limits,
             ))?;
             record_scope(command.namespace.as_str());
-            let completion = finish(self.coordinator.complete(command).await, |_| "completed")?;
+            let completion = finish(
+                "Complete",
+                self.coordinator.complete(command).await,
+                |_| "completed",
+            )?;
             Ok(sized(convert::complete_response(completion), false))
         }
         .instrument(rpc_span("Complete"))
@@ -151,7 +167,11 @@ impl IdempotencyService for IdempotencyApi {
         async {
             let command = parsed(convert::release_command(request.into_inner()))?;
             record_scope(command.namespace.as_str());
-            finish(self.coordinator.release(command).await, |_| "released")?;
+            finish(
+                "Release",
+                self.coordinator.release(command).await,
+                |_| "released",
+            )?;
             Ok(sized(pb::ReleaseResponse {}, false))
         }
         .instrument(rpc_span("Release"))
@@ -168,8 +188,11 @@ impl IdempotencyService for IdempotencyApi {
                 &self.limits,
             ))?;
             record_scope(command.namespace.as_str());
-            let lease_expires_at =
-                finish(self.coordinator.extend_lease(command).await, |_| "extended")?;
+            let lease_expires_at = finish(
+                "ExtendLease",
+                self.coordinator.extend_lease(command).await,
+                |_| "extended",
+            )?;
             let response = pb::ExtendLeaseResponse {
                 lease_expires_at: Some(convert::timestamp(lease_expires_at)),
             };
@@ -186,11 +209,15 @@ impl IdempotencyService for IdempotencyApi {
         async {
             let query = parsed(convert::lookup_query(request.into_inner()))?;
             record_scope(query.namespace.as_str());
-            let state = finish(self.coordinator.lookup(query).await, |state| match state {
-                KeyState::Absent => "absent",
-                KeyState::InProgress { .. } => "in_progress",
-                KeyState::Completed { .. } => "completed",
-            })?;
+            let state = finish(
+                "Lookup",
+                self.coordinator.lookup(query).await,
+                |state| match state {
+                    KeyState::Absent => "absent",
+                    KeyState::InProgress { .. } => "in_progress",
+                    KeyState::Completed { .. } => "completed",
+                },
+            )?;
             Ok(sized(convert::lookup_response(state), true))
         }
         .instrument(rpc_span("Lookup"))
@@ -207,7 +234,19 @@ impl IdempotencyService for IdempotencyApi {
                 &self.limits,
             ))?;
             record_scope(command.consumer.as_str());
-            let results = finish(self.coordinator.mark_processed(command).await, |_| "marked")?;
+            let results = finish(
+                "MarkProcessed",
+                self.coordinator.mark_processed(command).await,
+                |_| "marked",
+            )?;
+            let repeated = results
+                .iter()
+                .filter(|result| result.already_processed)
+                .count();
+            metrics::counter!("idempotency_events_total", "result" => "already_processed")
+                .increment(repeated as u64);
+            metrics::counter!("idempotency_events_total", "result" => "new")
+                .increment((results.len() - repeated) as u64);
             Ok(sized(convert::mark_processed_response(results), false))
         }
         .instrument(rpc_span("MarkProcessed"))

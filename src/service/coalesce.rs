@@ -122,6 +122,8 @@ where
         let execute = Arc::new(execute);
         let timeout = settings.timeout;
         let max_batch = settings.max_batch.max(1);
+        // The metrics label: the operation, the last word of the name.
+        let label = name.rsplit(' ').next().unwrap_or(name);
         lifecycle.spawn(name, async move {
             // A command taken from the queue that did not fit the batch before it.
             let mut carried: Option<Pending<C, R>> = None;
@@ -150,9 +152,11 @@ where
                     weight += next_weight;
                     batch.push(next);
                 }
+                metrics::histogram!("idempotency_coalesced_batch_size", "coalescer" => label)
+                    .record(weight as f64);
                 let execute = execute.clone();
                 tasks.spawn(async move {
-                    run_batch(batch, execute.as_ref(), timeout).await;
+                    run_batch(batch, execute.as_ref(), timeout, label).await;
                     drop(permit);
                 });
             }
@@ -197,8 +201,12 @@ where
 }
 
 /// Runs a batch round by round, answering each command as soon as its round is done.
-async fn run_batch<C, R, F, Fut>(batch: Vec<Pending<C, R>>, execute: &F, timeout: Duration)
-where
+async fn run_batch<C, R, F, Fut>(
+    batch: Vec<Pending<C, R>>,
+    execute: &F,
+    timeout: Duration,
+    label: &'static str,
+) where
     C: Batchable,
     F: Fn(Round<C>) -> Fut,
     Fut: Future<Output = Vec<Result<R, StoreError>>>,
@@ -229,7 +237,7 @@ where
             .map(|call| (call.command, (call.reply, call.held)))
             .unzip();
         let results = match Round::new(commands) {
-            Ok(round) => match tokio::time::timeout_at(nobody_waits_after, execute(round)).await {
+            Ok(round) => match timed(label, nobody_waits_after, execute(round)).await {
                 Ok(results) => results
                     .into_iter()
                     .map(|result| result.map_err(CoordinatorError::Store))
@@ -254,6 +262,19 @@ where
             drop(held);
         }
     }
+}
+
+/// `statement` within `deadline`, its time recorded in `idempotency_store_seconds`.
+async fn timed<T>(
+    label: &'static str,
+    deadline: Instant,
+    statement: impl Future<Output = T>,
+) -> Result<T, tokio::time::error::Elapsed> {
+    let began = Instant::now();
+    let executed = tokio::time::timeout_at(deadline, statement).await;
+    metrics::histogram!("idempotency_store_seconds", "operation" => label)
+        .record(began.elapsed().as_secs_f64());
+    executed
 }
 
 #[cfg(test)]

@@ -313,8 +313,11 @@ impl Coordinator {
         match &self.coalescers {
             Some(coalescers) => self.queued(coalescers.try_start.submit(command)).await,
             None => {
-                self.run(|store| async move { store.try_start(command).await })
-                    .await
+                self.run(
+                    "TryStart",
+                    |store| async move { store.try_start(command).await },
+                )
+                .await
             }
         }
     }
@@ -323,8 +326,11 @@ impl Coordinator {
         Ok(match &self.coalescers {
             Some(coalescers) => self.queued(coalescers.complete.submit(command)).await?,
             None => {
-                self.run(|store| async move { store.complete(command).await })
-                    .await?
+                self.run(
+                    "Complete",
+                    |store| async move { store.complete(command).await },
+                )
+                .await?
             }
         }?)
     }
@@ -343,7 +349,10 @@ impl Coordinator {
 
     pub async fn release(&self, command: ReleaseCommand) -> Result<(), CoordinatorError> {
         Ok(self
-            .run(|store| async move { store.release(command).await })
+            .run(
+                "Release",
+                |store| async move { store.release(command).await },
+            )
             .await??)
     }
 
@@ -353,12 +362,14 @@ impl Coordinator {
         command: ExtendLeaseCommand,
     ) -> Result<Instant, CoordinatorError> {
         Ok(self
-            .run(|store| async move { store.extend_lease(command).await })
+            .run("ExtendLease", |store| async move {
+                store.extend_lease(command).await
+            })
             .await??)
     }
 
     pub async fn lookup(&self, query: LookupQuery) -> Result<KeyState, CoordinatorError> {
-        self.run(|store| async move { store.lookup(query).await })
+        self.run("Lookup", |store| async move { store.lookup(query).await })
             .await
     }
 
@@ -369,15 +380,18 @@ impl Coordinator {
         match &self.coalescers {
             Some(coalescers) => self.queued(coalescers.mark_processed.submit(command)).await,
             None => {
-                self.run(|store| async move { store.mark_processed(command).await })
-                    .await
+                self.run("MarkProcessed", |store| async move {
+                    store.mark_processed(command).await
+                })
+                .await
             }
         }
     }
 
     /// Spawns `operation` as a tracked task and awaits it. If the caller goes away, only this
     /// await is dropped: the task runs on to its end.
-    async fn run<T, F, Fut>(&self, operation: F) -> Result<T, CoordinatorError>
+    /// `name` labels the store's time in `idempotency_store_seconds`.
+    async fn run<T, F, Fut>(&self, name: &'static str, operation: F) -> Result<T, CoordinatorError>
     where
         F: FnOnce(AnyStore) -> Fut,
         Fut: Future<Output = Result<T, StoreError>> + Send + 'static,
@@ -388,7 +402,11 @@ impl Coordinator {
         let in_flight = self.in_flight.enter();
         let task = self.tasks.spawn(async move {
             let _in_flight = in_flight;
-            match tokio::time::timeout(timeout, work).await {
+            let began = tokio::time::Instant::now();
+            let finished = tokio::time::timeout(timeout, work).await;
+            metrics::histogram!("idempotency_store_seconds", "operation" => name)
+                .record(began.elapsed().as_secs_f64());
+            match finished {
                 Ok(result) => result.map_err(CoordinatorError::Store),
                 Err(_elapsed) => Err(CoordinatorError::TimedOut(timeout)),
             }

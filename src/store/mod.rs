@@ -218,6 +218,15 @@ impl AnyStore {
         }
     }
 
+    /// The connections of the pool that serves calls, in use and idle (for SQLite, the
+    /// writer's and the readers' together).
+    pub fn pool_connections(&self) -> (u32, u32) {
+        match self {
+            Self::Postgres(store) => store.pool_connections(),
+            Self::Sqlite(store) => store.pool_connections(),
+        }
+    }
+
     /// `postgres` or `sqlite`, for logs.
     pub fn backend(&self) -> &'static str {
         match self {

@@ -15,6 +15,7 @@ mod hostile_clients;
 mod hostile_environment;
 mod lookup;
 mod mark_processed;
+mod metrics;
 mod model;
 mod pgbouncer;
 mod reflection;

@@ -88,6 +88,15 @@ impl std::fmt::Debug for PgStore {
 }
 
 impl PgStore {
+    /// The calls' pool: connections in use, idle.
+    pub fn pool_connections(&self) -> (u32, u32) {
+        let size = self.pool.size();
+        let idle = u32::try_from(self.pool.num_idle())
+            .unwrap_or(u32::MAX)
+            .min(size);
+        (size - idle, idle)
+    }
+
     /// Builds the pool without connecting, so the service can start (and report NOT_SERVING)
     /// while the database is still unreachable.
     pub fn connect_lazy(settings: &PgSettings) -> Result<Self, sqlx::Error> {

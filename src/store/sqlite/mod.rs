@@ -87,6 +87,17 @@ impl std::fmt::Debug for SqliteStore {
 }
 
 impl SqliteStore {
+    /// The writer and the readers: connections in use, idle.
+    pub fn pool_connections(&self) -> (u32, u32) {
+        [&self.writer, &self.readers]
+            .iter()
+            .fold((0, 0), |(in_use, idle), pool| {
+                let size = pool.size();
+                let free = u32::try_from(pool.num_idle()).unwrap_or(u32::MAX).min(size);
+                (in_use + size - free, idle + free)
+            })
+    }
+
     /// Prepares the pools without opening the file; the folder is created if missing, the file
     /// when the writer first connects.
     pub fn open_lazy(settings: &SqliteSettings) -> Result<Self, std::io::Error> {

@@ -37,6 +37,8 @@ const TEST_DEFAULTS: &[&str] = &[
 
 pub struct TestApp {
     pub addr: SocketAddr,
+    /// Where `/metrics` is served, with `--metrics-listen`.
+    pub metrics_addr: Option<SocketAddr>,
     pub store: AnyStore,
     /// The calls in flight inside the server.
     in_flight: InFlight,
@@ -93,6 +95,7 @@ impl TestApp {
             .await
             .expect("application builds");
         let addr = app.local_addr();
+        let metrics_addr = app.metrics_addr();
         let store = app.store().clone();
         let in_flight = app.calls_in_flight();
         let waiters = app.waiters();
@@ -100,6 +103,7 @@ impl TestApp {
         let server = tokio::spawn(app.run_until_stopped(shutdown.clone()));
         Self {
             addr,
+            metrics_addr,
             store,
             in_flight,
             waiters,

@@ -1,0 +1,596 @@
+//! Prometheus metrics, served as text at `GET /metrics` on a port of their own
+//! (`--metrics-listen`). Off unless asked for: then no recorder is installed and every
+//! `metrics::counter!` in the code is a no-op.
+//!
+//! Recording goes through the `metrics` facade; `metrics-exporter-prometheus` keeps the values
+//! and renders the exposition. The recorder is process-wide (the facade's global), installed by
+//! the first service that asks for it. Gauges that describe a state (pool connections, waiters,
+//! health, tokens, dropped log lines) are read from their source at each scrape, so that the hot
+//! path pays nothing for them.
+//!
+//! No key, fingerprint, response or token ever becomes a label: labels are method names, status
+//! codes, outcome and reason names, all from fixed sets.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll, ready};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body::{Body, Frame};
+use metrics::{Unit, counter, describe_counter, describe_gauge, describe_histogram, gauge};
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+use tokio::net::TcpListener;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tonic::codegen::http;
+use tower::{Layer, Service};
+
+/// Buckets of `grpc_server_handling_seconds` and the store's statement durations, in seconds:
+/// from 0.1 ms (a coalesced call on an idle store) to 60 s (the longest TryStart wait).
+const LATENCY_BUCKETS: &[f64] = &[
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
+    5.0, 10.0, 30.0, 60.0,
+];
+/// Buckets of the coalesced batch size (calls, or event ids for MarkProcessed).
+const BATCH_BUCKETS: &[f64] = &[
+    1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0,
+];
+/// How long a scraper may take to send its request and read the answer.
+const SCRAPE_TIMEOUT: Duration = Duration::from_secs(10);
+
+#[derive(Debug, thiserror::Error)]
+pub enum MetricsError {
+    #[error("the metrics recorder could not be built")]
+    Build(#[from] metrics_exporter_prometheus::BuildError),
+    #[error("another metrics recorder is installed in this process")]
+    OtherRecorder,
+}
+
+static HANDLE: Mutex<Option<PrometheusHandle>> = Mutex::new(None);
+
+/// Installs the process's Prometheus recorder (once; later calls share it) and describes every
+/// metric. Every method's `grpc_server_started_total` starts at zero.
+pub fn install() -> Result<PrometheusHandle, MetricsError> {
+    let mut installed = HANDLE
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
+    if let Some(handle) = installed.as_ref() {
+        return Ok(handle.clone());
+    }
+    let recorder = PrometheusBuilder::new()
+        .set_buckets_for_metric(Matcher::Suffix("_seconds".to_owned()), LATENCY_BUCKETS)?
+        .set_buckets_for_metric(
+            Matcher::Full("idempotency_coalesced_batch_size".to_owned()),
+            BATCH_BUCKETS,
+        )?
+        .build_recorder();
+    let handle = recorder.handle();
+    metrics::set_global_recorder(recorder).map_err(|_| MetricsError::OtherRecorder)?;
+    describe();
+    for method in &METHODS {
+        counter!("grpc_server_started_total",
+            "grpc_type" => method.kind, "grpc_service" => method.service, "grpc_method" => method.method)
+        .absolute(0);
+    }
+    *installed = Some(handle.clone());
+    Ok(handle)
+}
+
+fn describe() {
+    describe_counter!("grpc_server_started_total", "RPCs started on the server.");
+    describe_counter!(
+        "grpc_server_handled_total",
+        "RPCs completed on the server, regardless of success or failure."
+    );
+    describe_histogram!(
+        "grpc_server_handling_seconds",
+        Unit::Seconds,
+        "Response latency of RPCs handled by the server, until the status was sent."
+    );
+    describe_counter!(
+        "grpc_server_msg_received_total",
+        "RPC stream messages received on the server."
+    );
+    describe_counter!(
+        "grpc_server_msg_sent_total",
+        "gRPC stream messages sent by the server."
+    );
+    describe_counter!(
+        "idempotency_try_start_total",
+        "TryStart answers by outcome (started, in_progress, completed, fingerprint_mismatch)."
+    );
+    describe_counter!(
+        "idempotency_try_start_takeovers_total",
+        "TryStarts that took over a key whose lease had run out (answered started, attempt > 1)."
+    );
+    describe_counter!(
+        "idempotency_refusals_total",
+        "Calls refused by the service, by RPC and ErrorInfo reason (LEASE_LOST, ALREADY_COMPLETED, ...)."
+    );
+    describe_counter!(
+        "idempotency_events_total",
+        "Event ids answered by MarkProcessed, by result (new, already_processed)."
+    );
+    describe_histogram!(
+        "idempotency_store_seconds",
+        Unit::Seconds,
+        "Time the store took per statement, by operation (a coalesced round is one statement)."
+    );
+    describe_counter!(
+        "idempotency_reaped_rows_total",
+        "Expired rows deleted by the reaper, by table (keys, events)."
+    );
+    describe_histogram!(
+        "idempotency_coalesced_batch_size",
+        "Weight of each coalesced batch (calls, or event ids for MarkProcessed), by coalescer."
+    );
+    describe_counter!(
+        "idempotency_auth_refusals_total",
+        "Calls refused at the door, by reason (unauthenticated, permission_denied, rate_limited)."
+    );
+    describe_gauge!(
+        "idempotency_waiters",
+        "TryStarts waiting for a key's holder now."
+    );
+    describe_gauge!(
+        "idempotency_pool_connections",
+        "Store pool connections, by state (in_use, idle)."
+    );
+    describe_gauge!(
+        "idempotency_health_status",
+        "Serving status: 1 for the status the service reports now (SERVING, NOT_SERVING), 0 for the other."
+    );
+    describe_gauge!(
+        "idempotency_tokens_loaded",
+        "Tokens in the tokens file now in force (0 without a tokens file)."
+    );
+    describe_counter!(
+        "idempotency_log_lines_dropped_total",
+        "Log lines dropped because standard output refused them."
+    );
+}
+
+/// The states read at each scrape.
+#[derive(Clone)]
+pub struct Sources {
+    pub store: crate::store::AnyStore,
+    pub health: crate::health::HealthState,
+    pub waiters: Option<crate::service::waiting::Waiters>,
+    pub authenticator: Option<Arc<crate::auth::Authenticator>>,
+}
+
+impl Sources {
+    fn sample(&self) {
+        let (in_use, idle) = self.store.pool_connections();
+        gauge!("idempotency_pool_connections", "state" => "in_use").set(in_use as f64);
+        gauge!("idempotency_pool_connections", "state" => "idle").set(idle as f64);
+        let serving = self.health.current() == crate::health::ServingStatus::Serving;
+        gauge!("idempotency_health_status", "status" => "SERVING")
+            .set(f64::from(u8::from(serving)));
+        gauge!("idempotency_health_status", "status" => "NOT_SERVING")
+            .set(f64::from(u8::from(!serving)));
+        gauge!("idempotency_waiters")
+            .set(self.waiters.as_ref().map_or(0, |waiters| waiters.waiting()) as f64);
+        gauge!("idempotency_tokens_loaded").set(
+            self.authenticator
+                .as_ref()
+                .map_or(0, |authenticator| authenticator.tokens_loaded()) as f64,
+        );
+        counter!("idempotency_log_lines_dropped_total")
+            .absolute(crate::telemetry::dropped_log_lines());
+    }
+}
+
+/// Serves `GET /metrics` (HTTP/1.1) on `listener` until `shutdown`.
+pub async fn serve(
+    listener: TcpListener,
+    handle: PrometheusHandle,
+    sources: Sources,
+    shutdown: CancellationToken,
+) {
+    let connections = tokio_util::task::TaskTracker::new();
+    loop {
+        let accepted = tokio::select! {
+            () = shutdown.cancelled() => break,
+            accepted = listener.accept() => accepted,
+        };
+        let stream = match accepted {
+            Ok((stream, _)) => stream,
+            Err(error) => {
+                tracing::warn!(%error, "accepting a metrics connection failed");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        let handle = handle.clone();
+        let sources = sources.clone();
+        let shutdown = shutdown.clone();
+        connections.spawn(async move {
+            let service = hyper::service::service_fn(move |request| {
+                let answer = answer(&request, &handle, &sources);
+                async move { Ok::<_, std::convert::Infallible>(answer) }
+            });
+            let connection = hyper::server::conn::http1::Builder::new()
+                .keep_alive(false)
+                .serve_connection(hyper_util::rt::TokioIo::new(stream), service);
+            tokio::select! {
+                () = shutdown.cancelled() => {}
+                _ = tokio::time::timeout(SCRAPE_TIMEOUT, connection) => {}
+            }
+        });
+    }
+    connections.close();
+    connections.wait().await;
+}
+
+fn answer<B>(
+    request: &http::Request<B>,
+    handle: &PrometheusHandle,
+    sources: &Sources,
+) -> http::Response<http_body_util::Full<Bytes>> {
+    let respond = |status: http::StatusCode, content_type: &'static str, body: String| {
+        let mut response = http::Response::new(http_body_util::Full::new(Bytes::from(body)));
+        *response.status_mut() = status;
+        response.headers_mut().insert(
+            http::header::CONTENT_TYPE,
+            http::HeaderValue::from_static(content_type),
+        );
+        response
+    };
+    if request.uri().path() != "/metrics" {
+        return respond(
+            http::StatusCode::NOT_FOUND,
+            "text/plain",
+            "not found\n".into(),
+        );
+    }
+    if request.method() != http::Method::GET && request.method() != http::Method::HEAD {
+        return respond(
+            http::StatusCode::METHOD_NOT_ALLOWED,
+            "text/plain",
+            "GET only\n".into(),
+        );
+    }
+    sources.sample();
+    handle.run_upkeep();
+    respond(
+        http::StatusCode::OK,
+        "text/plain; version=0.0.4; charset=utf-8",
+        handle.render(),
+    )
+}
+
+/// Binds the metrics listener.
+pub async fn bind(address: SocketAddr) -> std::io::Result<TcpListener> {
+    TcpListener::bind(address).await
+}
+
+/// A known RPC: its labels.
+struct Method {
+    path: &'static str,
+    service: &'static str,
+    method: &'static str,
+    kind: &'static str,
+}
+
+const API: &str = "idempotency.v1.IdempotencyService";
+const HEALTH: &str = "grpc.health.v1.Health";
+
+/// How many methods are known.
+const METHOD_COUNT: usize = 10;
+
+/// A static, so that each method has one address (see [`Series::of`]).
+static METHODS: [Method; METHOD_COUNT] = [
+    Method {
+        path: "/idempotency.v1.IdempotencyService/TryStart",
+        service: API,
+        method: "TryStart",
+        kind: "unary",
+    },
+    Method {
+        path: "/idempotency.v1.IdempotencyService/Complete",
+        service: API,
+        method: "Complete",
+        kind: "unary",
+    },
+    Method {
+        path: "/idempotency.v1.IdempotencyService/Release",
+        service: API,
+        method: "Release",
+        kind: "unary",
+    },
+    Method {
+        path: "/idempotency.v1.IdempotencyService/ExtendLease",
+        service: API,
+        method: "ExtendLease",
+        kind: "unary",
+    },
+    Method {
+        path: "/idempotency.v1.IdempotencyService/Lookup",
+        service: API,
+        method: "Lookup",
+        kind: "unary",
+    },
+    Method {
+        path: "/idempotency.v1.IdempotencyService/MarkProcessed",
+        service: API,
+        method: "MarkProcessed",
+        kind: "unary",
+    },
+    Method {
+        path: "/grpc.health.v1.Health/Check",
+        service: HEALTH,
+        method: "Check",
+        kind: "unary",
+    },
+    Method {
+        path: "/grpc.health.v1.Health/Watch",
+        service: HEALTH,
+        method: "Watch",
+        kind: "server_stream",
+    },
+    Method {
+        path: "/grpc.reflection.v1.ServerReflection/ServerReflectionInfo",
+        service: "grpc.reflection.v1.ServerReflection",
+        method: "ServerReflectionInfo",
+        kind: "bidi_stream",
+    },
+    Method {
+        path: "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo",
+        service: "grpc.reflection.v1alpha.ServerReflection",
+        method: "ServerReflectionInfo",
+        kind: "bidi_stream",
+    },
+];
+
+/// Any other path (a client can send any): one bounded set of labels.
+static UNKNOWN: Method = Method {
+    path: "",
+    service: "unknown",
+    method: "unknown",
+    kind: "unary",
+};
+
+fn method_of(path: &str) -> &'static Method {
+    METHODS
+        .iter()
+        .find(|method| method.path == path)
+        .unwrap_or(&UNKNOWN)
+}
+
+/// A gRPC status code's name as go-grpc-middleware writes it (`OK`, `NotFound`, ...).
+fn code_name(code: tonic::Code) -> &'static str {
+    use tonic::Code;
+    match code {
+        Code::Ok => "OK",
+        Code::Cancelled => "Canceled",
+        Code::Unknown => "Unknown",
+        Code::InvalidArgument => "InvalidArgument",
+        Code::DeadlineExceeded => "DeadlineExceeded",
+        Code::NotFound => "NotFound",
+        Code::AlreadyExists => "AlreadyExists",
+        Code::PermissionDenied => "PermissionDenied",
+        Code::ResourceExhausted => "ResourceExhausted",
+        Code::FailedPrecondition => "FailedPrecondition",
+        Code::Aborted => "Aborted",
+        Code::OutOfRange => "OutOfRange",
+        Code::Unimplemented => "Unimplemented",
+        Code::Internal => "Internal",
+        Code::Unavailable => "Unavailable",
+        Code::DataLoss => "DataLoss",
+        Code::Unauthenticated => "Unauthenticated",
+    }
+}
+
+fn status_code(headers: &http::HeaderMap) -> Option<tonic::Code> {
+    let value = headers.get("grpc-status")?.to_str().ok()?;
+    value.parse::<i32>().ok().map(tonic::Code::from)
+}
+
+/// A method's series, registered on its first call and kept: recording a call is then a few
+/// atomic additions, with no label hashing or allocation on the hot path.
+struct Series {
+    started: metrics::Counter,
+    received: metrics::Counter,
+    sent: metrics::Counter,
+    seconds: metrics::Histogram,
+    /// `grpc_server_handled_total` by code (indexed by the code's number), each on first use.
+    handled: [std::sync::OnceLock<metrics::Counter>; 17],
+}
+
+impl Series {
+    fn of(method: &'static Method) -> &'static Series {
+        static SERIES: [std::sync::OnceLock<Series>; METHOD_COUNT + 1] =
+            [const { std::sync::OnceLock::new() }; METHOD_COUNT + 1];
+        let index = METHODS
+            .iter()
+            .position(|known| std::ptr::eq(known, method))
+            .unwrap_or(METHOD_COUNT);
+        SERIES[index].get_or_init(|| Series::register(method))
+    }
+
+    fn register(method: &'static Method) -> Series {
+        let labels = [
+            ("grpc_type", method.kind),
+            ("grpc_service", method.service),
+            ("grpc_method", method.method),
+        ];
+        Series {
+            started: counter!("grpc_server_started_total", &labels),
+            received: counter!("grpc_server_msg_received_total", &labels),
+            sent: counter!("grpc_server_msg_sent_total", &labels),
+            seconds: histogram!("grpc_server_handling_seconds", &labels),
+            handled: Default::default(),
+        }
+    }
+
+    fn handled(&self, method: &'static Method, code: tonic::Code) -> &metrics::Counter {
+        let slot = usize::try_from(code as i32).unwrap_or(2).min(16);
+        self.handled[slot].get_or_init(|| {
+            counter!("grpc_server_handled_total",
+                "grpc_type" => method.kind, "grpc_service" => method.service,
+                "grpc_method" => method.method, "grpc_code" => code_name(code))
+        })
+    }
+}
+
+/// One call being observed, until its status is known.
+struct Call {
+    method: &'static Method,
+    started: Instant,
+    sent: u64,
+}
+
+impl Call {
+    fn start(method: &'static Method) -> Self {
+        let series = Series::of(method);
+        series.started.increment(1);
+        if method.kind != "bidi_stream" && method.kind != "client_stream" {
+            series.received.increment(1);
+        }
+        Self {
+            method,
+            started: Instant::now(),
+            sent: 0,
+        }
+    }
+
+    fn handled(self, code: tonic::Code) {
+        let method = self.method;
+        let series = Series::of(method);
+        let sent = if method.kind == "unary" || method.kind == "client_stream" {
+            u64::from(code == tonic::Code::Ok)
+        } else {
+            self.sent
+        };
+        if sent > 0 {
+            series.sent.increment(sent);
+        }
+        series.handled(method, code).increment(1);
+        series.seconds.record(self.started.elapsed().as_secs_f64());
+    }
+}
+
+use metrics::histogram;
+
+/// The tower layer that counts every gRPC call, outermost, so that calls refused at the door
+/// are counted too. Off, it passes calls through untouched.
+#[derive(Debug, Clone, Copy)]
+pub struct GrpcMetricsLayer {
+    pub on: bool,
+}
+
+impl<S> Layer<S> for GrpcMetricsLayer {
+    type Service = GrpcMetrics<S>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        GrpcMetrics { inner, on: self.on }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct GrpcMetrics<S> {
+    inner: S,
+    on: bool,
+}
+
+type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
+
+impl<S, ReqBody, ResBody> Service<http::Request<ReqBody>> for GrpcMetrics<S>
+where
+    S: Service<http::Request<ReqBody>, Response = http::Response<ResBody>>,
+    S::Future: Send + 'static,
+    ResBody: Body<Data = Bytes> + Send + 'static,
+{
+    type Response = http::Response<ObservedBody<ResBody>>;
+    type Error = S::Error;
+    type Future = BoxFuture<Result<Self::Response, S::Error>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: http::Request<ReqBody>) -> Self::Future {
+        let call = self
+            .on
+            .then(|| Call::start(method_of(request.uri().path())));
+        let answer = self.inner.call(request);
+        Box::pin(async move {
+            let response = answer.await?;
+            // A trailers-only answer (every refusal) carries its status in the headers.
+            let call = match (call, status_code(response.headers())) {
+                (Some(call), Some(code)) => {
+                    call.handled(code);
+                    None
+                }
+                (call, _) => call,
+            };
+            Ok(response.map(|inner| ObservedBody {
+                inner: Box::pin(inner),
+                call,
+            }))
+        })
+    }
+}
+
+/// A response body that records its call once the trailers carry the status (or, if the body
+/// is dropped before, as `Canceled`).
+pub struct ObservedBody<B> {
+    inner: Pin<Box<B>>,
+    call: Option<Call>,
+}
+
+impl<B> Body for ObservedBody<B>
+where
+    B: Body<Data = Bytes>,
+{
+    type Data = Bytes;
+    type Error = B::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, B::Error>>> {
+        let this = self.get_mut();
+        let frame = ready!(this.inner.as_mut().poll_frame(cx));
+        match &frame {
+            Some(Ok(frame)) => {
+                if let Some(trailers) = frame.trailers_ref() {
+                    if let Some(call) = this.call.take() {
+                        call.handled(status_code(trailers).unwrap_or(tonic::Code::Unknown));
+                    }
+                } else if frame.is_data()
+                    && let Some(call) = this.call.as_mut()
+                {
+                    call.sent += 1;
+                }
+            }
+            Some(Err(_)) => {
+                if let Some(call) = this.call.take() {
+                    call.handled(tonic::Code::Internal);
+                }
+            }
+            None => {
+                if let Some(call) = this.call.take() {
+                    call.handled(tonic::Code::Ok);
+                }
+            }
+        }
+        Poll::Ready(frame)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+}
+
+impl<B> Drop for ObservedBody<B> {
+    fn drop(&mut self) {
+        if let Some(call) = self.call.take() {
+            call.handled(tonic::Code::Cancelled);
+        }
+    }
+}
