@@ -34,14 +34,14 @@ async fn http_get(address: SocketAddr, path: &str) -> (String, String) {
     (status, body.to_owned())
 }
 
-async fn scrape(app: &TestApp) -> String {
+pub(crate) async fn scrape(app: &TestApp) -> String {
     let (status, body) = http_get(app.metrics_addr.expect("metrics on"), "/metrics").await;
     assert_eq!(status, "HTTP/1.1 200 OK");
     body
 }
 
 /// The samples of an exposition: `name{labels}` as written, to its value.
-fn samples(exposition: &str) -> HashMap<String, f64> {
+pub(crate) fn samples(exposition: &str) -> HashMap<String, f64> {
     exposition
         .lines()
         .filter(|line| !line.starts_with('#') && !line.trim().is_empty())

@@ -49,6 +49,31 @@ impl TestDatabase {
         count
     }
 
+    /// Rows of both tables whose retention is over by the store's clock but that are still
+    /// there (the reaper has not deleted them yet).
+    pub async fn count_expired_rows(&self) -> i64 {
+        let (count,): (i64,) = match &self.inspector {
+            Inspector::Postgres(pool) => {
+                sqlx::query_as(
+                    "SELECT (SELECT count(*) FROM idempotency_keys WHERE expires_at <= now()) \
+                          + (SELECT count(*) FROM processed_events WHERE expires_at <= now())",
+                )
+                .fetch_one(pool)
+                .await
+            }
+            Inspector::Sqlite(pool) => {
+                sqlx::query_as(AssertSqlSafe(format!(
+                    "SELECT (SELECT count(*) FROM idempotency_keys WHERE expires_at <= {SQLITE_NOW_US}) \
+                          + (SELECT count(*) FROM processed_events WHERE expires_at <= {SQLITE_NOW_US})"
+                )))
+                .fetch_one(pool)
+                .await
+            }
+        }
+        .expect("count expired rows");
+        count
+    }
+
     /// An instant column of one row, or of an aggregate, read from either store.
     async fn instant(
         &self,

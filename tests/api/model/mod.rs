@@ -7,6 +7,7 @@
 //! operation run against the server and its answer compared with the model.
 
 mod apply;
+mod linearizable;
 mod ops;
 
 use std::collections::BTreeMap;

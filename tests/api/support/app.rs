@@ -74,43 +74,44 @@ impl TestApp {
     }
 
     async fn start(database: TestDatabase, url_override: &[String], flags: &[&str]) -> Self {
-        let mut args: Vec<String> = vec![
-            "idempotency-coordinator".into(),
-            "--listen".into(),
-            "127.0.0.1:0".into(),
-            "--database-url".into(),
-            database.url.clone(),
-        ];
-        args.extend(TEST_DEFAULTS.iter().map(|s| s.to_string()));
-        args.extend(url_override.iter().cloned());
-        args.extend(flags.iter().map(|s| s.to_string()));
-        let Command::Serve(serve) = Cli::try_parse_from(args)
-            .expect("valid flags")
-            .into_command()
-        else {
-            panic!("tests start `serve`");
-        };
-        let settings = serve.settings().expect("valid settings");
-        let app = Application::build(settings)
-            .await
-            .expect("application builds");
-        let addr = app.local_addr();
-        let metrics_addr = app.metrics_addr();
-        let store = app.store().clone();
-        let in_flight = app.calls_in_flight();
-        let waiters = app.waiters();
-        let shutdown = CancellationToken::new();
-        let server = tokio::spawn(app.run_until_stopped(shutdown.clone()));
+        let launched = launch(&database.url, url_override, flags).await;
         Self {
-            addr,
-            metrics_addr,
-            store,
-            in_flight,
-            waiters,
-            shutdown,
-            server: Some(server),
+            addr: launched.addr,
+            metrics_addr: launched.metrics_addr,
+            store: launched.store,
+            in_flight: launched.in_flight,
+            waiters: launched.waiters,
+            shutdown: launched.shutdown,
+            server: Some(launched.server),
             database,
         }
+    }
+
+    /// Another replica of the service on this server's database (in this process), serving.
+    /// It stops when dropped; the database stays this server's.
+    pub async fn replica(&self, flags: &[&str]) -> Replica {
+        let launched = launch(&self.database.url, &[], flags).await;
+        let replica = Replica {
+            addr: launched.addr,
+            shutdown: launched.shutdown,
+            _server: launched.server,
+        };
+        let health = super::health_client(format!("http://{}", replica.addr))
+            .await
+            .expect("connect to the replica");
+        super::eventually(Duration::from_secs(20), "the replica serves", || {
+            let mut health = health.clone();
+            async move {
+                health
+                    .check(HealthCheckRequest {
+                        service: String::new(),
+                    })
+                    .await
+                    .is_ok_and(|answer| answer.into_inner().status() == ServingStatus::Serving)
+            }
+        })
+        .await;
+        replica
     }
 
     pub fn endpoint(&self) -> String {
@@ -211,6 +212,72 @@ impl TestApp {
             },
         )
         .await;
+    }
+}
+
+/// A second server on a [`TestApp`]'s database.
+pub struct Replica {
+    pub addr: SocketAddr,
+    shutdown: CancellationToken,
+    _server: JoinHandle<Result<(), StartupError>>,
+}
+
+impl Replica {
+    pub async fn client(&self) -> Client {
+        IdempotencyServiceClient::connect(format!("http://{}", self.addr))
+            .await
+            .expect("connect to the replica")
+    }
+}
+
+impl Drop for Replica {
+    fn drop(&mut self) {
+        self.shutdown.cancel();
+    }
+}
+
+/// A running `Application`'s handles.
+struct Launched {
+    addr: SocketAddr,
+    metrics_addr: Option<SocketAddr>,
+    store: AnyStore,
+    in_flight: InFlight,
+    waiters: Option<Waiters>,
+    shutdown: CancellationToken,
+    server: JoinHandle<Result<(), StartupError>>,
+}
+
+/// Builds and runs an `Application` on `database_url` with the test defaults and `flags`.
+async fn launch(database_url: &str, url_override: &[String], flags: &[&str]) -> Launched {
+    let mut args: Vec<String> = vec![
+        "idempotency-coordinator".into(),
+        "--listen".into(),
+        "127.0.0.1:0".into(),
+        "--database-url".into(),
+        database_url.to_owned(),
+    ];
+    args.extend(TEST_DEFAULTS.iter().map(|s| s.to_string()));
+    args.extend(url_override.iter().cloned());
+    args.extend(flags.iter().map(|s| s.to_string()));
+    let Command::Serve(serve) = Cli::try_parse_from(args)
+        .expect("valid flags")
+        .into_command()
+    else {
+        panic!("tests start `serve`");
+    };
+    let settings = serve.settings().expect("valid settings");
+    let app = Application::build(settings)
+        .await
+        .expect("application builds");
+    let shutdown = CancellationToken::new();
+    Launched {
+        addr: app.local_addr(),
+        metrics_addr: app.metrics_addr(),
+        store: app.store().clone(),
+        in_flight: app.calls_in_flight(),
+        waiters: app.waiters(),
+        shutdown: shutdown.clone(),
+        server: tokio::spawn(app.run_until_stopped(shutdown)),
     }
 }
 
