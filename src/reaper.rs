@@ -88,6 +88,8 @@ async fn sweep<S: Store>(
             }
         };
         deleted_total += deleted;
+        // One line per statement (at debug), which is how the batch bound is seen from outside.
+        tracing::debug!(table = table.label(), deleted, "reaped one batch");
         metrics::counter!("idempotency_reaped_rows_total", "table" => table.label())
             .increment(deleted);
         if deleted < u64::from(settings.batch_size) {

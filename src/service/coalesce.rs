@@ -323,8 +323,27 @@ mod tests {
     /// The rounds an executor was given, in order.
     type Seen = Arc<Mutex<Vec<Vec<Command>>>>;
 
+    /// How long the recording executor takes over each round.
+    #[derive(Clone)]
+    enum Pace {
+        Sleep(Duration),
+        /// Until the test adds a permit: the order of events is the test's, not the clock's.
+        Gate(Arc<Semaphore>),
+    }
+
     /// A coalescer whose executor records each round it is given, then sleeps for `pause`.
     fn recording(settings: CoalescerSettings, pause: Duration) -> (Coalescer<Command, u32>, Seen) {
+        recording_paced(settings, Pace::Sleep(pause))
+    }
+
+    /// A coalescer whose executor records each round, then waits for a permit of the gate.
+    fn gated(settings: CoalescerSettings) -> (Coalescer<Command, u32>, Seen, Arc<Semaphore>) {
+        let gate = Arc::new(Semaphore::new(0));
+        let (coalescer, seen) = recording_paced(settings, Pace::Gate(gate.clone()));
+        (coalescer, seen, gate)
+    }
+
+    fn recording_paced(settings: CoalescerSettings, pace: Pace) -> (Coalescer<Command, u32>, Seen) {
         let seen = Arc::new(Mutex::new(Vec::new()));
         let recorded = seen.clone();
         let coalescer = Coalescer::start(
@@ -338,15 +357,34 @@ mod tests {
             InFlight::default(),
             move |round: Round<Command>| {
                 let recorded = recorded.clone();
+                let pace = pace.clone();
                 let commands = round.into_commands();
                 async move {
                     recorded.lock().expect("rounds").push(commands.clone());
-                    tokio::time::sleep(pause).await;
+                    match pace {
+                        Pace::Sleep(pause) => tokio::time::sleep(pause).await,
+                        Pace::Gate(gate) => gate.acquire().await.expect("the gate opens").forget(),
+                    }
                     commands.into_iter().map(|c| Ok(c.value * 2)).collect()
                 }
             },
         );
         (coalescer, seen)
+    }
+
+    /// Waits until the commands submitted and not yet answered weigh `weight` in all (each
+    /// holds its weight of the queue's room until it is answered).
+    async fn until_holding(coalescer: &Coalescer<Command, u32>, weight: usize) {
+        while coalescer.queue_capacity - coalescer.room.available_permits() < weight {
+            tokio::task::yield_now().await;
+        }
+    }
+
+    /// Waits until the executor has been given `count` rounds.
+    async fn until_rounds(seen: &Seen, count: usize) {
+        while seen.lock().expect("rounds").len() < count {
+            tokio::task::yield_now().await;
+        }
     }
 
     fn spawn_submit(
@@ -447,20 +485,19 @@ mod tests {
 
     #[tokio::test]
     async fn a_later_round_runs_only_commands_still_within_their_budget() {
-        // Each round takes longer than the queue budget: by the time the second round of a
-        // batch would start, its command is past its budget and must not run.
-        let (coalescer, seen) = recording(
-            settings(1, 100, Duration::from_millis(100)),
-            Duration::from_millis(150),
-        );
+        // The executor is held by a gate, so that what waits and how long is the test's order
+        // of events, not a guess about how fast a loaded machine spawns tasks.
+        let budget = Duration::from_millis(100);
+        let (coalescer, seen, gate) = gated(settings(1, 100, budget));
         let blocker = spawn_submit(&coalescer, Command::keyed(99));
-        while seen.lock().expect("rounds").is_empty() {
-            tokio::task::yield_now().await;
-        }
+        until_rounds(&seen, 1).await;
         let once = spawn_submit(&coalescer, Command::keyed(1));
         let twice = spawn_submit(&coalescer, Command::keyed(1));
+        until_holding(&coalescer, 3).await;
+        // Both have queued; the blocker holds the executor past their budget: neither runs.
+        tokio::time::sleep(budget + Duration::from_millis(50)).await;
+        gate.add_permits(1);
         blocker.await.expect("task").expect("answered");
-        // The blocker held the executor past the budget of both: neither runs.
         assert!(matches!(
             once.await.expect("task"),
             Err(CoordinatorError::TimedOut(_))
@@ -470,8 +507,14 @@ mod tests {
             Err(CoordinatorError::TimedOut(_))
         ));
 
+        // Two commands of one key: the first's round holds the executor past the budget of
+        // the second, whose round (the next) must then not start.
         let first = spawn_submit(&coalescer, Command::keyed(7));
+        until_rounds(&seen, 2).await;
         let second = spawn_submit(&coalescer, Command::keyed(7));
+        until_holding(&coalescer, 2).await;
+        tokio::time::sleep(budget + Duration::from_millis(50)).await;
+        gate.add_permits(1);
         assert_eq!(first.await.expect("task").expect("ran"), 14);
         let second = second.await.expect("task");
         assert!(
@@ -489,29 +532,23 @@ mod tests {
 
     #[tokio::test]
     async fn batches_close_at_their_weight_and_a_heavy_command_runs_alone() {
-        let (coalescer, seen) = recording(
-            settings(1, 10, Duration::from_secs(5)),
-            Duration::from_millis(50),
-        );
+        let (coalescer, seen, gate) = gated(settings(1, 10, Duration::from_secs(5)));
         let blocker = spawn_submit(&coalescer, Command::keyed(99));
-        while seen.lock().expect("rounds").is_empty() {
-            tokio::task::yield_now().await;
-        }
+        until_rounds(&seen, 1).await;
         let weights = [4, 4, 4, 30, 1];
-        let handles: Vec<_> = weights
-            .iter()
-            .enumerate()
-            .map(|(value, &weight)| {
-                spawn_submit(
-                    &coalescer,
-                    Command {
-                        key: None,
-                        value: value as u32,
-                        weight,
-                    },
-                )
-            })
-            .collect();
+        let mut handles = Vec::new();
+        for (value, &weight) in weights.iter().enumerate() {
+            let command = Command {
+                key: None,
+                value: value as u32,
+                weight,
+            };
+            handles.push(spawn_submit(&coalescer, command));
+            // Queued in this order, all while the blocker holds the executor.
+            let queued: usize = weights[..=value].iter().sum();
+            until_holding(&coalescer, 1 + queued).await;
+        }
+        gate.add_permits(100);
         for (value, handle) in handles.into_iter().enumerate() {
             assert_eq!(handle.await.expect("task").expect("ran"), value as u32 * 2);
         }

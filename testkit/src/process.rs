@@ -61,6 +61,29 @@ impl Binary {
         ServerProcess::spawn(command, flags).await
     }
 
+    /// Like [`Binary::serve`], with the process's wall clock skewed by `skew`, in libfaketime's
+    /// offset syntax (`"-2h"`, `"+90m"`): the binary runs with libfaketime preloaded
+    /// (`LD_PRELOAD`). Monotonic clocks are left alone (`FAKETIME_DONT_FAKE_MONOTONIC=1`), so
+    /// that tokio's timers keep real time; only what reads the wall clock is skewed. The
+    /// library is Debian's `libfaketime` (found by [`libfaketime`]).
+    pub async fn serve_with_clock_skew(
+        &self,
+        database_url: &str,
+        flags: &[&str],
+        skew: &str,
+    ) -> anyhow::Result<ServerProcess> {
+        let library = libfaketime()?;
+        let mut command = self.command();
+        command
+            .args(["serve", "--database-url", database_url])
+            .env("RUST_LOG", "info")
+            .env("LD_PRELOAD", library)
+            .env("FAKETIME", skew)
+            .env("FAKETIME_DONT_FAKE_MONOTONIC", "1")
+            .env("FAKETIME_NO_CACHE", "1");
+        ServerProcess::spawn(command, flags).await
+    }
+
     /// Starts the binary with no store settings at all, in `directory`, as a newcomer would.
     pub async fn serve_embedded_in(
         &self,
@@ -75,6 +98,33 @@ impl Binary {
             .env("RUST_LOG", "info");
         ServerProcess::spawn(command, flags).await
     }
+}
+
+/// Where libfaketime's preload library is: `$LIBFAKETIME` if set, else the first
+/// `libfaketime.so.1` in the folders distributions install it to (Debian's multiarch
+/// `/usr/lib/<triplet>/faketime/`, and the plain `lib`, `lib64` and `/usr/local` ones).
+pub fn libfaketime() -> anyhow::Result<PathBuf> {
+    if let Some(path) = std::env::var_os("LIBFAKETIME") {
+        let path = PathBuf::from(path);
+        anyhow::ensure!(
+            path.is_file(),
+            "LIBFAKETIME={} is not a file",
+            path.display()
+        );
+        return Ok(path);
+    }
+    let mut folders: Vec<PathBuf> = ["/usr/lib", "/usr/lib64", "/usr/local/lib", "/lib"]
+        .iter()
+        .map(|folder| Path::new(folder).join("faketime"))
+        .collect();
+    if let Ok(entries) = std::fs::read_dir("/usr/lib") {
+        folders.extend(entries.flatten().map(|entry| entry.path().join("faketime")));
+    }
+    folders
+        .into_iter()
+        .map(|folder| folder.join("libfaketime.so.1"))
+        .find(|library| library.is_file())
+        .context("libfaketime.so.1 not found: install Debian's libfaketime (scripts/test does), or set LIBFAKETIME")
 }
 
 /// One of the child's output streams.

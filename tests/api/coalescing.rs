@@ -17,8 +17,16 @@ use crate::support::*;
 
 async fn concurrent_calls_each_get_their_own_answer(backend: Backend) {
     const KEYS: usize = 100;
-    let app = TestApp::spawn(backend).await;
+    let app = TestApp::spawn_with(backend, &["--metrics-listen", "127.0.0.1:0"]).await;
     let client = app.client().await;
+    let batched = || async {
+        let samples = crate::metrics::samples(&crate::metrics::scrape(&app).await);
+        (
+            crate::metrics::batches_of_several(&samples, "TryStart"),
+            crate::metrics::batches_of_several(&samples, "Complete"),
+        )
+    };
+    let before = batched().await;
 
     // Two callers per key, with different requests: one claim, one mismatch, per key.
     let claims = (0..2 * KEYS).map(|call| {
@@ -93,6 +101,14 @@ async fn concurrent_calls_each_get_their_own_answer(backend: Backend) {
             other => panic!("{key}: {other:?}"),
         }
     }
+
+    // And the calls did share statements, as the service itself reports: batches of several
+    // TryStarts and of several Completes went to the store (with coalescing off, none would).
+    let after = batched().await;
+    assert!(
+        after.0 > before.0 && after.1 > before.1,
+        "batches of several calls (TryStart, Complete): before {before:?}, after {after:?}"
+    );
 }
 
 async fn duplicates_of_a_key_in_one_burst_behave_as_if_one_after_another(backend: Backend) {

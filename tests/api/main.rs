@@ -3,8 +3,10 @@
 
 mod support;
 
+mod clock_skew;
 mod coalescing;
 mod complete;
+mod contract_rules;
 mod embedded;
 mod extend_lease;
 mod faults;

@@ -52,6 +52,19 @@ pub(crate) fn samples(exposition: &str) -> HashMap<String, f64> {
         .collect()
 }
 
+/// How many batches `coalescer` sent to the store that weighed more than one (calls, or ids for
+/// MarkProcessed): `idempotency_coalesced_batch_size`'s count less its `le="1"` bucket.
+pub(crate) fn batches_of_several(samples: &HashMap<String, f64>, coalescer: &str) -> f64 {
+    let series = |suffix: String| {
+        samples
+            .get(&format!("idempotency_coalesced_batch_size{suffix}"))
+            .copied()
+            .unwrap_or(0.0)
+    };
+    series(format!("_count{{coalescer=\"{coalescer}\"}}"))
+        - series(format!("_bucket{{coalescer=\"{coalescer}\",le=\"1\"}}"))
+}
+
 fn api(method: &str) -> String {
     format!(
         "grpc_type=\"unary\",grpc_service=\"idempotency.v1.IdempotencyService\",grpc_method=\"{method}\""

@@ -6,6 +6,7 @@ use idempotency_coordinator::proto::idempotency::v1::{
 use idempotency_coordinator::store::Store;
 use tonic::Code;
 
+use crate::support::process::ServerProcess;
 use crate::support::*;
 
 async fn expires_at(app: &TestApp, key: &str) -> chrono::DateTime<chrono::Utc> {
@@ -271,6 +272,55 @@ async fn the_background_reaper_clears_expired_keys_and_events(backend: Backend) 
     expect_in_progress(try_start_response(&client, try_start(&live)).await);
 }
 
+/// The background reaper (the binary's, as configured) deletes at most `--reaper-batch-size`
+/// rows per statement, in keys and in events, and follows a full batch at once with the next:
+/// read from its log line per statement.
+async fn the_background_reaper_deletes_at_most_its_batch_size_per_statement(backend: Backend) {
+    let database = TestDatabase::create(backend).await;
+    let server = ServerProcess::start_with_log_level(
+        &database.url,
+        &["--reaper-interval", "50ms", "--reaper-batch-size", "7"],
+        "info,idempotency_coordinator::reaper=debug",
+    )
+    .await;
+    let _ = server.client_when_serving().await;
+    database.insert_expired_keys("old-", 30).await;
+    database.insert_expired_events(30).await;
+    eventually(
+        Duration::from_secs(10),
+        "the reaper cleared the backlog",
+        || async {
+            database.count_rows("idempotency_keys").await
+                + database.count_rows("processed_events").await
+                == 0
+        },
+    )
+    .await;
+    for table in ["keys", "events"] {
+        let batches: Vec<u64> = server
+            .output()
+            .lines()
+            .filter(|line| {
+                line.contains("reaped one batch") && line.contains(&format!("table=\"{table}\""))
+            })
+            .filter_map(|line| {
+                line.split("deleted=")
+                    .nth(1)?
+                    .split_whitespace()
+                    .next()?
+                    .parse()
+                    .ok()
+            })
+            .filter(|deleted| *deleted > 0)
+            .collect();
+        assert_eq!(
+            batches,
+            [7, 7, 7, 7, 2],
+            "{table}: the rows each statement deleted"
+        );
+    }
+}
+
 async fn the_reaper_stops_between_batches_at_shutdown(backend: Backend) {
     let mut app = TestApp::spawn_with(
         backend,
@@ -305,5 +355,6 @@ for_each_backend!(
     an_expired_event_is_new_again,
     the_reaper_deletes_expired_rows_in_bounded_batches_and_spares_live_ones,
     the_background_reaper_clears_expired_keys_and_events,
+    the_background_reaper_deletes_at_most_its_batch_size_per_statement,
     the_reaper_stops_between_batches_at_shutdown,
 );

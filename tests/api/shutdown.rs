@@ -260,12 +260,18 @@ async fn a_store_that_stops_answering_fails_the_call_within_the_operation_timeou
     lock.release().await;
 
     // The database stopped the statement, so the refused Complete did not commit later, once
-    // the lock was gone: the key is still in progress, and its holder completes it now.
+    // the lock was gone: the key is still in progress, and its holder completes it now with
+    // another response, which only succeeds if the first one never landed (a late commit of
+    // "r" would make this ALREADY_COMPLETED), and is the one kept.
     expect_in_progress(try_start_response(&client, try_start(&key)).await);
     client
-        .complete(complete(&key, started.lease_token, b"r"))
+        .complete(complete(&key, started.lease_token, b"after the timeout"))
         .await
-        .expect("Complete once the store answers");
+        .expect("Complete once the store answers, with its own response");
+    match key_state(&client, &key).await {
+        State::Completed(done) => assert_eq!(done.response, b"after the timeout"),
+        other => panic!("expected the key completed, got {other:?}"),
+    }
 }
 
 async fn the_binary_reads_settings_from_the_environment_logs_json_and_stops_on_sigint(

@@ -30,15 +30,18 @@ async fn concurrent_completes_by_the_holder_store_exactly_one_response(backend: 
         })
     });
     let mut accepted = Vec::new();
+    let mut refused = Vec::new();
     for result in futures::future::join_all(calls).await {
         let (response, answer) = result.expect("task");
         match answer {
             Ok(completion) => accepted.push((response, completion.into_inner())),
-            Err(status) => assert_error(&status, Code::FailedPrecondition, "ALREADY_COMPLETED"),
+            Err(status) => {
+                assert_error(&status, Code::FailedPrecondition, "ALREADY_COMPLETED");
+                refused.push(response);
+            }
         }
     }
     let stored = expect_completed(try_start_response(&setup, try_start(&key)).await);
-    assert!(!accepted.is_empty());
     for (response, completion) in &accepted {
         assert_eq!(
             response, &stored.response,
@@ -46,6 +49,15 @@ async fn concurrent_completes_by_the_holder_store_exactly_one_response(backend: 
         );
         assert_eq!(completion.completed_at, stored.completed_at);
     }
+    // Every refused call carried the other response: one with the stored response is a repeat,
+    // which succeeds. So the ten of each response split exactly.
+    for response in &refused {
+        assert_ne!(
+            response, &stored.response,
+            "a repeat of the stored response was refused"
+        );
+    }
+    assert_eq!((accepted.len(), refused.len()), (10, 10));
 }
 
 async fn complete_racing_release_has_exactly_one_winner(backend: Backend) {
@@ -94,7 +106,9 @@ fn holders_call(kind: &str, client: &Client, key: &str, token: u64) -> Call {
 }
 
 async fn a_write_that_waited_while_the_key_expired_is_key_not_found(backend: Backend) {
-    let app = TestApp::spawn(backend).await;
+    // The calls wait while the keys' 2 s retention runs out: a longer operation timeout than
+    // the default keeps that wait within their budget.
+    let app = TestApp::spawn_with(backend, &["--operation-timeout", "10s"]).await;
     let mut client = app.client().await;
     let mut claimed = Vec::new();
     for kind in ["Complete", "Release", "ExtendLease"] {
@@ -102,7 +116,7 @@ async fn a_write_that_waited_while_the_key_expired_is_key_not_found(backend: Bac
         let started = claim(
             &mut client,
             TryStartRequest {
-                retention: secs(1),
+                retention: secs(2),
                 lease_ttl: millis(200),
                 ..try_start(&key)
             },
@@ -120,6 +134,17 @@ async fn a_write_that_waited_while_the_key_expired_is_key_not_found(backend: Bac
         })
         .collect();
     app.wait_for_blocked(3).await;
+    // The calls are held up by the lock before any key expired: otherwise (a slow setup) they
+    // would find the keys absent without having waited, and this test would prove nothing.
+    let blocked_at = app.db_now().await;
+    for key in &keys {
+        let expires_at = app.database.key_expires_at(key).await;
+        assert!(
+            blocked_at < expires_at,
+            "the setup took longer than the retention: {key} expired at {expires_at}, the \
+             calls were seen waiting only at {blocked_at}"
+        );
+    }
     let latest_expiry = app.database.latest_key_expiry().await;
     eventually(
         std::time::Duration::from_secs(5),

@@ -18,7 +18,7 @@ async fn a_caller_deadline_mid_call_leaves_a_consistent_store_and_a_recoverable_
     let done = unique_key("deadline-complete");
     let held = claim(&mut client, try_start(&done)).await;
     let abandoned = unique_key("deadline-claim");
-    claim(
+    let first = claim(
         &mut client,
         TryStartRequest {
             lease_ttl: millis(100),
@@ -60,10 +60,11 @@ async fn a_caller_deadline_mid_call_leaves_a_consistent_store_and_a_recoverable_
         || async { matches!(key_state(&client, &done).await, State::Completed(_)) },
     )
     .await;
-    // ...and the claim was taken; the retry with the same attempt_id gets it back.
+    // ...and the claim was taken over (a new token, above the abandoned claim's); the retry
+    // with the same attempt_id gets it back.
     let token = || app.database.key_lease_token(&abandoned);
     eventually(Duration::from_secs(10), "the claim committed", || async {
-        token().await != 0 && {
+        token().await > first.lease_token && {
             let mut client = client.clone();
             let answer = client.lookup(lookup(&abandoned)).await.expect("Lookup");
             matches!(state(answer.into_inner()), State::InProgress(held) if held.attempt == 2)

@@ -178,12 +178,17 @@ async fn a_database_outage_fails_calls_in_time_and_leaves_every_key_valid() {
                 (Code::Unavailable, "STORE_UNAVAILABLE")
             );
         }
+        // The server answers every call within the operation timeout; measured from this
+        // side on a loaded machine, the bound is generous (three times it), yet far below what
+        // a call left to the network's own timeouts would take in a black hole (minutes).
         assert!(
-            slowest <= operation_timeout + Duration::from_millis(500),
+            slowest <= 3 * operation_timeout,
             "every call answered within the operation timeout: slowest {slowest:?}"
         );
+        // Health probes every 100 ms, each bounded by the operation timeout: the outage is
+        // noticed within a few probes; the bound is again generous.
         assert!(
-            noticed < Duration::from_secs(5),
+            noticed < 5 * operation_timeout,
             "health noticed in {noticed:?}"
         );
         let (completed, other) = check_states(&client, &keys).await;

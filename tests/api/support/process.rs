@@ -35,6 +35,17 @@ impl ServerProcess {
         )
     }
 
+    /// Like [`Self::start`], with the process's wall clock skewed by `skew` (libfaketime's
+    /// syntax: "-2h").
+    pub async fn start_with_clock_skew(database_url: &str, flags: &[&str], skew: &str) -> Self {
+        Self(
+            coordinator()
+                .serve_with_clock_skew(database_url, flags, skew)
+                .await
+                .expect("start the server binary under libfaketime"),
+        )
+    }
+
     /// Starts the binary with no store settings at all, in `directory`, as a newcomer would.
     pub async fn start_embedded_in(directory: &std::path::Path) -> Self {
         Self::start_embedded_in_with(directory, &[]).await

@@ -97,7 +97,7 @@ async fn a_claim_that_waited_while_the_key_expired_claims_it_afresh(backend: Bac
     let key = unique_key("expired-while-waiting");
     let request = TryStartRequest {
         attempt_id: "holder".into(),
-        retention: secs(1),
+        retention: secs(2),
         lease_ttl: millis(200),
         ..try_start(&key)
     };
@@ -110,8 +110,15 @@ async fn a_claim_that_waited_while_the_key_expired_claims_it_afresh(backend: Bac
         async move { client.try_start(request).await }
     });
     app.wait_for_blocked(1).await;
-    // ...during which the key's retention ends, so that the key is absent for everyone.
+    // ...during which the key's retention ends, so that the key is absent for everyone. (Were
+    // the setup slower than the retention, the retry would not have waited while the key was
+    // live, and this test would prove nothing: so that is checked first.)
     let expires_at = app.database.key_expires_at(&key).await;
+    let blocked_at = app.db_now().await;
+    assert!(
+        blocked_at < expires_at,
+        "the retry was seen waiting at {blocked_at}, after the key expired at {expires_at}"
+    );
     eventually(
         std::time::Duration::from_secs(5),
         "the key expired",

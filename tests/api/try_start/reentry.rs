@@ -138,7 +138,7 @@ async fn re_entry_stretches_retention_to_cover_the_renewed_lease(backend: Backen
         lease_ttl: millis(500),
         ..try_start(&key)
     };
-    claim(&mut client, request.clone()).await;
+    let first = claim(&mut client, request.clone()).await;
     let again = claim(
         &mut client,
         TryStartRequest {
@@ -147,6 +147,14 @@ async fn re_entry_stretches_retention_to_cover_the_renewed_lease(backend: Backen
         },
     )
     .await;
+    // A re-entry (the same claim), not a fresh claim after a slow setup let the 1 s retention
+    // run out: only then is the retention's stretching what is checked below.
+    assert_eq!(
+        (again.lease_token, again.attempt),
+        (first.lease_token, first.attempt),
+        "the second TryStart re-entered the claim"
+    );
+    assert!(instant(&again.lease_expires_at) > instant(&first.lease_expires_at));
     let expires_at = app.database.key_expires_at(&key).await;
     assert!(expires_at >= instant(&again.lease_expires_at));
 }

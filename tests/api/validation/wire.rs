@@ -45,7 +45,9 @@ async fn invalid_utf8_in_a_string_field_is_refused_by_the_decoder_and_writes_not
         None,
     )
     .await;
-    assert!(answer.is_err(), "{answer:?}");
+    // The contract: an undecodable message is INVALID_ARGUMENT with reason INVALID_ARGUMENT.
+    let status = answer.expect_err("invalid UTF-8 is refused");
+    assert_error(&status, Code::InvalidArgument, "INVALID_ARGUMENT");
     assert_eq!(app.total_rows().await, 0);
     let mut client = app.client().await;
     claim(&mut client, try_start("still-serving")).await;

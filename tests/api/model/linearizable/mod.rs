@@ -298,16 +298,7 @@ async fn shared_batches(app: &TestApp) -> f64 {
     let samples = crate::metrics::samples(&crate::metrics::scrape(app).await);
     ["TryStart", "Complete"]
         .iter()
-        .map(|coalescer| {
-            let series = |suffix: &str| {
-                samples
-                    .get(&format!("idempotency_coalesced_batch_size{suffix}"))
-                    .copied()
-                    .unwrap_or(0.0)
-            };
-            series(&format!("_count{{coalescer=\"{coalescer}\"}}"))
-                - series(&format!("_bucket{{coalescer=\"{coalescer}\",le=\"1\"}}"))
-        })
+        .map(|coalescer| crate::metrics::batches_of_several(&samples, coalescer))
         .sum()
 }
 
