@@ -37,21 +37,7 @@ async fn an_expired_unreaped_row_with_a_stale_token_is_key_not_found(backend: Ba
     assert_eq!(app.count_rows("idempotency_keys").await, 1, "not reaped");
 
     for token in [first.lease_token, taker.lease_token, i64::MAX as u64] {
-        let status = client
-            .complete(complete(&key, token, b"late"))
-            .await
-            .expect_err("expired");
-        assert_error(&status, Code::NotFound, "KEY_NOT_FOUND");
-        let status = client
-            .release(release(&key, token))
-            .await
-            .expect_err("expired");
-        assert_error(&status, Code::NotFound, "KEY_NOT_FOUND");
-        let status = client
-            .extend_lease(extend(&key, token))
-            .await
-            .expect_err("expired");
-        assert_error(&status, Code::NotFound, "KEY_NOT_FOUND");
+        assert_guarded_writes_refused(&client, &key, token, Code::NotFound, "KEY_NOT_FOUND").await;
     }
 }
 

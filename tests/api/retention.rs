@@ -51,21 +51,7 @@ async fn an_expired_key_is_absent_for_every_rpc_before_the_reaper_runs(backend: 
 
     assert!(matches!(key_state(&client, &key).await, State::Absent(_)));
     let token = started.lease_token;
-    let status = client
-        .complete(complete(&key, token, b"x"))
-        .await
-        .expect_err("expired");
-    assert_error(&status, Code::NotFound, "KEY_NOT_FOUND");
-    let status = client
-        .release(release(&key, token))
-        .await
-        .expect_err("expired");
-    assert_error(&status, Code::NotFound, "KEY_NOT_FOUND");
-    let status = client
-        .extend_lease(extend(&key, token))
-        .await
-        .expect_err("expired");
-    assert_error(&status, Code::NotFound, "KEY_NOT_FOUND");
+    assert_guarded_writes_refused(&client, &key, token, Code::NotFound, "KEY_NOT_FOUND").await;
 
     // TryStart claims it afresh, even with another fingerprint, with nothing of its old life.
     let fresh = claim(

@@ -206,6 +206,27 @@ pub fn assert_error(status: &Status, code: Code, reason: &str) {
     assert_eq!(info.domain, "idempotency.v1");
 }
 
+/// Sends Complete, Release and ExtendLease of `key` with `token`, and asserts that each is
+/// refused with `code` and `reason`.
+pub async fn assert_guarded_writes_refused(
+    client: &Client,
+    key: &str,
+    token: u64,
+    code: Code,
+    reason: &str,
+) {
+    let mut client = client.clone();
+    let refusals = [
+        client.complete(complete(key, token, b"x")).await.map(drop),
+        client.release(release(key, token)).await.map(drop),
+        client.extend_lease(extend(key, token)).await.map(drop),
+    ];
+    for (rpc, answer) in ["Complete", "Release", "ExtendLease"].iter().zip(refusals) {
+        let status = answer.expect_err(rpc);
+        assert_error(&status, code, reason);
+    }
+}
+
 /// Asserts INVALID_ARGUMENT with exactly one BadRequest violation per named field, in order.
 pub fn assert_invalid(status: &Status, fields: &[&str]) {
     assert_error(status, Code::InvalidArgument, "INVALID_ARGUMENT");

@@ -124,6 +124,16 @@ impl Recorder {
         events.push(Event::Invoked { caller, call, lo });
     }
 
+    fn invoked_key(&self, caller: usize, key: u8, op: &KeyOp) {
+        self.invoked(
+            caller,
+            Call::Key {
+                key,
+                op: op.clone(),
+            },
+        );
+    }
+
     fn returned(&self, caller: usize, answer: Answered) {
         let mut events = self.events.lock().expect("events");
         let hi = local_now() + self.offset.hi + WINDOW_SLACK;
@@ -281,13 +291,7 @@ async fn run_step(
                 lease_us: us(lease_ms, DEFAULT_LEASE_US),
                 retention_us: us(retention_ms, DEFAULT_KEY_RETENTION_US),
             };
-            recorder.invoked(
-                caller,
-                Call::Key {
-                    key,
-                    op: op.clone(),
-                },
-            );
+            recorder.invoked_key(caller, key, &op);
             let answer = client
                 .try_start(pb::TryStartRequest {
                     namespace,
@@ -343,13 +347,7 @@ async fn run_step(
                 response,
                 retention_us: retention_ms.map(|ms| us(Some(ms), 0)),
             };
-            recorder.invoked(
-                caller,
-                Call::Key {
-                    key,
-                    op: op.clone(),
-                },
-            );
+            recorder.invoked_key(caller, key, &op);
             let answer = client
                 .complete(pb::CompleteRequest {
                     namespace,
@@ -373,13 +371,7 @@ async fn run_step(
         Step::Release { key, token } => {
             let token = recorder.token(key, token);
             let op = KeyOp::Release { token };
-            recorder.invoked(
-                caller,
-                Call::Key {
-                    key,
-                    op: op.clone(),
-                },
-            );
+            recorder.invoked_key(caller, key, &op);
             let answer = client
                 .release(pb::ReleaseRequest {
                     namespace,
@@ -404,13 +396,7 @@ async fn run_step(
                 lease_us: us(lease_ms, DEFAULT_LEASE_US),
                 checkpoint: checkpoint.clone(),
             };
-            recorder.invoked(
-                caller,
-                Call::Key {
-                    key,
-                    op: op.clone(),
-                },
-            );
+            recorder.invoked_key(caller, key, &op);
             let answer = client
                 .extend_lease(pb::ExtendLeaseRequest {
                     namespace,
@@ -431,13 +417,7 @@ async fn run_step(
         }
         Step::Lookup { key } => {
             let op = KeyOp::Lookup;
-            recorder.invoked(
-                caller,
-                Call::Key {
-                    key,
-                    op: op.clone(),
-                },
-            );
+            recorder.invoked_key(caller, key, &op);
             let answer = client
                 .lookup(pb::LookupRequest {
                     namespace,

@@ -23,7 +23,7 @@ pub type Micros = i64;
 /// statement reads the clock before its commit becomes visible, and a snapshot read (Lookup) that
 /// starts in between is ordered before it while reading a later instant; the gap is the commit
 /// latency, which on a loaded machine can be long. It bounds only order, never a computed value.
-pub const ORDER_SLACK: Micros = 500_000;
+pub const ORDER_SLACK: Micros = 1_000_000;
 
 /// The server's defaults, which the runner starts it with.
 pub const DEFAULT_LEASE_US: Micros = 30_000_000;
@@ -454,6 +454,44 @@ pub struct Answer<Ret> {
     pub hi: Micros,
 }
 
+/// A spec's step: the next state if `ret` is a valid answer to `op` within `window`.
+trait TimedStep: Sized {
+    type Op;
+    type Ret;
+    fn timed_step(&self, op: &Self::Op, window: Window, ret: &Self::Ret) -> Option<Self>;
+}
+
+/// `SequentialSpec::is_valid_step` for a [`TimedStep`]: the window is the invocation's `lo`
+/// and the answer's `hi`; an answer left out (an operation still in flight) is never valid.
+fn valid_timed_step<S: TimedStep>(
+    spec: &mut S,
+    op: &Timed<S::Op>,
+    ret: &Answer<Option<S::Ret>>,
+) -> bool {
+    let Some(answer) = &ret.ret else {
+        return false;
+    };
+    let window = Window {
+        lo: op.lo,
+        hi: ret.hi,
+    };
+    match spec.timed_step(&op.op, window, answer) {
+        Some(next) => {
+            *spec = next;
+            true
+        }
+        None => false,
+    }
+}
+
+impl TimedStep for KeySpec {
+    type Op = KeyOp;
+    type Ret = KeyRet;
+    fn timed_step(&self, op: &KeyOp, window: Window, ret: &KeyRet) -> Option<Self> {
+        self.step(op, window, ret)
+    }
+}
+
 impl SequentialSpec for KeySpec {
     type Op = Timed<KeyOp>;
     type Ret = Answer<Option<KeyRet>>;
@@ -464,20 +502,7 @@ impl SequentialSpec for KeySpec {
     }
 
     fn is_valid_step(&mut self, op: &Self::Op, ret: &Self::Ret) -> bool {
-        let Some(answer) = &ret.ret else {
-            return false;
-        };
-        let window = Window {
-            lo: op.lo,
-            hi: ret.hi,
-        };
-        match self.step(&op.op, window, answer) {
-            Some(next) => {
-                *self = next;
-                true
-            }
-            None => false,
-        }
+        valid_timed_step(self, op, ret)
     }
 }
 
@@ -541,6 +566,14 @@ impl EventsSpec {
     }
 }
 
+impl TimedStep for EventsSpec {
+    type Op = MarkOp;
+    type Ret = MarkRet;
+    fn timed_step(&self, op: &MarkOp, window: Window, ret: &MarkRet) -> Option<Self> {
+        self.step(op, window, ret)
+    }
+}
+
 impl SequentialSpec for EventsSpec {
     type Op = Timed<MarkOp>;
     type Ret = Answer<Option<MarkRet>>;
@@ -550,19 +583,6 @@ impl SequentialSpec for EventsSpec {
     }
 
     fn is_valid_step(&mut self, op: &Self::Op, ret: &Self::Ret) -> bool {
-        let Some(answer) = &ret.ret else {
-            return false;
-        };
-        let window = Window {
-            lo: op.lo,
-            hi: ret.hi,
-        };
-        match self.step(&op.op, window, answer) {
-            Some(next) => {
-                *self = next;
-                true
-            }
-            None => false,
-        }
+        valid_timed_step(self, op, ret)
     }
 }
