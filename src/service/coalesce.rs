@@ -462,15 +462,16 @@ mod tests {
 
     #[tokio::test]
     async fn a_command_that_waited_past_its_budget_is_not_run() {
-        let (coalescer, seen) = recording(
-            settings(1, 1, Duration::from_millis(50)),
-            Duration::from_millis(200),
-        );
+        let budget = Duration::from_millis(50);
+        let (coalescer, seen, gate) = gated(settings(1, 1, budget));
         let first = spawn_submit(&coalescer, Command::keyed(1));
-        while seen.lock().expect("rounds").is_empty() {
-            tokio::task::yield_now().await;
-        }
-        let second = coalescer.submit(Command::keyed(2)).await;
+        until_rounds(&seen, 1).await;
+        let second = spawn_submit(&coalescer, Command::keyed(2));
+        until_holding(&coalescer, 2).await;
+        // The second has queued; the first holds the executor past its budget.
+        tokio::time::sleep(budget + Duration::from_millis(50)).await;
+        gate.add_permits(100);
+        let second = second.await.expect("task");
         assert!(
             matches!(second, Err(CoordinatorError::TimedOut(_))),
             "{second:?}"
@@ -565,21 +566,22 @@ mod tests {
 
     #[tokio::test]
     async fn a_full_queue_refuses_at_once_without_running() {
-        let (coalescer, seen) = recording(
-            CoalescerSettings {
-                queue_capacity: 2,
-                ..settings(1, 1, Duration::from_secs(5))
-            },
-            Duration::from_millis(200),
-        );
+        let (coalescer, seen, gate) = gated(CoalescerSettings {
+            queue_capacity: 2,
+            ..settings(1, 1, Duration::from_secs(5))
+        });
         let running = spawn_submit(&coalescer, Command::keyed(1));
-        while seen.lock().expect("rounds").is_empty() {
-            tokio::task::yield_now().await;
-        }
-        // The running command holds one place until it is answered: one more fits.
+        until_rounds(&seen, 1).await;
+        // The running command holds one place until it is answered: one more fits, and the
+        // other three are refused at once, all while the executor is held.
         let queued: Vec<_> = (2..6)
             .map(|key| spawn_submit(&coalescer, Command::keyed(key)))
             .collect();
+        while queued.iter().filter(|handle| handle.is_finished()).count() < 3 {
+            tokio::task::yield_now().await;
+        }
+        until_holding(&coalescer, 2).await;
+        gate.add_permits(100);
         let mut refused = 0;
         let mut answered = 0;
         for handle in queued {
