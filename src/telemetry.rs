@@ -78,11 +78,29 @@ impl Write for LossyLine {
 /// level. Must run inside the Tokio runtime when `traces` is given (the exporter's channel
 /// lives there).
 pub fn init(format: LogFormat, traces: Option<&TraceSettings>) -> Result<Telemetry, TraceError> {
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let Some(traces) = traces else {
+        // Without traces, the one layer is filtered globally: disabled call sites cost nothing.
+        let builder = tracing_subscriber::fmt()
+            .with_env_filter(filter)
+            .with_writer(LossyStdout)
+            .log_internal_errors(false);
+        // A second init (tests start several servers in one process) keeps the first subscriber.
+        let _ = match format {
+            LogFormat::Text => builder
+                .with_ansi(std::io::stdout().is_terminal())
+                .try_init(),
+            LogFormat::Json => builder.json().flatten_event(true).try_init(),
+        };
+        return Ok(Telemetry { provider: None });
+    };
+
     use tracing_subscriber::layer::SubscriberExt;
     use tracing_subscriber::util::SubscriberInitExt;
     use tracing_subscriber::{Layer, Registry};
-
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let provider = tracer_provider(traces)?;
+    // Each layer has a filter of its own: the log lines follow RUST_LOG, the spans exported do
+    // not.
     let lines = tracing_subscriber::fmt::layer()
         .with_writer(LossyStdout)
         .log_internal_errors(false);
@@ -90,34 +108,112 @@ pub fn init(format: LogFormat, traces: Option<&TraceSettings>) -> Result<Telemet
         LogFormat::Text => Box::new(
             lines
                 .with_ansi(std::io::stdout().is_terminal())
-                .with_filter(filter),
+                .with_filter(Rechecked(filter)),
         ),
-        LogFormat::Json => Box::new(lines.json().flatten_event(true).with_filter(filter)),
+        LogFormat::Json => Box::new(
+            lines
+                .json()
+                .flatten_event(true)
+                .with_filter(Rechecked(filter)),
+        ),
     };
-    let provider = traces.map(tracer_provider).transpose()?;
-    let spans = provider.as_ref().map(|provider| {
+    let spans = {
         use opentelemetry::trace::TracerProvider as _;
         tracing_opentelemetry::layer()
             .with_tracer(provider.tracer(SERVICE_NAME))
             .with_location(false)
             .with_threads(false)
             .with_tracked_inactivity(false)
-            .with_filter(tracing_subscriber::filter::filter_fn(exported))
-    });
-    // A second init (tests start several servers in one process) keeps the first subscriber.
+            .with_context_activation(false)
+            .with_filter(Rechecked(tracing_subscriber::filter::filter_fn(exported)))
+    };
     if tracing_subscriber::registry()
         .with(lines)
         .with(spans)
         .try_init()
         .is_ok()
-        && provider.is_some()
     {
         opentelemetry::global::set_text_map_propagator(
             opentelemetry_sdk::propagation::TraceContextPropagator::new(),
         );
         TRACES_ON.store(true, Ordering::Release);
     }
-    Ok(Telemetry { provider })
+    Ok(Telemetry {
+        provider: Some(provider),
+    })
+}
+
+/// A per-layer filter whose decision is taken again at every span and event of the call sites
+/// it enables, never cached as "always". tracing-subscriber hands a per-layer filter's decision
+/// from `enabled` to the span's creation through a thread-local; a call site cached as "always"
+/// skips `enabled`, so a stale decision left by an unrelated check (sqlx asks `enabled` about
+/// its query log after every statement) would silently drop the span from the layer
+/// (tokio-rs/tracing#2519). Call sites the filter rejects stay cached as "never".
+struct Rechecked<F>(F);
+
+impl<S, F: tracing_subscriber::layer::Filter<S>> tracing_subscriber::layer::Filter<S>
+    for Rechecked<F>
+{
+    fn enabled(
+        &self,
+        metadata: &tracing::Metadata<'_>,
+        cx: &tracing_subscriber::layer::Context<'_, S>,
+    ) -> bool {
+        self.0.enabled(metadata, cx)
+    }
+
+    fn callsite_enabled(
+        &self,
+        metadata: &'static tracing::Metadata<'static>,
+    ) -> tracing::subscriber::Interest {
+        if self.0.callsite_enabled(metadata).is_never() {
+            tracing::subscriber::Interest::never()
+        } else {
+            tracing::subscriber::Interest::sometimes()
+        }
+    }
+
+    fn event_enabled(
+        &self,
+        event: &tracing::Event<'_>,
+        cx: &tracing_subscriber::layer::Context<'_, S>,
+    ) -> bool {
+        self.0.event_enabled(event, cx)
+    }
+
+    fn max_level_hint(&self) -> Option<tracing::level_filters::LevelFilter> {
+        self.0.max_level_hint()
+    }
+
+    fn on_new_span(
+        &self,
+        attrs: &tracing::span::Attributes<'_>,
+        id: &tracing::span::Id,
+        ctx: tracing_subscriber::layer::Context<'_, S>,
+    ) {
+        self.0.on_new_span(attrs, id, ctx);
+    }
+
+    fn on_record(
+        &self,
+        id: &tracing::span::Id,
+        values: &tracing::span::Record<'_>,
+        ctx: tracing_subscriber::layer::Context<'_, S>,
+    ) {
+        self.0.on_record(id, values, ctx);
+    }
+
+    fn on_enter(&self, id: &tracing::span::Id, ctx: tracing_subscriber::layer::Context<'_, S>) {
+        self.0.on_enter(id, ctx);
+    }
+
+    fn on_exit(&self, id: &tracing::span::Id, ctx: tracing_subscriber::layer::Context<'_, S>) {
+        self.0.on_exit(id, ctx);
+    }
+
+    fn on_close(&self, id: tracing::span::Id, ctx: tracing_subscriber::layer::Context<'_, S>) {
+        self.0.on_close(id, ctx);
+    }
 }
 
 /// The `service.name` of the spans, unless `OTEL_SERVICE_NAME` names another.

@@ -92,7 +92,7 @@ pub(crate) fn statement_span(
         otel.kind = "client",
         db.system.name = system,
         db.operation.name = operation,
-        db.operation.batch.size = calls,
+        db.operation.batch.size = i64::try_from(calls).unwrap_or(i64::MAX),
     )
 }
 

@@ -15,7 +15,7 @@ use crate::support::process::ServerProcess;
 use crate::support::*;
 
 /// `GET /metrics` over a plain TCP connection; the status line and the body.
-async fn http_get(address: SocketAddr, path: &str) -> (String, String) {
+pub async fn http_get(address: SocketAddr, path: &str) -> (String, String) {
     let mut stream = tokio::net::TcpStream::connect(address)
         .await
         .expect("connect to the metrics port");
@@ -41,7 +41,7 @@ async fn scrape(app: &TestApp) -> String {
 }
 
 /// The samples of an exposition: `name{labels}` as written, to its value.
-fn samples(exposition: &str) -> HashMap<String, f64> {
+pub fn samples(exposition: &str) -> HashMap<String, f64> {
     exposition
         .lines()
         .filter(|line| !line.starts_with('#') && !line.trim().is_empty())
