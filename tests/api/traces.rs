@@ -458,6 +458,30 @@ async fn otel_service_name_and_the_standard_endpoint_variable_are_honoured() {
     );
 }
 
+#[tokio::test]
+async fn a_malformed_traceparent_starts_a_trace_of_its_own() {
+    let collector = Collector::start().await;
+    let database = TestDatabase::create(Backend::Sqlite).await;
+    let server =
+        ServerProcess::start(&database.url, &["--otlp-endpoint", &collector.endpoint]).await;
+    let mut client = server.client_when_serving().await;
+    let malformed = format!("00-{}-zz-01", random_hex(16));
+    client
+        .lookup(traced(lookup(&unique_key("malformed")), &malformed, "x"))
+        .await
+        .expect("a malformed trace context changes no answer");
+    stop(server).await;
+    let spans = collector.spans();
+    let lookups = named(&spans, "idempotency.v1.IdempotencyService/Lookup");
+    assert_eq!(lookups.len(), 1, "{spans:#?}");
+    assert!(
+        lookups[0].span.parent_span_id.is_empty(),
+        "{:?}",
+        lookups[0]
+    );
+    assert!(lookups[0].span.trace_state.is_empty(), "{:?}", lookups[0]);
+}
+
 async fn start_refused(args: &[&str], env: &[(&str, &str)]) -> std::process::Output {
     let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_idempotency-coordinator"));
     command
