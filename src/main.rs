@@ -28,14 +28,36 @@ async fn main() -> ExitCode {
             }
         };
     }
-    telemetry::init(log_format);
-    match run(command).await {
+    let traces = match &command {
+        Command::Serve(args) => match args.traces() {
+            Ok(traces) => traces,
+            Err(error) => {
+                // As clap reports a bad flag: before anything starts, exit status 2.
+                eprintln!("error: {error}");
+                return ExitCode::from(2);
+            }
+        },
+        _ => None,
+    };
+    let telemetry = match telemetry::init(log_format, traces.as_ref()) {
+        Ok(telemetry) => telemetry,
+        Err(error) => {
+            eprintln!("error: --otlp-endpoint: {}", telemetry::error_chain(&error));
+            return ExitCode::from(2);
+        }
+    };
+    if let Some(traces) = &traces {
+        tracing::info!(endpoint = %traces.endpoint, "exporting traces over OTLP/gRPC");
+    }
+    let code = match run(command).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
             tracing::error!(error = format!("{error:#}"), "exiting");
             ExitCode::FAILURE
         }
-    }
+    };
+    telemetry.shutdown().await;
+    code
 }
 
 async fn run(command: Command) -> anyhow::Result<()> {

@@ -104,7 +104,28 @@ fn describe() {
     );
     describe_counter!(
         "idempotency_try_start_takeovers_total",
-        "TryStarts that took over a key whose lease had run out (answered started, attempt > 1)."
+        "TryStarts that took over a key whose lease had run out (a new token, attempt + 1)."
+    );
+    describe_counter!(
+        "idempotency_try_start_reentries_total",
+        "TryStarts by the holder's own attempt_id: the same claim, its lease renewed."
+    );
+    describe_counter!(
+        "idempotency_coalescer_refusals_total",
+        "Calls refused STORE_UNAVAILABLE at once because their coalescer's queue was full, by coalescer."
+    );
+    describe_gauge!(
+        "idempotency_coalescer_queue_depth",
+        "Weight (calls, or event ids for MarkProcessed) queued or running in each coalescer now."
+    );
+    describe_gauge!(
+        "idempotency_coalescer_queue_capacity",
+        "The most weight each coalescer takes; beyond it, calls are refused."
+    );
+    describe_gauge!(
+        "idempotency_reaper_lag_seconds",
+        Unit::Seconds,
+        "Age of the oldest expired row not yet deleted, by table, read after each reaper sweep (0: none)."
     );
     describe_counter!(
         "idempotency_refusals_total",
@@ -160,6 +181,7 @@ pub struct Sources {
     pub health: crate::health::HealthState,
     pub waiters: Option<crate::service::waiting::Waiters>,
     pub authenticator: Option<Arc<crate::auth::Authenticator>>,
+    pub coordinator: crate::service::Coordinator,
 }
 
 impl Sources {
@@ -181,6 +203,12 @@ impl Sources {
         );
         counter!("idempotency_log_lines_dropped_total")
             .absolute(crate::telemetry::dropped_log_lines());
+        for (coalescer, queued, capacity) in self.coordinator.coalescer_queues() {
+            gauge!("idempotency_coalescer_queue_depth", "coalescer" => coalescer)
+                .set(queued as f64);
+            gauge!("idempotency_coalescer_queue_capacity", "coalescer" => coalescer)
+                .set(capacity as f64);
+        }
     }
 }
 

@@ -17,6 +17,8 @@ pub struct ReaperSettings {
     pub batch_size: u32,
     /// Bounds each batch, like any other store operation.
     pub batch_timeout: Duration,
+    /// After each sweep, read the lag (`idempotency_reaper_lag_seconds`): with metrics on.
+    pub measure_lag: bool,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -46,6 +48,28 @@ pub async fn run<S: Store>(store: S, settings: ReaperSettings, shutdown: Cancell
                 return;
             }
         }
+        if settings.measure_lag {
+            measure_lag(&store, &settings).await;
+        }
+    }
+}
+
+/// Sets `idempotency_reaper_lag_seconds` from what the sweep left: whatever it could not
+/// delete (rows held by others, a sweep cut short by a failure) and what expired since. When
+/// the read fails, the gauges keep their last values (the failure is in the logs).
+async fn measure_lag<S: Store>(store: &S, settings: &ReaperSettings) {
+    match tokio::time::timeout(settings.batch_timeout, store.expired_backlog()).await {
+        Ok(Ok(backlog)) => {
+            for (table, age) in [(Table::Keys, backlog.keys), (Table::Events, backlog.events)] {
+                metrics::gauge!("idempotency_reaper_lag_seconds", "table" => table.label())
+                    .set(age.as_secs_f64());
+            }
+        }
+        Ok(Err(StoreError::NotMigrated(_))) => {}
+        Ok(Err(error)) => {
+            tracing::debug!(error = %error_chain(&error), "reading the reaper's lag failed");
+        }
+        Err(_) => tracing::debug!("reading the reaper's lag timed out"),
     }
 }
 

@@ -169,21 +169,8 @@ impl Application {
             ..
         } = self;
         let health = HealthState::new();
-        let metrics_serving = metrics.map(|(listener, handle)| {
-            let sources = crate::metrics::Sources {
-                store: store.clone(),
-                health: health.clone(),
-                waiters: waiters.clone(),
-                authenticator: security.authenticator.clone(),
-            };
-            tokio::spawn(crate::metrics::serve(
-                listener,
-                handle,
-                sources,
-                shutdown.clone(),
-            ))
-        });
         let clock = DatabaseClock::default();
+        let waiters_seen = waiters.clone();
         let waiting = waiters.map(|waiters| Waiting {
             waiters,
             clock: clock.clone(),
@@ -217,6 +204,22 @@ impl Application {
                 shutdown: shutdown.clone(),
             },
         );
+
+        let metrics_serving = metrics.map(|(listener, handle)| {
+            let sources = crate::metrics::Sources {
+                store: store.clone(),
+                health: health.clone(),
+                waiters: waiters_seen,
+                authenticator: security.authenticator.clone(),
+                coordinator: coordinator.clone(),
+            };
+            tokio::spawn(crate::metrics::serve(
+                listener,
+                handle,
+                sources,
+                shutdown.clone(),
+            ))
+        });
 
         let monitor = supervisor.spawn(
             "health monitor",
@@ -255,7 +258,10 @@ impl Application {
             settings.limits.clone(),
             security,
             health.clone(),
-            settings.metrics_listen.is_some(),
+            grpc::MetricsSettings {
+                on: settings.metrics_listen.is_some(),
+                namespace_labels: settings.metrics_namespace_labels,
+            },
             signal,
         );
         let grace_over = async {

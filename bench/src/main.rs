@@ -4,11 +4,14 @@
 //! - `run` drives a coordinator that is already running.
 //! - `compare-stores` starts the coordinator binary twice, on the embedded SQLite store and on
 //!   PostgreSQL, and runs the same workloads against each in one run, side by side.
+//! - `compare-flags` runs coordinators that differ only by flags (metrics, traces, PgBouncer)
+//!   side by side, in rotating rounds.
 //! - `reaper-under-load` measures TryStart while the reaper clears a backlog of expired keys,
 //!   against TryStart without a backlog.
 
 mod contended;
 mod direct;
+mod flags;
 mod load;
 mod reaper;
 
@@ -81,6 +84,9 @@ enum BenchCommand {
     /// Callers piled up on a few keys whose holder works, then completes: waiting on the server
     /// (TryStart's `wait`) against polling every 50 ms.
     Contended(contended::Settings),
+    /// Coordinators that differ only by their flags (metrics, traces, a pooler), side by side
+    /// in rotating rounds: throughput ratios, their spread, p50 differences.
+    CompareFlags(flags::Settings),
 }
 
 #[tokio::main]
@@ -195,6 +201,7 @@ async fn main() -> anyhow::Result<()> {
         }
         BenchCommand::ReaperUnderLoad(settings) => reaper::run(settings).await?,
         BenchCommand::Contended(settings) => contended::run(settings).await?,
+        BenchCommand::CompareFlags(settings) => flags::run(settings).await?,
     }
     Ok(())
 }

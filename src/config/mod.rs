@@ -12,7 +12,7 @@ use crate::grpc::connections::ConnectionSettings;
 use crate::readiness::ReadinessSettings;
 use crate::reaper::ReaperSettings;
 use crate::store::{Pooler, StoreLocation, StoreSettings};
-use crate::telemetry::LogFormat;
+use crate::telemetry::{LogFormat, TraceSettings};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -308,6 +308,41 @@ pub struct ServeArgs {
     /// of its own. Off unless set. Port 0 picks a free port (the log says which).
     #[arg(long, env = "IDEMPOTENCY_METRICS_LISTEN")]
     pub metrics_listen: Option<SocketAddr>,
+
+    /// Label the service's own per-RPC counters (TryStart outcomes, refusals, events) with the
+    /// namespace (the consumer for MarkProcessed). Off by default: each namespace is a series
+    /// of its own, and how many there are is the operator's to bound.
+    #[arg(
+        long,
+        env = "IDEMPOTENCY_METRICS_NAMESPACE_LABELS",
+        requires = "metrics_listen"
+    )]
+    pub metrics_namespace_labels: bool,
+
+    /// Export traces over OTLP/gRPC to this collector, e.g. http://127.0.0.1:4317 (https:// is
+    /// verified against the system's roots). Off unless set; OTEL_EXPORTER_OTLP_ENDPOINT is
+    /// used when this is not.
+    #[arg(long, env = "IDEMPOTENCY_OTLP_ENDPOINT", value_parser = parse_otlp_endpoint)]
+    pub otlp_endpoint: Option<String>,
+}
+
+/// An OTLP/gRPC endpoint: `http://` or `https://`, a host, a port if not the scheme's, no path.
+fn parse_otlp_endpoint(text: &str) -> Result<String, String> {
+    let uri: hyper::Uri = text
+        .parse()
+        .map_err(|error| format!("not a URL ({error}); e.g. http://127.0.0.1:4317"))?;
+    match uri.scheme_str() {
+        Some("http" | "https") => {}
+        _ => return Err("must start with http:// or https://, e.g. http://127.0.0.1:4317".into()),
+    }
+    match uri.authority() {
+        Some(authority) if !authority.host().is_empty() => {}
+        _ => return Err("names no host, e.g. http://127.0.0.1:4317".into()),
+    }
+    if !matches!(uri.path(), "" | "/") || uri.query().is_some() {
+        return Err("takes no path: OTLP/gRPC has its own, e.g. http://127.0.0.1:4317".into());
+    }
+    Ok(text.trim_end_matches('/').to_owned())
 }
 
 const MIB: u64 = 1024 * 1024;
@@ -378,6 +413,8 @@ pub struct Settings {
     pub connections: ConnectionSettings,
     /// Where `/metrics` is served, when it is.
     pub metrics_listen: Option<SocketAddr>,
+    /// Whether the service's own per-RPC counters carry a `namespace` label.
+    pub metrics_namespace_labels: bool,
 }
 
 fn nonzero(flag: &'static str, value: Duration) -> Result<Duration, SettingError> {
@@ -556,6 +593,7 @@ impl ServeArgs {
                 interval: nonzero("reaper-interval", self.reaper_interval)?,
                 batch_size: self.reaper_batch_size,
                 batch_timeout: operation_timeout,
+                measure_lag: self.metrics_listen.is_some(),
             },
             shutdown_grace: self.shutdown_grace,
             operation_timeout,
@@ -575,7 +613,26 @@ impl ServeArgs {
             }),
             connections: self.connections()?,
             metrics_listen: self.metrics_listen,
+            metrics_namespace_labels: self.metrics_namespace_labels,
         })
+    }
+
+    /// Where spans are exported: `--otlp-endpoint`, else `OTEL_EXPORTER_OTLP_ENDPOINT` (checked
+    /// alike), else nowhere.
+    pub fn traces(&self) -> Result<Option<TraceSettings>, SettingError> {
+        let endpoint = match &self.otlp_endpoint {
+            Some(endpoint) => Some(endpoint.clone()),
+            None => match std::env::var("OTEL_EXPORTER_OTLP_ENDPOINT") {
+                Ok(text) if !text.trim().is_empty() => Some(
+                    parse_otlp_endpoint(text.trim()).map_err(|problem| SettingError {
+                        flag: "otlp-endpoint",
+                        problem: format!("OTEL_EXPORTER_OTLP_ENDPOINT {problem}"),
+                    })?,
+                ),
+                _ => None,
+            },
+        };
+        Ok(endpoint.map(|endpoint| TraceSettings { endpoint }))
     }
 
     fn connections(&self) -> Result<ConnectionSettings, SettingError> {

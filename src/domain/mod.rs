@@ -115,6 +115,19 @@ pub struct Claim {
     pub lease_expires_at: Instant,
     pub attempt: u32,
     pub checkpoint: Option<Vec<u8>>,
+    /// How the caller came to hold the key (for metrics; callers are told only the attempt).
+    pub kind: ClaimKind,
+}
+
+/// How a TryStart answered `started` came to hold its key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ClaimKind {
+    /// The key was absent (or expired): attempt 1.
+    Fresh,
+    /// The lease had run out and this caller took the key over: a new token, attempt + 1.
+    Takeover,
+    /// The holder's own attempt_id came back: the same claim, its lease renewed.
+    Reentry,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -393,16 +406,23 @@ impl TryStartOutcome {
     /// lease, takeover); this repeats the same order on the result, which is unambiguous because
     /// a new token is issued exactly when the caller got a new claim (`newly_claimed`).
     pub fn from_record(record: KeyRecord, newly_claimed: bool, command: &TryStartCommand) -> Self {
-        let started = |record: KeyRecord| {
+        let started = |record: KeyRecord, kind: ClaimKind| {
             Self::Started(Claim {
                 lease_token: record.lease_token,
                 lease_expires_at: record.lease_expires_at,
                 attempt: record.attempt,
                 checkpoint: record.checkpoint,
+                kind,
             })
         };
         if newly_claimed {
-            return started(record);
+            // A fresh claim is always attempt 1, a takeover always a later one.
+            let kind = if record.attempt > 1 {
+                ClaimKind::Takeover
+            } else {
+                ClaimKind::Fresh
+            };
+            return started(record, kind);
         }
         if record.fingerprint != command.fingerprint.as_bytes() {
             return Self::FingerprintMismatch;
@@ -422,7 +442,7 @@ impl TryStartOutcome {
             (Some(requested), Some(held)) if requested.as_str() == held
         );
         if same_attempt {
-            return started(record);
+            return started(record, ClaimKind::Reentry);
         }
         Self::InProgress {
             lease_expires_at: record.lease_expires_at,

@@ -81,6 +81,15 @@ const MAX_PENDING_ACCEPT_RESET_STREAMS: usize = 20;
 /// this is hyper's own default.
 const MAX_LOCAL_ERROR_RESET_STREAMS: usize = 1024;
 
+/// What the server records in the metrics.
+#[derive(Debug, Clone, Copy)]
+pub struct MetricsSettings {
+    /// The gRPC server metrics (`--metrics-listen`).
+    pub on: bool,
+    /// The per-RPC counters carry the namespace (`--metrics-namespace-labels`).
+    pub namespace_labels: bool,
+}
+
 /// Serves until `shutdown` completes, then stops accepting, lets calls in flight finish, and
 /// returns once every connection has closed.
 pub async fn serve(
@@ -89,12 +98,16 @@ pub async fn serve(
     limits: Limits,
     security: Security,
     health: HealthState,
-    metrics_on: bool,
+    metrics: MetricsSettings,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), ServeError> {
     let decoding_limit = decoding_limit(limits.max_response_bytes);
-    let api = IdempotencyServiceServer::new(IdempotencyApi::new(coordinator, limits))
-        .max_decoding_message_size(decoding_limit);
+    let api = IdempotencyServiceServer::new(IdempotencyApi::new(
+        coordinator,
+        limits,
+        metrics.namespace_labels,
+    ))
+    .max_decoding_message_size(decoding_limit);
 
     let reflection_v1 = reflection_builder().build_v1()?;
     let reflection_v1alpha = reflection_builder().build_v1alpha()?;
@@ -127,7 +140,7 @@ pub async fn serve(
     // Outermost first: every call, refused at the door or not, is counted on its connection.
     // With metrics on, the metrics layer comes first, so that refusals at the door are counted.
     let layers = tower::ServiceBuilder::new()
-        .layer(crate::metrics::GrpcMetricsLayer { on: metrics_on })
+        .layer(crate::metrics::GrpcMetricsLayer { on: metrics.on })
         .layer(connections::ConnectionLayer::new(budget))
         .option_layer(door);
     server

@@ -1,13 +1,18 @@
 //! `idempotency.v1.IdempotencyService`: decode, call the coordinator, encode. One span per RPC
-//! carries the namespace (once validated) and the outcome; payloads never enter logs.
+//! carries the namespace (once validated) and the outcome; payloads never enter logs. With
+//! traces on (`--otlp-endpoint`), the span also carries OpenTelemetry's RPC names and continues
+//! the caller's trace when the call's metadata has a W3C `traceparent` (and `tracestate`).
 
+use opentelemetry::propagation::Extractor;
+use tonic::metadata::{KeyRef, MetadataMap};
 use tonic::{Request, Response, Status};
 use tracing::{Instrument, Span, field};
+use tracing_opentelemetry::OpenTelemetrySpanExt;
 
 use super::connections::ResponseSize;
 use super::convert;
 use super::status::reason;
-use crate::domain::{KeyState, Limits, TryStartOutcome};
+use crate::domain::{ClaimKind, KeyState, Limits, TryStartOutcome};
 use crate::proto::idempotency::v1 as pb;
 use crate::proto::idempotency::v1::idempotency_service_server::IdempotencyService;
 use crate::service::{Coordinator, CoordinatorError};
@@ -15,19 +20,86 @@ use crate::service::{Coordinator, CoordinatorError};
 pub struct IdempotencyApi {
     coordinator: Coordinator,
     limits: Limits,
+    /// `--metrics-namespace-labels`: the per-RPC counters carry the namespace.
+    namespace_labels: bool,
 }
 
 impl IdempotencyApi {
-    pub fn new(coordinator: Coordinator, limits: Limits) -> Self {
+    pub fn new(coordinator: Coordinator, limits: Limits, namespace_labels: bool) -> Self {
         Self {
             coordinator,
             limits,
+            namespace_labels,
         }
     }
 }
 
-fn rpc_span(rpc: &'static str) -> Span {
-    tracing::info_span!("rpc", rpc, namespace = field::Empty, outcome = field::Empty)
+const SERVICE: &str = "idempotency.v1.IdempotencyService";
+
+/// The RPC's span. With traces on, it is an OpenTelemetry server span named
+/// `idempotency.v1.IdempotencyService/<Method>`, the child of the caller's span when `metadata`
+/// carries its trace context (a root otherwise); off, it is the log's span only, and the
+/// metadata is not read.
+fn rpc_span(rpc: &'static str, metadata: &MetadataMap) -> Span {
+    if !crate::telemetry::traces_on() {
+        return tracing::info_span!("rpc", rpc, namespace = field::Empty, outcome = field::Empty);
+    }
+    let span = tracing::info_span!(
+        "rpc",
+        rpc,
+        namespace = field::Empty,
+        outcome = field::Empty,
+        otel.name = format!("{SERVICE}/{rpc}"),
+        otel.kind = "server",
+        otel.status_code = field::Empty,
+        rpc.system = "grpc",
+        rpc.service = SERVICE,
+        rpc.method = rpc,
+        rpc.grpc.status_code = field::Empty,
+    );
+    let caller = opentelemetry::global::get_text_map_propagator(|propagator| {
+        propagator.extract(&TraceHeaders(metadata))
+    });
+    // Fails only when the span is not exported, which traces_on rules out.
+    let _ = span.set_parent(caller);
+    span
+}
+
+/// The call's metadata as the W3C propagator reads it (`traceparent`, `tracestate`).
+struct TraceHeaders<'a>(&'a MetadataMap);
+
+impl Extractor for TraceHeaders<'_> {
+    fn get(&self, key: &str) -> Option<&str> {
+        self.0.get(key).and_then(|value| value.to_str().ok())
+    }
+
+    fn keys(&self) -> Vec<&str> {
+        self.0
+            .keys()
+            .filter_map(|key| match key {
+                KeyRef::Ascii(key) => Some(key.as_str()),
+                KeyRef::Binary(_) => None,
+            })
+            .collect()
+    }
+}
+
+/// Records the answer's status code in the current span; an error of the server's (not the
+/// caller's) marks the span failed, as OpenTelemetry's gRPC conventions say.
+fn record_code(code: tonic::Code) {
+    let span = Span::current();
+    span.record("rpc.grpc.status_code", code as i32);
+    if matches!(
+        code,
+        tonic::Code::Unknown
+            | tonic::Code::DeadlineExceeded
+            | tonic::Code::Unimplemented
+            | tonic::Code::Internal
+            | tonic::Code::Unavailable
+            | tonic::Code::DataLoss
+    ) {
+        span.record("otel.status_code", "ERROR");
+    }
 }
 
 /// When the caller stops waiting, from its `grpc-timeout` header (gRPC over HTTP/2: up to 8
@@ -56,28 +128,74 @@ fn record_scope(scope: &str) {
     Span::current().record("namespace", scope);
 }
 
-/// Records the outcome in the current span (and a refusal in the metrics) and turns a failure
-/// into its status.
-fn finish<T>(
-    rpc: &'static str,
-    result: Result<T, CoordinatorError>,
-    outcome: impl FnOnce(&T) -> &'static str,
-) -> Result<T, Status> {
-    let span = Span::current();
-    match result {
-        Ok(value) => {
-            let name = outcome(&value);
-            span.record("outcome", name);
-            tracing::debug!(outcome = name, "rpc answered");
-            Ok(value)
+impl IdempotencyApi {
+    /// The namespace as a label, kept only when `--metrics-namespace-labels` asks for it (an
+    /// empty string, which allocates nothing, otherwise).
+    fn namespace_label(&self, namespace: &str) -> String {
+        if self.namespace_labels {
+            namespace.to_owned()
+        } else {
+            String::new()
         }
-        Err(error) => {
-            let name = reason(&error);
-            span.record("outcome", name);
-            metrics::counter!("idempotency_refusals_total", "rpc" => rpc, "reason" => name)
-                .increment(1);
-            tracing::debug!(outcome = name, "rpc refused");
-            Err(error.into())
+    }
+
+    /// Adds `by` to the counter `name` with `labels`, and the namespace's label when
+    /// `--metrics-namespace-labels` asks for it.
+    fn count(
+        &self,
+        name: &'static str,
+        labels: &[(&'static str, &'static str)],
+        namespace: &str,
+        by: u64,
+    ) {
+        let mut all: Vec<metrics::Label> = labels
+            .iter()
+            .map(|&(key, value)| metrics::Label::from_static_parts(key, value))
+            .collect();
+        if self.namespace_labels {
+            all.push(metrics::Label::new("namespace", namespace.to_owned()));
+        }
+        metrics::counter!(name, all).increment(by);
+    }
+
+    /// Records the outcome in the current span (and a refusal in the metrics) and turns a
+    /// failure into its status.
+    fn finish<T>(
+        &self,
+        rpc: &'static str,
+        namespace: &str,
+        result: Result<T, CoordinatorError>,
+        outcome: impl FnOnce(&T) -> &'static str,
+    ) -> Result<T, Status> {
+        let span = Span::current();
+        match result {
+            Ok(value) => {
+                let name = outcome(&value);
+                span.record("outcome", name);
+                record_code(tonic::Code::Ok);
+                tracing::debug!(outcome = name, "rpc answered");
+                Ok(value)
+            }
+            Err(error) => {
+                let name = reason(&error);
+                span.record("outcome", name);
+                self.count(
+                    "idempotency_refusals_total",
+                    &[("rpc", rpc), ("reason", name)],
+                    namespace,
+                    1,
+                );
+                if matches!(error, CoordinatorError::Busy) {
+                    // STORE_UNAVAILABLE because this coalescer's queue was full, told apart
+                    // from a store that does not answer (the coalescers bear the RPCs' names).
+                    metrics::counter!("idempotency_coalescer_refusals_total", "coalescer" => rpc)
+                        .increment(1);
+                }
+                tracing::debug!(outcome = name, "rpc refused");
+                let status = Status::from(error);
+                record_code(status.code());
+                Err(status)
+            }
         }
     }
 }
@@ -97,8 +215,9 @@ fn sized<M: prost::Message>(message: M, refusable: bool) -> Response<M> {
 
 /// Parses a request, recording INVALID_ARGUMENT as the outcome when it fails.
 fn parsed<T>(result: Result<T, Status>) -> Result<T, Status> {
-    if result.is_err() {
+    if let Err(status) = &result {
         Span::current().record("outcome", "INVALID_ARGUMENT");
+        record_code(status.code());
     }
     result
 }
@@ -109,23 +228,35 @@ impl IdempotencyService for IdempotencyApi {
         &self,
         request: Request<pb::TryStartRequest>,
     ) -> Result<Response<pb::TryStartResponse>, Status> {
+        let span = rpc_span("TryStart", request.metadata());
         async {
             let deadline = deadline(request.metadata());
             let call = parsed(convert::try_start_call(request.into_inner(), &self.limits))?;
+            let namespace = self.namespace_label(call.command.namespace.as_str());
             record_scope(call.command.namespace.as_str());
-            let outcome = finish(
+            let outcome = self.finish(
                 "TryStart",
+                &namespace,
                 self.coordinator
                     .try_start_waiting(call.command, call.wait, deadline)
                     .await,
                 |o| o.name(),
             )?;
-            metrics::counter!("idempotency_try_start_total", "outcome" => outcome.name())
-                .increment(1);
-            if let TryStartOutcome::Started(claim) = &outcome
-                && claim.attempt > 1
-            {
-                metrics::counter!("idempotency_try_start_takeovers_total").increment(1);
+            self.count(
+                "idempotency_try_start_total",
+                &[("outcome", outcome.name())],
+                &namespace,
+                1,
+            );
+            if let TryStartOutcome::Started(claim) = &outcome {
+                let counter = match claim.kind {
+                    ClaimKind::Fresh => None,
+                    ClaimKind::Takeover => Some("idempotency_try_start_takeovers_total"),
+                    ClaimKind::Reentry => Some("idempotency_try_start_reentries_total"),
+                };
+                if let Some(counter) = counter {
+                    self.count(counter, &[], &namespace, 1);
+                }
             }
             let response = convert::try_start_response(outcome);
             // Only a new claim (or re-entry) is a write; the other answers read the key.
@@ -135,7 +266,7 @@ impl IdempotencyService for IdempotencyApi {
             );
             Ok(sized(response, !wrote))
         }
-        .instrument(rpc_span("TryStart"))
+        .instrument(span)
         .await
     }
 
@@ -143,20 +274,23 @@ impl IdempotencyService for IdempotencyApi {
         &self,
         request: Request<pb::CompleteRequest>,
     ) -> Result<Response<pb::CompleteResponse>, Status> {
+        let span = rpc_span("Complete", request.metadata());
         async {
             let command = parsed(convert::complete_command(
                 request.into_inner(),
                 &self.limits,
             ))?;
             record_scope(command.namespace.as_str());
-            let completion = finish(
+            let namespace = self.namespace_label(command.namespace.as_str());
+            let completion = self.finish(
                 "Complete",
+                &namespace,
                 self.coordinator.complete(command).await,
                 |_| "completed",
             )?;
             Ok(sized(convert::complete_response(completion), false))
         }
-        .instrument(rpc_span("Complete"))
+        .instrument(span)
         .await
     }
 
@@ -164,17 +298,20 @@ impl IdempotencyService for IdempotencyApi {
         &self,
         request: Request<pb::ReleaseRequest>,
     ) -> Result<Response<pb::ReleaseResponse>, Status> {
+        let span = rpc_span("Release", request.metadata());
         async {
             let command = parsed(convert::release_command(request.into_inner()))?;
             record_scope(command.namespace.as_str());
-            finish(
+            let namespace = self.namespace_label(command.namespace.as_str());
+            self.finish(
                 "Release",
+                &namespace,
                 self.coordinator.release(command).await,
                 |_| "released",
             )?;
             Ok(sized(pb::ReleaseResponse {}, false))
         }
-        .instrument(rpc_span("Release"))
+        .instrument(span)
         .await
     }
 
@@ -182,14 +319,17 @@ impl IdempotencyService for IdempotencyApi {
         &self,
         request: Request<pb::ExtendLeaseRequest>,
     ) -> Result<Response<pb::ExtendLeaseResponse>, Status> {
+        let span = rpc_span("ExtendLease", request.metadata());
         async {
             let command = parsed(convert::extend_lease_command(
                 request.into_inner(),
                 &self.limits,
             ))?;
             record_scope(command.namespace.as_str());
-            let lease_expires_at = finish(
+            let namespace = self.namespace_label(command.namespace.as_str());
+            let lease_expires_at = self.finish(
                 "ExtendLease",
+                &namespace,
                 self.coordinator.extend_lease(command).await,
                 |_| "extended",
             )?;
@@ -198,7 +338,7 @@ impl IdempotencyService for IdempotencyApi {
             };
             Ok(sized(response, false))
         }
-        .instrument(rpc_span("ExtendLease"))
+        .instrument(span)
         .await
     }
 
@@ -206,11 +346,14 @@ impl IdempotencyService for IdempotencyApi {
         &self,
         request: Request<pb::LookupRequest>,
     ) -> Result<Response<pb::LookupResponse>, Status> {
+        let span = rpc_span("Lookup", request.metadata());
         async {
             let query = parsed(convert::lookup_query(request.into_inner()))?;
             record_scope(query.namespace.as_str());
-            let state = finish(
+            let namespace = self.namespace_label(query.namespace.as_str());
+            let state = self.finish(
                 "Lookup",
+                &namespace,
                 self.coordinator.lookup(query).await,
                 |state| match state {
                     KeyState::Absent => "absent",
@@ -220,7 +363,7 @@ impl IdempotencyService for IdempotencyApi {
             )?;
             Ok(sized(convert::lookup_response(state), true))
         }
-        .instrument(rpc_span("Lookup"))
+        .instrument(span)
         .await
     }
 
@@ -228,14 +371,17 @@ impl IdempotencyService for IdempotencyApi {
         &self,
         request: Request<pb::MarkProcessedRequest>,
     ) -> Result<Response<pb::MarkProcessedResponse>, Status> {
+        let span = rpc_span("MarkProcessed", request.metadata());
         async {
             let command = parsed(convert::mark_processed_command(
                 request.into_inner(),
                 &self.limits,
             ))?;
             record_scope(command.consumer.as_str());
-            let results = finish(
+            let namespace = self.namespace_label(command.consumer.as_str());
+            let results = self.finish(
                 "MarkProcessed",
+                &namespace,
                 self.coordinator.mark_processed(command).await,
                 |_| "marked",
             )?;
@@ -243,13 +389,21 @@ impl IdempotencyService for IdempotencyApi {
                 .iter()
                 .filter(|result| result.already_processed)
                 .count();
-            metrics::counter!("idempotency_events_total", "result" => "already_processed")
-                .increment(repeated as u64);
-            metrics::counter!("idempotency_events_total", "result" => "new")
-                .increment((results.len() - repeated) as u64);
+            self.count(
+                "idempotency_events_total",
+                &[("result", "already_processed")],
+                &namespace,
+                repeated as u64,
+            );
+            self.count(
+                "idempotency_events_total",
+                &[("result", "new")],
+                &namespace,
+                (results.len() - repeated) as u64,
+            );
             Ok(sized(convert::mark_processed_response(results), false))
         }
-        .instrument(rpc_span("MarkProcessed"))
+        .instrument(span)
         .await
     }
 }

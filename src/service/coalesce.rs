@@ -29,6 +29,7 @@ use std::time::Duration;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
 use tokio::time::Instant;
 use tokio_util::task::TaskTracker;
+use tracing::{Instrument, Span};
 
 use super::CoordinatorError;
 use super::in_flight::{InFlight, InFlightGuard};
@@ -45,6 +46,9 @@ struct Pending<C, R> {
     reply: oneshot::Sender<Result<R, CoordinatorError>>,
     /// Held until the command is answered.
     held: Held,
+    /// The caller's span (traces on; `Span::none()` otherwise), which its statement's span
+    /// joins.
+    span: Span,
 }
 
 /// What a command holds while it is queued or running: its place in the queue, and its count
@@ -93,6 +97,8 @@ pub struct CoalescerSettings {
     pub wait_budget: Duration,
     /// The operation timeout: reported with that answer, and how long a caller waits.
     pub timeout: Duration,
+    /// The database, as the statements' spans name it.
+    pub db_system: &'static str,
 }
 
 impl<C, R> Coalescer<C, R>
@@ -122,6 +128,7 @@ where
         let execute = Arc::new(execute);
         let timeout = settings.timeout;
         let max_batch = settings.max_batch.max(1);
+        let db_system = settings.db_system;
         // The metrics label: the operation, the last word of the name.
         let label = name.rsplit(' ').next().unwrap_or(name);
         lifecycle.spawn(name, async move {
@@ -156,7 +163,7 @@ where
                     .record(weight as f64);
                 let execute = execute.clone();
                 tasks.spawn(async move {
-                    run_batch(batch, execute.as_ref(), timeout, label).await;
+                    run_batch(batch, execute.as_ref(), timeout, (label, db_system)).await;
                     drop(permit);
                 });
             }
@@ -169,6 +176,17 @@ where
             timeout,
             in_flight,
         }
+    }
+
+    /// The weight queued or running now.
+    pub fn queued(&self) -> usize {
+        self.queue_capacity
+            .saturating_sub(self.room.available_permits())
+    }
+
+    /// The most weight that may queue or run at once.
+    pub fn capacity(&self) -> usize {
+        self.queue_capacity
     }
 
     /// Queues `command` and waits for its own result.
@@ -190,6 +208,11 @@ where
                 _room: room,
                 _in_flight: self.in_flight.enter(),
             },
+            span: if crate::telemetry::traces_on() {
+                Span::current()
+            } else {
+                Span::none()
+            },
         };
         self.queue
             .send(pending)
@@ -205,7 +228,7 @@ async fn run_batch<C, R, F, Fut>(
     batch: Vec<Pending<C, R>>,
     execute: &F,
     timeout: Duration,
-    label: &'static str,
+    (label, db_system): (&'static str, &'static str),
 ) where
     C: Batchable,
     F: Fn(Round<C>) -> Fut,
@@ -232,12 +255,16 @@ async fn run_batch<C, R, F, Fut>(
         let Some(nobody_waits_after) = due.iter().map(|call| call.answer_by).max() else {
             continue;
         };
+        let statement = round_span(label, db_system, &due);
         let (commands, waiters): (Vec<_>, Vec<_>) = due
             .into_iter()
             .map(|call| (call.command, (call.reply, call.held)))
             .unzip();
         let results = match Round::new(commands) {
-            Ok(round) => match timed(label, nobody_waits_after, execute(round)).await {
+            Ok(round) => match timed(label, nobody_waits_after, execute(round))
+                .instrument(statement)
+                .await
+            {
                 Ok(results) => results
                     .into_iter()
                     .map(|result| result.map_err(CoordinatorError::Store))
@@ -262,6 +289,28 @@ async fn run_batch<C, R, F, Fut>(
             drop(held);
         }
     }
+}
+
+/// The span of a round's one statement: the child of its first call's span, linked to the
+/// span of every other call it carries (a span has one parent; the links lead from the shared
+/// statement to each of the RPCs it served).
+fn round_span<C, R>(label: &'static str, db_system: &'static str, due: &[Pending<C, R>]) -> Span {
+    let Some(first) = due.first() else {
+        return Span::none();
+    };
+    let span = super::statement_span(label, db_system, &first.span, due.len());
+    if !span.is_disabled() {
+        use opentelemetry::trace::TraceContextExt;
+        use tracing_opentelemetry::OpenTelemetrySpanExt;
+        for other in &due[1..] {
+            let context = other.span.context();
+            let caller = context.span().span_context().clone();
+            if caller.is_valid() {
+                span.add_link(caller);
+            }
+        }
+    }
+    span
 }
 
 /// `statement` within `deadline`, its time recorded in `idempotency_store_seconds`.
@@ -317,6 +366,7 @@ mod tests {
             queue_capacity: 1000,
             wait_budget,
             timeout: Duration::from_secs(5),
+            db_system: "test",
         }
     }
 

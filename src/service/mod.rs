@@ -18,6 +18,8 @@
 use std::future::Future;
 use std::time::Duration;
 
+use tracing::{Instrument, Span};
+
 use tokio_util::task::TaskTracker;
 
 pub mod coalesce;
@@ -69,6 +71,37 @@ pub struct Coalescing {
     pub executors: usize,
     /// The most calls in one batch.
     pub max_batch: usize,
+}
+
+/// The span of one store statement (a coalesced round of `calls` commands is one), the child of
+/// `parent` (the RPC's span), for traces. `Span::none()` when traces are off, so that nothing is
+/// paid for it. Its attributes name the operation and the database, never a key or a value.
+pub(crate) fn statement_span(
+    operation: &'static str,
+    system: &'static str,
+    parent: &Span,
+    calls: usize,
+) -> Span {
+    if !crate::telemetry::traces_on() {
+        return Span::none();
+    }
+    tracing::debug_span!(
+        parent: parent,
+        "store",
+        otel.name = format!("store {operation}"),
+        otel.kind = "client",
+        db.system.name = system,
+        db.operation.name = operation,
+        db.operation.batch.size = i64::try_from(calls).unwrap_or(i64::MAX),
+    )
+}
+
+/// The database's name in OpenTelemetry's conventions (`db.system.name`).
+fn db_system(store: &AnyStore) -> &'static str {
+    match store {
+        AnyStore::Postgres(_) => "postgresql",
+        AnyStore::Sqlite(_) => "sqlite",
+    }
 }
 
 #[derive(Clone)]
@@ -147,6 +180,7 @@ impl Coordinator {
                 queue_capacity,
                 wait_budget: TimeBudget::of(operation_timeout).queue_wait,
                 timeout: operation_timeout,
+                db_system: db_system(&store),
             };
             let for_try_start = store.clone();
             let for_complete = store.clone();
@@ -200,6 +234,31 @@ impl Coordinator {
             coalescers,
             in_flight,
         }
+    }
+
+    /// Each coalescer's queue, for the metrics: its name, the weight queued or running in it,
+    /// and the most it takes. Empty without coalescing.
+    pub fn coalescer_queues(&self) -> Vec<(&'static str, usize, usize)> {
+        let Some(coalescers) = &self.coalescers else {
+            return Vec::new();
+        };
+        vec![
+            (
+                "TryStart",
+                coalescers.try_start.queued(),
+                coalescers.try_start.capacity(),
+            ),
+            (
+                "Complete",
+                coalescers.complete.queued(),
+                coalescers.complete.capacity(),
+            ),
+            (
+                "MarkProcessed",
+                coalescers.mark_processed.queued(),
+                coalescers.mark_processed.capacity(),
+            ),
+        ]
     }
 
     /// TryStart that, when another caller's running lease holds the key, waits up to `wait`
@@ -400,17 +459,21 @@ impl Coordinator {
         let timeout = self.operation_timeout;
         let work = operation(self.store.clone());
         let in_flight = self.in_flight.enter();
-        let task = self.tasks.spawn(async move {
-            let _in_flight = in_flight;
-            let began = tokio::time::Instant::now();
-            let finished = tokio::time::timeout(timeout, work).await;
-            metrics::histogram!("idempotency_store_seconds", "operation" => name)
-                .record(began.elapsed().as_secs_f64());
-            match finished {
-                Ok(result) => result.map_err(CoordinatorError::Store),
-                Err(_elapsed) => Err(CoordinatorError::TimedOut(timeout)),
+        let statement = statement_span(name, db_system(&self.store), &Span::current(), 1);
+        let task = self.tasks.spawn(
+            async move {
+                let _in_flight = in_flight;
+                let began = tokio::time::Instant::now();
+                let finished = tokio::time::timeout(timeout, work).await;
+                metrics::histogram!("idempotency_store_seconds", "operation" => name)
+                    .record(began.elapsed().as_secs_f64());
+                match finished {
+                    Ok(result) => result.map_err(CoordinatorError::Store),
+                    Err(_elapsed) => Err(CoordinatorError::TimedOut(timeout)),
+                }
             }
-        });
+            .instrument(statement),
+        );
         match task.await {
             Ok(result) => result,
             Err(join_error) => Err(CoordinatorError::TaskFailed(join_error)),

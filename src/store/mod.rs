@@ -24,6 +24,13 @@ pub use error::StoreError;
 pub use postgres::PgStore;
 pub use sqlite::SqliteStore;
 
+/// The age of the oldest expired row still stored, per table (see [`Store::expired_backlog`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct ExpiredBacklog {
+    pub keys: Duration,
+    pub events: Duration,
+}
+
 /// A change that may end a wait on a key.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum KeyEvent {
@@ -104,6 +111,11 @@ pub trait Store: Clone + Send + Sync + 'static {
         &self,
         limit: u32,
     ) -> impl Future<Output = Result<u64, StoreError>> + Send;
+
+    /// How long ago the oldest expired key and the oldest expired event that are still stored
+    /// expired (zero when none is), by the database clock: the reaper's lag. One index-backed
+    /// `min(expires_at)` per table, which waits for no lock.
+    fn expired_backlog(&self) -> impl Future<Output = Result<ExpiredBacklog, StoreError>> + Send;
 
     /// Applies the schema migrations this build carries.
     fn migrate(&self) -> impl Future<Output = Result<(), StoreError>> + Send;
@@ -307,6 +319,10 @@ impl Store for AnyStore {
 
     async fn reap_expired_events(&self, limit: u32) -> Result<u64, StoreError> {
         delegate!(self, store => store.reap_expired_events(limit))
+    }
+
+    async fn expired_backlog(&self) -> Result<ExpiredBacklog, StoreError> {
+        delegate!(self, store => store.expired_backlog())
     }
 
     async fn migrate(&self) -> Result<(), StoreError> {

@@ -27,6 +27,7 @@ mod rust_client;
 mod security;
 mod shutdown;
 mod store_suite;
+mod traces;
 mod try_start;
 mod validation;
 mod wait;

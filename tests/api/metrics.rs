@@ -15,7 +15,7 @@ use crate::support::process::ServerProcess;
 use crate::support::*;
 
 /// `GET /metrics` over a plain TCP connection; the status line and the body.
-async fn http_get(address: SocketAddr, path: &str) -> (String, String) {
+pub async fn http_get(address: SocketAddr, path: &str) -> (String, String) {
     let mut stream = tokio::net::TcpStream::connect(address)
         .await
         .expect("connect to the metrics port");
@@ -41,7 +41,7 @@ pub(crate) async fn scrape(app: &TestApp) -> String {
 }
 
 /// The samples of an exposition: `name{labels}` as written, to its value.
-pub(crate) fn samples(exposition: &str) -> HashMap<String, f64> {
+pub fn samples(exposition: &str) -> HashMap<String, f64> {
     exposition
         .lines()
         .filter(|line| !line.starts_with('#') && !line.trim().is_empty())
@@ -316,7 +316,17 @@ async fn the_exposition_passes_promtool(backend: Backend) {
         );
         return;
     };
-    let app = TestApp::spawn_with(backend, &["--metrics-listen", "127.0.0.1:0"]).await;
+    let app = TestApp::spawn_with(
+        backend,
+        &[
+            "--metrics-listen",
+            "127.0.0.1:0",
+            "--metrics-namespace-labels",
+            "--reaper-interval",
+            "100ms",
+        ],
+    )
+    .await;
     let mut client = app.client().await;
     let key = unique_key("promtool");
     let started = claim(&mut client, try_start(&key)).await;
@@ -328,7 +338,11 @@ async fn the_exposition_passes_promtool(backend: Backend) {
         .mark_processed(mark("c", &["x"]))
         .await
         .expect("MarkProcessed");
+    // Every kind of series is there: the reaper's lag, once it has swept, too.
+    series_reaches(&app, "idempotency_reaper_lag_seconds{table=\"keys\"}", 0.0).await;
     let exposition = scrape(&app).await;
+    assert!(exposition.contains("idempotency_coalescer_queue_depth{coalescer=\"TryStart\"}"));
+    assert!(exposition.contains("namespace=\"tests\""));
 
     let mut check = tokio::process::Command::new(promtool)
         .args(["check", "metrics"])
@@ -352,10 +366,269 @@ async fn the_exposition_passes_promtool(backend: Backend) {
     );
 }
 
+async fn takeovers_and_reentries_are_counted_apart(backend: Backend) {
+    let app = TestApp::spawn_with(backend, &["--metrics-listen", "127.0.0.1:0"]).await;
+    let mut client = app.client().await;
+    let with_attempt = |key: &str, attempt: &str| pb::TryStartRequest {
+        attempt_id: attempt.into(),
+        lease_ttl: millis(300),
+        ..try_start(key)
+    };
+    // A fresh claim, then its holder's re-entry.
+    let kept = unique_key("reentered");
+    let first = claim(&mut client, with_attempt(&kept, "a")).await;
+    let again = claim(&mut client, with_attempt(&kept, "a")).await;
+    assert_eq!(
+        again.lease_token, first.lease_token,
+        "a re-entry keeps the claim"
+    );
+    // A claim whose lease runs out, taken over, then re-entered by the taker: a re-entry,
+    // although its attempt is 2.
+    let lapsed = unique_key("taken-over");
+    claim(&mut client, with_attempt(&lapsed, "x")).await;
+    wait_for_lease_expiry(&app, &client, &lapsed).await;
+    let taken = claim(&mut client, with_attempt(&lapsed, "y")).await;
+    assert_eq!(taken.attempt, 2);
+    let reentered = claim(&mut client, with_attempt(&lapsed, "y")).await;
+    assert_eq!(
+        (reentered.attempt, reentered.lease_token),
+        (2, taken.lease_token)
+    );
+
+    let after = samples(&scrape(&app).await);
+    for (series, wanted) in [
+        ("idempotency_try_start_total{outcome=\"started\"}", 5.0),
+        ("idempotency_try_start_takeovers_total", 1.0),
+        ("idempotency_try_start_reentries_total", 2.0),
+    ] {
+        assert_eq!(value(&after, series), wanted, "{series}");
+    }
+}
+
+async fn namespaces_become_labels_with_the_flag(backend: Backend) {
+    let labelled = TestApp::spawn_with(
+        backend,
+        &[
+            "--metrics-listen",
+            "127.0.0.1:0",
+            "--metrics-namespace-labels",
+        ],
+    )
+    .await;
+    let mut client = labelled.client().await;
+    let key = unique_key("labelled");
+    let started = claim(&mut client, try_start(&key)).await;
+    let other = pb::TryStartRequest {
+        namespace: "billing".into(),
+        ..try_start(&key)
+    };
+    claim(&mut client, other).await;
+    let stale = client
+        .release(release(&key, started.lease_token + 1_000_000))
+        .await
+        .expect_err("another token");
+    assert_error(&stale, Code::Aborted, "LEASE_LOST");
+    client
+        .mark_processed(mark("labelled-consumer", &["a", "b"]))
+        .await
+        .expect("MarkProcessed");
+    let exposition = scrape(&labelled).await;
+    let after = samples(&exposition);
+    for (series, wanted) in [
+        (
+            "idempotency_try_start_total{outcome=\"started\",namespace=\"tests\"}",
+            1.0,
+        ),
+        (
+            "idempotency_try_start_total{outcome=\"started\",namespace=\"billing\"}",
+            1.0,
+        ),
+        (
+            "idempotency_refusals_total{rpc=\"Release\",reason=\"LEASE_LOST\",namespace=\"tests\"}",
+            1.0,
+        ),
+        (
+            "idempotency_events_total{result=\"new\",namespace=\"labelled-consumer\"}",
+            2.0,
+        ),
+    ] {
+        assert_eq!(value(&after, series), wanted, "{series}");
+    }
+    // The gRPC server metrics never carry a namespace, nor does anything carry a key.
+    assert!(
+        exposition
+            .lines()
+            .filter(|line| line.starts_with("grpc_"))
+            .all(|line| !line.contains("namespace=")),
+        "{exposition}"
+    );
+    assert!(!exposition.contains(&key));
+}
+
+/// A test of its own: the recorder is the process's, and would still hold the series a
+/// labelled server made.
+async fn namespaces_are_not_labels_by_default(backend: Backend) {
+    let plain = TestApp::spawn_with(backend, &["--metrics-listen", "127.0.0.1:0"]).await;
+    let mut client = plain.client().await;
+    claim(&mut client, try_start(&unique_key("plain"))).await;
+    client
+        .mark_processed(mark("plain-consumer", &["a"]))
+        .await
+        .expect("MarkProcessed");
+    let exposition = scrape(&plain).await;
+    assert!(!exposition.contains("namespace="), "{exposition}");
+    assert!(!exposition.contains("plain-consumer"), "{exposition}");
+}
+
+async fn a_full_queue_shows_in_its_depth_and_its_own_refusals(backend: Backend) {
+    // One executor, batches of one: the TryStart coalescer takes 16 calls, queued or running.
+    let app = TestApp::spawn_with(
+        backend,
+        &[
+            "--metrics-listen",
+            "127.0.0.1:0",
+            "--coalesce-executors",
+            "1",
+            "--coalesce-max-batch",
+            "1",
+            "--operation-timeout",
+            "30s",
+        ],
+    )
+    .await;
+    let client = app.client().await;
+    let depth = "idempotency_coalescer_queue_depth{coalescer=\"TryStart\"}";
+    let before = samples(&scrape(&app).await);
+    assert_eq!(value(&before, depth), 0.0);
+    assert_eq!(
+        value(
+            &before,
+            "idempotency_coalescer_queue_capacity{coalescer=\"TryStart\"}"
+        ),
+        16.0
+    );
+
+    // The executor is kept busy by a claim of a key held from outside; 15 more calls queue.
+    let held = unique_key("held");
+    claim(&mut client.clone(), try_start(&held)).await;
+    let hold = app.database.hold_key(&held).await;
+    let mut calls = Vec::new();
+    for index in 0..16 {
+        let mut client = client.clone();
+        let request = if index == 0 {
+            try_start(&held)
+        } else {
+            try_start(&unique_key("queued"))
+        };
+        calls.push(tokio::spawn(async move { client.try_start(request).await }));
+        if index == 0 {
+            series_reaches(&app, depth, 1.0).await;
+        }
+    }
+    series_reaches(&app, depth, 16.0).await;
+    let refused = client
+        .clone()
+        .try_start(try_start(&unique_key("one-too-many")))
+        .await
+        .expect_err("the queue is full");
+    assert_error(&refused, Code::Unavailable, "STORE_UNAVAILABLE");
+    hold.release().await;
+    for call in calls {
+        call.await
+            .expect("a queued call's task")
+            .expect("a queued TryStart is answered once the store is free");
+    }
+    series_reaches(&app, depth, 0.0).await;
+    let after = samples(&scrape(&app).await);
+    for (series, wanted) in [
+        (
+            "idempotency_coalescer_refusals_total{coalescer=\"TryStart\"}",
+            1.0,
+        ),
+        (
+            "idempotency_refusals_total{rpc=\"TryStart\",reason=\"STORE_UNAVAILABLE\"}",
+            1.0,
+        ),
+    ] {
+        assert_eq!(value(&after, series), wanted, "{series}");
+    }
+}
+
+async fn series_reaches(app: &TestApp, series: &str, wanted: f64) {
+    eventually(
+        Duration::from_secs(10),
+        &format!("{series} is {wanted}"),
+        || async move { samples(&scrape(app).await).get(series).copied() == Some(wanted) },
+    )
+    .await;
+}
+
+async fn the_reapers_lag_is_the_age_of_what_it_could_not_delete(backend: Backend) {
+    let app = TestApp::spawn_with(
+        backend,
+        &[
+            "--metrics-listen",
+            "127.0.0.1:0",
+            "--reaper-interval",
+            "100ms",
+        ],
+    )
+    .await;
+    let keys = "idempotency_reaper_lag_seconds{table=\"keys\"}";
+    let events = "idempotency_reaper_lag_seconds{table=\"events\"}";
+    // Nothing expired: no lag.
+    series_reaches(&app, keys, 0.0).await;
+    series_reaches(&app, events, 0.0).await;
+
+    // Rows that expired an hour ago, one of them held from outside so that the reaper cannot
+    // delete it (PostgreSQL skips the locked row; SQLite's whole write waits and gives up).
+    app.database.insert_expired_keys("lagging", 3).await;
+    app.database.insert_expired_events(2).await;
+    let hold = app.database.hold_key("lagging1").await;
+    let hour = 3600.0;
+    eventually(
+        Duration::from_secs(20),
+        "the keys' lag shows the held row's age",
+        || async {
+            samples(&scrape(&app).await)
+                .get(keys)
+                .is_some_and(|lag| (hour..hour + 120.0).contains(lag))
+        },
+    )
+    .await;
+    let lag = samples(&scrape(&app).await);
+    match backend {
+        // Only the held key was left: its siblings and the events were deleted.
+        Backend::Postgres => {
+            assert_eq!(app.database.count_rows("idempotency_keys").await, 1);
+            series_reaches(&app, events, 0.0).await;
+        }
+        // Every write waits for the held lock, so nothing was deleted.
+        Backend::Sqlite => assert!(lag.get(events).is_some_and(|lag| *lag >= hour), "{lag:?}"),
+    }
+
+    hold.release().await;
+    series_reaches(&app, keys, 0.0).await;
+    series_reaches(&app, events, 0.0).await;
+    assert_eq!(app.database.count_rows("idempotency_keys").await, 0);
+}
+
 for_each_backend!(
     a_known_sequence_of_calls_is_counted_exactly,
-    the_exposition_passes_promtool
+    the_exposition_passes_promtool,
+    takeovers_and_reentries_are_counted_apart,
+    namespaces_become_labels_with_the_flag,
+    namespaces_are_not_labels_by_default,
+    a_full_queue_shows_in_its_depth_and_its_own_refusals,
+    the_reapers_lag_is_the_age_of_what_it_could_not_delete
 );
+
+#[tokio::test]
+async fn namespace_labels_need_the_metrics() {
+    let output = coordinator(&["--metrics-namespace-labels"]).await;
+    assert_eq!(output.status.code(), Some(2), "{output:?}");
+    assert!(String::from_utf8_lossy(&output.stderr).contains("--metrics-listen"));
+}
 
 #[tokio::test]
 async fn tokens_and_refusals_at_the_door_are_counted_by_reason() {
@@ -449,6 +722,7 @@ async fn coordinator(args: &[&str]) -> std::process::Output {
     tokio::process::Command::new(env!("CARGO_BIN_EXE_idempotency-coordinator"))
         .args(args)
         .env_remove("IDEMPOTENCY_METRICS_LISTEN")
+        .env_remove("IDEMPOTENCY_METRICS_NAMESPACE_LABELS")
         .env_remove("IDEMPOTENCY_HEALTHCHECK_ADDR")
         .env_remove("IDEMPOTENCY_HEALTHCHECK_TIMEOUT")
         .output()

@@ -614,6 +614,17 @@ impl Store for PgStore {
         Ok(deleted.unsigned_abs())
     }
 
+    async fn expired_backlog(&self) -> Result<super::ExpiredBacklog, StoreError> {
+        let (keys, events): (i64, i64) = self
+            .fetch_one_on(&self.pool, sqlx::query_as(EXPIRED_BACKLOG))
+            .await
+            .map_err(classify)?;
+        Ok(super::ExpiredBacklog {
+            keys: schema::stored_duration(keys),
+            events: schema::stored_duration(events),
+        })
+    }
+
     async fn migrate(&self) -> Result<(), StoreError> {
         // A database that does not exist yet is created, so a first start needs nothing by
         // hand; where the role may not create databases, the original error is reported.

@@ -399,3 +399,14 @@ deleted AS (
 )
 SELECT count(*) FROM deleted
 "#;
+
+/// The reaper's lag: how long ago the oldest expired row of each table expired, in
+/// microseconds (0 when none is). `min` under `expires_at <= now()` reads one end of each
+/// table's `expires_at` index; a plain read, it waits for no row lock.
+pub(super) const EXPIRED_BACKLOG: &str = r#"
+SELECT
+    coalesce((extract(epoch FROM now() - (SELECT min(expires_at) FROM idempotency_keys
+                                          WHERE expires_at <= now())) * 1000000)::bigint, 0),
+    coalesce((extract(epoch FROM now() - (SELECT min(expires_at) FROM processed_events
+                                          WHERE expires_at <= now())) * 1000000)::bigint, 0)
+"#;

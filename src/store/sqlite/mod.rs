@@ -36,7 +36,7 @@ use tokio_util::sync::CancellationToken;
 use self::error::classify;
 use self::ops::{claim_in, complete_in, extend_in, mark_in, now, release_in};
 use self::rows::KeyRow;
-use self::sql::{LOOKUP_LIVE_KEY, NOW, REAP_EVENTS, REAP_KEYS};
+use self::sql::{EXPIRED_BACKLOG, LOOKUP_LIVE_KEY, NOW, REAP_EVENTS, REAP_KEYS};
 use super::schema;
 use super::{KeyEvent, Store, StoreError};
 use crate::domain::batch::Round;
@@ -340,6 +340,19 @@ impl Store for SqliteStore {
 
     async fn reap_expired_events(&self, limit: u32) -> Result<u64, StoreError> {
         self.reap(REAP_EVENTS, limit).await
+    }
+
+    /// On a reader: WAL lets it read while the writer (or a reaping batch) holds the lock.
+    async fn expired_backlog(&self) -> Result<super::ExpiredBacklog, StoreError> {
+        self.ensure_schema().await?;
+        let (keys, events): (i64, i64) = sqlx::query_as(EXPIRED_BACKLOG)
+            .fetch_one(&self.readers)
+            .await
+            .map_err(classify)?;
+        Ok(super::ExpiredBacklog {
+            keys: schema::stored_duration(keys),
+            events: schema::stored_duration(events),
+        })
     }
 
     async fn migrate(&self) -> Result<(), StoreError> {

@@ -68,3 +68,17 @@ pub(super) const DELETE_KEY: &str =
 
 /// SQLite's clock, in whole microseconds.
 pub(super) const NOW: &str = concat!("SELECT ", now_us!());
+
+/// The reaper's lag: how long ago the oldest expired row of each table expired, in
+/// microseconds (0 when none is), from each table's `expires_at` index.
+pub(super) const EXPIRED_BACKLOG: &str = concat!(
+    "SELECT coalesce(",
+    now_us!(),
+    " - (SELECT min(expires_at) FROM idempotency_keys WHERE expires_at <= ",
+    now_us!(),
+    "), 0), coalesce(",
+    now_us!(),
+    " - (SELECT min(expires_at) FROM processed_events WHERE expires_at <= ",
+    now_us!(),
+    "), 0)"
+);

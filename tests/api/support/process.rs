@@ -46,6 +46,16 @@ impl ServerProcess {
         )
     }
 
+    /// Runs `command` (the coordinator binary with its arguments and environment) as
+    /// [`idempotency_testkit::ServerProcess::spawn`] does.
+    pub async fn spawn(command: tokio::process::Command, flags: &[&str]) -> Self {
+        Self(
+            idempotency_testkit::ServerProcess::spawn(command, flags)
+                .await
+                .expect("start the server binary"),
+        )
+    }
+
     /// Starts the binary with no store settings at all, in `directory`, as a newcomer would.
     pub async fn start_embedded_in(directory: &std::path::Path) -> Self {
         Self::start_embedded_in_with(directory, &[]).await
