@@ -43,6 +43,10 @@ pub enum Command {
     /// Exit 0 when the service at --addr answers SERVING to a gRPC health check of
     /// idempotency.v1.IdempotencyService, 1 otherwise (for a container HEALTHCHECK).
     Healthcheck(HealthcheckArgs),
+    /// Run the HTTP gateway: a reverse proxy that gives the HTTP API at --upstream
+    /// Idempotency-Key semantics, deciding everything through the coordinator at
+    /// --coordinator (see docs/gateway.md).
+    Gateway(Box<idempotency_gateway::Args>),
 }
 
 #[derive(Debug, Clone, Args)]
