@@ -46,6 +46,7 @@ pub enum Command {
     /// Run the HTTP gateway: a reverse proxy that gives the HTTP API at --upstream
     /// Idempotency-Key semantics, deciding everything through the coordinator at
     /// --coordinator (see docs/gateway.md).
+    #[command(args_override_self = true)]
     Gateway(Box<idempotency_gateway::Args>),
 }
 

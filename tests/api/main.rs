@@ -8,6 +8,7 @@ mod complete;
 mod embedded;
 mod extend_lease;
 mod faults;
+mod gateway;
 mod grpcurl;
 mod health;
 mod hostile;

@@ -1,0 +1,81 @@
+//! Long upstream calls: the heartbeat keeps the lease past its TTL, a request that arrives
+//! meanwhile waits or gets 409 with Retry-After, and another replica of the gateway (two
+//! gateways, one coordinator) answers the retry from the stored response.
+
+use std::time::Duration;
+
+use crate::support::{Backend, TestApp, for_each_backend};
+
+use super::{Http, TestGateway, Upstream, key};
+
+for_each_backend!(a_heartbeat_keeps_a_slow_upstream_and_a_replica_replays_it);
+
+async fn a_heartbeat_keeps_a_slow_upstream_and_a_replica_replays_it(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+    let upstream = Upstream::start().await;
+    // A 600 ms lease, renewed every 200 ms; the upstream takes 2 s, over three leases.
+    let flags = ["--lease", "600ms", "--wait", "0s"];
+    let first = TestGateway::start(&upstream, &app.endpoint(), &flags).await;
+    let replica = TestGateway::start(&upstream, &app.endpoint(), &flags).await;
+    let http = Http::new();
+    let key = key("slow");
+    upstream.slow_down(Duration::from_secs(2));
+    let running = {
+        let (http, url, key) = (http.clone(), format!("{}/orders", first.url()), key.clone());
+        tokio::spawn(async move { http.post(&url, &key, "{}").await })
+    };
+    upstream.wait_for_in_flight(1).await;
+    // Well past the first lease: without the heartbeat the replica would take the key over.
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    let meanwhile = http
+        .post(&format!("{}/orders", replica.url()), &key, "{}")
+        .await;
+    meanwhile.assert_problem(409, "in-progress");
+    let retry_after: u64 = meanwhile
+        .header("retry-after")
+        .expect("Retry-After")
+        .parse()
+        .expect("seconds");
+    assert_eq!(retry_after, 1, "the rest of a 600 ms lease, rounded up");
+    let answered = running.await.expect("the call ran");
+    assert_eq!(answered.status, 201);
+    assert!(!answered.replayed());
+    let replayed = http
+        .post(&format!("{}/orders", replica.url()), &key, "{}")
+        .await;
+    assert!(
+        replayed.replayed(),
+        "the replica answers from the stored response"
+    );
+    assert_eq!(replayed.body, answered.body);
+    assert_eq!(upstream.executions(), 1);
+}
+
+/// A request that arrives while the first runs waits for it (--wait) and gets its response.
+#[tokio::test]
+async fn a_concurrent_request_waits_and_gets_the_stored_response() {
+    let app = TestApp::spawn(Backend::Postgres).await;
+    let upstream = Upstream::start().await;
+    let gateway = TestGateway::start(&upstream, &app.endpoint(), &["--wait", "20s"]).await;
+    let http = Http::new();
+    let url = format!("{}/orders", gateway.url());
+    let key = key("wait");
+    upstream.hold();
+    let first = {
+        let (http, url, key) = (http.clone(), url.clone(), key.clone());
+        tokio::spawn(async move { http.post(&url, &key, "{}").await })
+    };
+    upstream.wait_for_in_flight(1).await;
+    let second = {
+        let (http, url, key) = (http.clone(), url.clone(), key.clone());
+        tokio::spawn(async move { http.post(&url, &key, "{}").await })
+    };
+    app.wait_for_waiters(1).await;
+    upstream.open();
+    let first = first.await.expect("ran");
+    let second = second.await.expect("ran");
+    assert!(!first.replayed());
+    assert!(second.replayed(), "the waiter got the stored response");
+    assert_eq!(second.body, first.body);
+    assert_eq!(upstream.executions(), 1);
+}
