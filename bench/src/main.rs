@@ -6,9 +6,11 @@
 //!   PostgreSQL, and runs the same workloads against each in one run, side by side.
 //! - `reaper-under-load` measures TryStart while the reaper clears a backlog of expired keys,
 //!   against TryStart without a backlog.
+//! - `gateway` measures the HTTP gateway with wrk against the upstream alone.
 
 mod contended;
 mod direct;
+mod gateway;
 mod load;
 mod reaper;
 
@@ -81,6 +83,9 @@ enum BenchCommand {
     /// Callers piled up on a few keys whose holder works, then completes: waiting on the server
     /// (TryStart's `wait`) against polling every 50 ms.
     Contended(contended::Settings),
+    /// The HTTP gateway with wrk: the upstream alone against through the gateway (fresh keys,
+    /// replays, passed through), at 1 caller and at --callers, alternating, in one run.
+    Gateway(gateway::Settings),
 }
 
 #[tokio::main]
@@ -195,6 +200,7 @@ async fn main() -> anyhow::Result<()> {
         }
         BenchCommand::ReaperUnderLoad(settings) => reaper::run(settings).await?,
         BenchCommand::Contended(settings) => contended::run(settings).await?,
+        BenchCommand::Gateway(settings) => gateway::run(settings).await?,
     }
     Ok(())
 }

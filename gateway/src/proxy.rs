@@ -198,12 +198,15 @@ impl Proxy {
             );
         }
         match error {
+            // The holder's lease is the latest moment a retry could take over, but the holder
+            // usually finishes well before (its heartbeat keeps renewing it): a retry is
+            // suggested after the shorter of the two and the wait, at least 1 s.
             Error::InProgress { retry_after, .. } => Problem::InProgress.response(
                 &format!(
                     "another request with this key is still running after {:?}",
                     self.settings.wait
                 ),
-                Some(retry_after),
+                Some(retry_after.min(self.settings.wait.max(Duration::from_secs(1)))),
             ),
             Error::FingerprintMismatch => Problem::KeyReused.response(
                 "this key was used for a request with another method, path, content type or body",
