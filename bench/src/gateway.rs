@@ -77,7 +77,11 @@ pub async fn run(settings: Settings) -> anyhow::Result<()> {
         ("upstream alone", upstream_url.as_str(), plain.as_path()),
         ("gateway, fresh keys", gateway_url.as_str(), fresh.as_path()),
         ("gateway, replays", gateway_url.as_str(), replay.as_path()),
-        ("gateway, no key (passed through)", gateway_url.as_str(), plain.as_path()),
+        (
+            "gateway, no key (passed through)",
+            gateway_url.as_str(),
+            plain.as_path(),
+        ),
     ];
     for (threads, callers) in [(1, 1), (settings.threads, settings.callers)] {
         // Alternating: the upstream alone is measured first and again last.
@@ -147,7 +151,13 @@ async fn wrk(
     duration: Duration,
 ) -> anyhow::Result<Measured> {
     let output = tokio::process::Command::new("wrk")
-        .args(["--latency", "-t", &threads.to_string(), "-c", &callers.to_string()])
+        .args([
+            "--latency",
+            "-t",
+            &threads.to_string(),
+            "-c",
+            &callers.to_string(),
+        ])
         .args(["-d", &format!("{}s", duration.as_secs().max(1))])
         .arg("-s")
         .arg(script)
@@ -157,7 +167,10 @@ async fn wrk(
         .context("running wrk (apt-get install wrk)")?;
     let text = String::from_utf8_lossy(&output.stdout).into_owned();
     if !output.status.success() {
-        bail!("wrk failed: {text}{}", String::from_utf8_lossy(&output.stderr));
+        bail!(
+            "wrk failed: {text}{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
     }
     parse_wrk(&text).with_context(|| format!("reading wrk's report:\n{text}"))
 }
@@ -209,12 +222,13 @@ async fn start_upstream() -> anyhow::Result<SocketAddr> {
         while let Ok((stream, _)) = listener.accept().await {
             let _ = stream.set_nodelay(true);
             tokio::spawn(async move {
-                let service = hyper::service::service_fn(|_request: Request<hyper::body::Incoming>| async {
-                    Response::builder()
-                        .status(201)
-                        .header("content-type", "application/json")
-                        .body(Full::new(Bytes::from_static(b"{\"order\":42}")))
-                });
+                let service =
+                    hyper::service::service_fn(|_request: Request<hyper::body::Incoming>| async {
+                        Response::builder()
+                            .status(201)
+                            .header("content-type", "application/json")
+                            .body(Full::new(Bytes::from_static(b"{\"order\":42}")))
+                    });
                 let _ = hyper::server::conn::http1::Builder::new()
                     .serve_connection(TokioIo::new(stream), service)
                     .await;

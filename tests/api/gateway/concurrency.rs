@@ -17,17 +17,14 @@ async fn fifty_identical_posts_run_the_upstream_once(backend: Backend) {
     upstream.hold();
     let url = format!("{}/orders", gateway.url());
     let calls: Vec<_> = (0..50)
-        .map(|_| {
-            let (http, url, key) = (http.clone(), url.clone(), key.clone());
-            tokio::spawn(async move { http.post(&url, &key, r#"{"item":"book"}"#).await })
-        })
+        .map(|_| http.spawn_post(&url, &key, r#"{"item":"book"}"#))
         .collect();
     upstream.wait_for_in_flight(1).await;
     app.wait_for_waiters(49).await;
     upstream.open();
     let mut answers = Vec::new();
     for call in calls {
-        answers.push(call.await.expect("the call ran"));
+        answers.push(call.await.expect("the call ran").expect("an answer"));
     }
     assert_eq!(upstream.executions(), 1, "the upstream ran once");
     for answer in &answers {

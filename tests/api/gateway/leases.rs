@@ -20,10 +20,7 @@ async fn a_heartbeat_keeps_a_slow_upstream_and_a_replica_replays_it(backend: Bac
     let http = Http::new();
     let key = key("slow");
     upstream.slow_down(Duration::from_secs(2));
-    let running = {
-        let (http, url, key) = (http.clone(), format!("{}/orders", first.url()), key.clone());
-        tokio::spawn(async move { http.post(&url, &key, "{}").await })
-    };
+    let running = http.spawn_post(&format!("{}/orders", first.url()), &key, "{}");
     upstream.wait_for_in_flight(1).await;
     // Well past the first lease: without the heartbeat the replica would take the key over.
     tokio::time::sleep(Duration::from_millis(1200)).await;
@@ -37,7 +34,7 @@ async fn a_heartbeat_keeps_a_slow_upstream_and_a_replica_replays_it(backend: Bac
         .parse()
         .expect("seconds");
     assert_eq!(retry_after, 1, "the rest of a 600 ms lease, rounded up");
-    let answered = running.await.expect("the call ran");
+    let answered = running.await.expect("the call ran").expect("an answer");
     assert_eq!(answered.status, 201);
     assert!(!answered.replayed());
     let replayed = http
@@ -61,19 +58,13 @@ async fn a_concurrent_request_waits_and_gets_the_stored_response() {
     let url = format!("{}/orders", gateway.url());
     let key = key("wait");
     upstream.hold();
-    let first = {
-        let (http, url, key) = (http.clone(), url.clone(), key.clone());
-        tokio::spawn(async move { http.post(&url, &key, "{}").await })
-    };
+    let first = http.spawn_post(&url, &key, "{}");
     upstream.wait_for_in_flight(1).await;
-    let second = {
-        let (http, url, key) = (http.clone(), url.clone(), key.clone());
-        tokio::spawn(async move { http.post(&url, &key, "{}").await })
-    };
+    let second = http.spawn_post(&url, &key, "{}");
     app.wait_for_waiters(1).await;
     upstream.open();
-    let first = first.await.expect("ran");
-    let second = second.await.expect("ran");
+    let first = first.await.expect("ran").expect("an answer");
+    let second = second.await.expect("ran").expect("an answer");
     assert!(!first.replayed());
     assert!(second.replayed(), "the waiter got the stored response");
     assert_eq!(second.body, first.body);

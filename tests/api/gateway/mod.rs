@@ -380,6 +380,17 @@ impl Http {
             .expect("the gateway answers")
     }
 
+    /// [`Http::try_post`] in a task of its own, for requests that run while the test goes on.
+    pub fn spawn_post(
+        &self,
+        url: &str,
+        key: &str,
+        body: &'static str,
+    ) -> tokio::task::JoinHandle<Option<Answer>> {
+        let (http, url, key) = (self.clone(), url.to_owned(), key.to_owned());
+        tokio::spawn(async move { http.try_post(&url, &key, body).await })
+    }
+
     /// Like [`Http::post`], answering `None` when the connection breaks.
     pub async fn try_post(&self, url: &str, key: &str, body: &str) -> Option<Answer> {
         let quoted = format!("\"{key}\"");

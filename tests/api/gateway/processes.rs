@@ -41,14 +41,7 @@ async fn a_killed_gateways_claim_is_taken_over_with_a_higher_fencing_token() {
     let http = Http::new();
     let key = key("killed");
     upstream.hold();
-    let doomed = {
-        let (http, url, key) = (
-            http.clone(),
-            format!("http://{}/orders", killed.addr),
-            key.clone(),
-        );
-        tokio::spawn(async move { http.try_post(&url, &key, "{}").await })
-    };
+    let doomed = http.spawn_post(&format!("http://{}/orders", killed.addr), &key, "{}");
     upstream.wait_for_in_flight(1).await;
     let first_token = upstream.seen()[0].lease_token();
     killed.signal("KILL").expect("kill -9");
@@ -100,14 +93,7 @@ async fn sigterm_lets_the_request_in_flight_finish_and_complete() {
     let http = Http::new();
     let key = key("sigterm");
     upstream.hold();
-    let running = {
-        let (http, url, key) = (
-            http.clone(),
-            format!("http://{}/orders", stopping.addr),
-            key.clone(),
-        );
-        tokio::spawn(async move { http.post(&url, &key, "{}").await })
-    };
+    let running = http.spawn_post(&format!("http://{}/orders", stopping.addr), &key, "{}");
     upstream.wait_for_in_flight(1).await;
     stopping.signal("TERM").expect("kill -TERM");
     crate::support::eventually(Duration::from_secs(10), "the gateway drains", || async {
@@ -115,7 +101,7 @@ async fn sigterm_lets_the_request_in_flight_finish_and_complete() {
     })
     .await;
     upstream.open();
-    let answered = running.await.expect("ran");
+    let answered = running.await.expect("ran").expect("an answer");
     assert_eq!(answered.status, 201);
     assert_eq!(
         stopping.wait(Duration::from_secs(20)).await.expect("exits"),

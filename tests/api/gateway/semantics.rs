@@ -91,27 +91,15 @@ async fn same_key_different_request_is_422(backend: Backend) {
         .await
         .assert_problem(422, "key-reused");
     let quoted = format!("\"{key}\"");
-    let patch = http
-        .send(
-            "PATCH",
-            &url,
-            &[
-                ("idempotency-key", &quoted),
-                ("content-type", "application/json"),
-            ],
-            r#"{"item":"book"}"#,
-        )
-        .await;
-    patch.assert_problem(422, "key-reused");
-    let text = http
-        .send(
-            "POST",
-            &url,
-            &[("idempotency-key", &quoted), ("content-type", "text/plain")],
-            r#"{"item":"book"}"#,
-        )
-        .await;
-    text.assert_problem(422, "key-reused");
+    for (method, content_type) in [("PATCH", "application/json"), ("POST", "text/plain")] {
+        let headers = [
+            ("idempotency-key", quoted.as_str()),
+            ("content-type", content_type),
+        ];
+        http.send(method, &url, &headers, r#"{"item":"book"}"#)
+            .await
+            .assert_problem(422, "key-reused");
+    }
     assert_eq!(upstream.executions(), 1);
 }
 
