@@ -67,7 +67,6 @@ pub async fn run(settings: Settings) -> anyhow::Result<()> {
         ])
         .await?;
     let fresh = scripts.join("fresh.lua");
-    std::fs::write(&fresh, fresh_keys_script(&run))?;
     let replay = scripts.join("replay.lua");
     std::fs::write(&replay, replay_script(&run))?;
     let plain = scripts.join("plain.lua");
@@ -76,6 +75,17 @@ pub async fn run(settings: Settings) -> anyhow::Result<()> {
     let upstream_url = format!("http://{upstream}/orders");
     let gateway_url = format!("http://{}/orders", gateway.addr);
     let d = settings.duration;
+    // Each wrk run gets keys of its own, so that no "fresh" key was used by an earlier run (or
+    // is still in flight from one).
+    let wrk = |url: &str, script: &std::path::Path, threads, callers, duration| {
+        let (url, script) = (url.to_owned(), script.to_owned());
+        let fresh = fresh.clone();
+        async move {
+            let nonce = uuid::Uuid::new_v4().simple().to_string();
+            std::fs::write(&fresh, fresh_keys_script(&nonce))?;
+            wrk(&url, &script, threads, callers, duration).await
+        }
+    };
     // Warm both paths (connections, the coordinator's pool, the replayed key).
     wrk(&upstream_url, &plain, 1, 1, Duration::from_secs(1)).await?;
     wrk(&gateway_url, &replay, 1, 1, Duration::from_secs(1)).await?;
