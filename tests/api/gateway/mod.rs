@@ -297,6 +297,14 @@ impl Answer {
         self.headers.get(name).and_then(|v| v.to_str().ok())
     }
 
+    /// `Retry-After`, in seconds.
+    pub fn retry_after(&self) -> u64 {
+        self.header("retry-after")
+            .expect("Retry-After")
+            .parse()
+            .expect("seconds")
+    }
+
     pub fn replayed(&self) -> bool {
         self.header("idempotent-replayed") == Some("true")
     }
