@@ -32,7 +32,7 @@ pub struct Args {
     pub upstream: String,
 
     /// The coordinator's gRPC endpoint: http://host:port, or https://host:port with
-    /// --coordinator-ca.
+    /// --coordinator-ca (required for https://).
     #[arg(
         long,
         env = "IDEMPOTENCY_GATEWAY_COORDINATOR",
@@ -257,6 +257,12 @@ impl Args {
             return Err(invalid(
                 "max-stored-response-bytes",
                 "must be between 1024 (1 KiB) and 67108864 (64 MiB)",
+            ));
+        }
+        if self.coordinator.starts_with("https://") && self.coordinator_ca.is_none() {
+            return Err(invalid(
+                "coordinator-ca",
+                "an https:// --coordinator needs the CA that signed its certificate",
             ));
         }
         Ok(Settings {

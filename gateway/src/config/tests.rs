@@ -158,7 +158,11 @@ fn endpoints_and_the_namespace_are_checked() {
         "coordinator"
     );
     assert_eq!(refused_flag(&["--coordinator", "not a url"]), "coordinator");
-    assert!(settings(&["--coordinator", "https://c.internal:50051"]).is_ok());
+    assert_eq!(
+        refused_flag(&["--coordinator", "https://c.internal:50051"]),
+        "coordinator-ca",
+        "TLS needs the CA"
+    );
     assert_eq!(refused_flag(&["--namespace", "has space"]), "namespace");
     assert_eq!(refused_flag(&["--namespace", ""]), "namespace");
     assert_eq!(refused_flag(&["--namespace", &"n".repeat(65)]), "namespace");

@@ -7,6 +7,7 @@ mod curl;
 mod failures;
 mod leases;
 mod processes;
+mod security;
 mod semantics;
 
 use std::collections::VecDeque;
