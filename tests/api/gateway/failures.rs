@@ -38,9 +38,10 @@ async fn an_upstream_500_is_released_and_the_retrys_201_replayed(backend: Backen
 async fn an_unreachable_upstream_is_502_and_released() {
     let app = TestApp::spawn(Backend::Postgres).await;
     let upstream = Upstream::start().await;
-    // A gateway whose upstream is a closed port (the later flag wins).
-    let closed = dead_endpoint();
-    let gateway = TestGateway::start(&upstream, &app.endpoint(), &["--upstream", &closed]).await;
+    // A gateway whose upstream closes every connection (the later flag wins).
+    let closed = dead_endpoint().await;
+    let gateway =
+        TestGateway::start(&upstream, &app.endpoint(), &["--upstream", &closed.url]).await;
     let http = Http::new();
     let key = key("unreachable");
     http.post(&format!("{}/orders", gateway.url()), &key, "{}")
@@ -78,7 +79,8 @@ async fn a_slow_upstream_times_out_as_504_and_is_released() {
 #[tokio::test]
 async fn a_coordinator_that_is_down_fails_closed_with_retry_after() {
     let upstream = Upstream::start().await;
-    let gateway = TestGateway::start(&upstream, &dead_endpoint(), &[]).await;
+    let dead = dead_endpoint().await;
+    let gateway = TestGateway::start(&upstream, &dead.url, &[]).await;
     let http = Http::new();
     let answer = http
         .post(&format!("{}/orders", gateway.url()), &key("down"), "{}")
@@ -100,7 +102,8 @@ async fn a_coordinator_that_is_down_fails_closed_with_retry_after() {
 #[tokio::test]
 async fn a_coordinator_that_is_down_fails_open_when_asked() {
     let upstream = Upstream::start().await;
-    let gateway = TestGateway::start(&upstream, &dead_endpoint(), &["--fail-open"]).await;
+    let dead = dead_endpoint().await;
+    let gateway = TestGateway::start(&upstream, &dead.url, &["--fail-open"]).await;
     let http = Http::new();
     let url = format!("{}/orders", gateway.url());
     let key = key("open");

@@ -416,10 +416,31 @@ pub fn key(label: &str) -> String {
     crate::support::unique_key(label)
 }
 
-/// A gRPC endpoint nobody listens on: a port bound and given back.
-pub fn dead_endpoint() -> String {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-    let addr = listener.local_addr().expect("address");
-    drop(listener);
-    format!("http://{addr}")
+/// An endpoint that accepts connections and closes them at once, without a byte: the server
+/// behind it is gone. Held for the test's life, so that no other test's server can get its port
+/// (a port bound and given back could be, and would then receive this test's requests).
+pub struct Dead {
+    pub url: String,
+    _stop: StopOnDrop,
+}
+
+pub async fn dead_endpoint() -> Dead {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let url = format!("http://{}", listener.local_addr().expect("address"));
+    let stop = CancellationToken::new();
+    let stopped = stop.clone();
+    tokio::spawn(async move {
+        loop {
+            tokio::select! {
+                () = stopped.cancelled() => return,
+                accepted = listener.accept() => drop(accepted),
+            }
+        }
+    });
+    Dead {
+        url,
+        _stop: StopOnDrop(stop),
+    }
 }
