@@ -1,4 +1,4 @@
-//! `idempotency-coordinator [serve]` and `idempotency-coordinator migrate`.
+//! `idempotency-coordinator [serve]`, `migrate`, `token`, `healthcheck` and `gateway`.
 
 use std::process::ExitCode;
 
@@ -16,7 +16,10 @@ async fn main() -> ExitCode {
     let log_format = match &command {
         Command::Serve(args) => args.database.log_format,
         Command::Migrate(args) => args.database.log_format,
-        Command::Token(_) | Command::Healthcheck(_) => telemetry::LogFormat::Text,
+        Command::Gateway(args) if args.log_format == "json" => telemetry::LogFormat::Json,
+        Command::Token(_) | Command::Healthcheck(_) | Command::Gateway(_) => {
+            telemetry::LogFormat::Text
+        }
     };
     if let Command::Healthcheck(args) = &command {
         // No logging: the answer is the exit status (and one line on failure).
@@ -98,6 +101,12 @@ async fn run(command: Command) -> anyhow::Result<()> {
             store.close().await;
         }
         Command::Healthcheck(_) => {}
+        Command::Gateway(args) => {
+            let shutdown = CancellationToken::new();
+            let stop = shutdown::on_stop_signals().context("installing signal handlers")?;
+            tokio::spawn(stop.cancel_on_signal(shutdown.clone()));
+            idempotency_gateway::run(*args, shutdown).await?;
+        }
         Command::Token(TokenCommand::New { name, scopes }) => {
             let (token, line) = auth::new_token(&name, &scopes).map_err(anyhow::Error::msg)?;
             println!("# The token, for the caller only (it is not stored anywhere):");

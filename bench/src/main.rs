@@ -8,10 +8,12 @@
 //!   side by side, in rotating rounds.
 //! - `reaper-under-load` measures TryStart while the reaper clears a backlog of expired keys,
 //!   against TryStart without a backlog.
+//! - `gateway` measures the HTTP gateway with wrk against the upstream alone.
 
 mod contended;
 mod direct;
 mod flags;
+mod gateway;
 mod load;
 mod reaper;
 
@@ -87,6 +89,9 @@ enum BenchCommand {
     /// Coordinators that differ only by their flags (metrics, traces, a pooler), side by side
     /// in rotating rounds: throughput ratios, their spread, p50 differences.
     CompareFlags(flags::Settings),
+    /// The HTTP gateway with wrk: the upstream alone against through the gateway (fresh keys,
+    /// replays, passed through), at 1 caller and at --callers, alternating, in one run.
+    Gateway(gateway::Settings),
 }
 
 #[tokio::main]
@@ -202,6 +207,7 @@ async fn main() -> anyhow::Result<()> {
         BenchCommand::ReaperUnderLoad(settings) => reaper::run(settings).await?,
         BenchCommand::Contended(settings) => contended::run(settings).await?,
         BenchCommand::CompareFlags(settings) => flags::run(settings).await?,
+        BenchCommand::Gateway(settings) => gateway::run(settings).await?,
     }
     Ok(())
 }

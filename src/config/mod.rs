@@ -43,6 +43,11 @@ pub enum Command {
     /// Exit 0 when the service at --addr answers SERVING to a gRPC health check of
     /// idempotency.v1.IdempotencyService, 1 otherwise (for a container HEALTHCHECK).
     Healthcheck(HealthcheckArgs),
+    /// Run the HTTP gateway: a reverse proxy that gives the HTTP API at --upstream
+    /// Idempotency-Key semantics, deciding everything through the coordinator at
+    /// --coordinator (see docs/gateway.md).
+    #[command(args_override_self = true)]
+    Gateway(Box<idempotency_gateway::Args>),
 }
 
 #[derive(Debug, Clone, Args)]

@@ -84,6 +84,14 @@ impl Binary {
         ServerProcess::spawn(command, flags).await
     }
 
+    /// Starts `gateway` with `flags` (the upstream, coordinator and namespace at least) on a
+    /// free port, logging at `info`. Answers once it has written its address file.
+    pub async fn gateway(&self, flags: &[&str]) -> anyhow::Result<ServerProcess> {
+        let mut command = self.command();
+        command.arg("gateway").env("RUST_LOG", "info");
+        ServerProcess::spawn_with(command, &["--log-format", "text"], flags).await
+    }
+
     /// Starts the binary with no store settings at all, in `directory`, as a newcomer would.
     pub async fn serve_embedded_in(
         &self,
@@ -143,20 +151,31 @@ impl ServerProcess {
     /// Spawns `command` on a free port of the loopback (plus `flags`, which come last and so
     /// win) and answers once the process has written its address file. It may not serve yet:
     /// see [`ServerProcess::wait_until_serving`].
-    pub async fn spawn(mut command: Command, flags: &[&str]) -> anyhow::Result<Self> {
+    pub async fn spawn(command: Command, flags: &[&str]) -> anyhow::Result<Self> {
+        let defaults = ["--health-check-interval", "100ms", "--log-format", "text"];
+        Self::spawn_with(command, &defaults, flags).await
+    }
+
+    /// Like [`ServerProcess::spawn`], with `defaults` instead of the coordinator's own (before
+    /// `flags`, which win).
+    pub async fn spawn_with(
+        mut command: Command,
+        defaults: &[&str],
+        flags: &[&str],
+    ) -> anyhow::Result<Self> {
         let address_dir = tempfile::tempdir().context("a folder for the address file")?;
         let address_file = address_dir.path().join("address");
         let mut child = command
             .args(["--listen", "127.0.0.1:0"])
             .arg("--address-file")
             .arg(&address_file)
-            .args(["--health-check-interval", "100ms", "--log-format", "text"])
+            .args(defaults)
             .args(flags)
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .kill_on_drop(true)
             .spawn()
-            .context("starting the coordinator binary")?;
+            .context("starting the binary")?;
         let output = Arc::new(Mutex::new(Vec::new()));
         // Both streams are read to their end, so that the process never blocks on a full pipe.
         for stream in [
@@ -185,13 +204,13 @@ impl ServerProcess {
             }
             if let Some(status) = child.try_wait()? {
                 bail!(
-                    "the coordinator exited ({status}) before listening: {}",
+                    "the process exited ({status}) before listening: {}",
                     joined(&output)
                 );
             }
             if started.elapsed() > START_LIMIT {
                 bail!(
-                    "the coordinator wrote no address file in {START_LIMIT:?}: {}",
+                    "the process wrote no address file in {START_LIMIT:?}: {}",
                     joined(&output)
                 );
             }

@@ -10,6 +10,7 @@ mod contract_rules;
 mod embedded;
 mod extend_lease;
 mod faults;
+mod gateway;
 mod grpcurl;
 mod health;
 mod hostile;
