@@ -185,7 +185,11 @@ fn server_cpu_ticks(postmaster: u32) -> Option<u64> {
     let server = proc_stat(postmaster)?;
     let mut ticks = server.own_ticks + server.children_ticks;
     for entry in std::fs::read_dir("/proc").ok()?.flatten() {
-        let Some(pid) = entry.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<u32>().ok())
+        else {
             continue;
         };
         if let Some(child) = proc_stat(pid).filter(|stat| stat.parent == postmaster) {

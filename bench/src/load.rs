@@ -86,8 +86,7 @@ impl Report {
 
     /// The database's CPU per successful operation, in µs, when it was measured.
     pub fn database_cpu_micros(&self) -> Option<f64> {
-        self.cost?
-            .cpu_micros_per_operation(self.tally.successes())
+        self.cost?.cpu_micros_per_operation(self.tally.successes())
     }
 
     /// Successful operations per second.

@@ -100,9 +100,11 @@ async fn main() -> anyhow::Result<()> {
             println!("{}", Report::header());
             for workload in workload {
                 let report = match &direct {
-                    Some(url) => direct::drive(url, workload, callers, duration, &load::run_id(), None)
-                        .await
-                        .context("driving PostgreSQL directly")?,
+                    Some(url) => {
+                        direct::drive(url, workload, callers, duration, &load::run_id(), None)
+                            .await
+                            .context("driving PostgreSQL directly")?
+                    }
                     None => load::drive(&target, workload, callers, duration)
                         .await
                         .with_context(|| format!("driving {target}"))?,

@@ -308,6 +308,15 @@ pub struct ServeArgs {
     /// of its own. Off unless set. Port 0 picks a free port (the log says which).
     #[arg(long, env = "IDEMPOTENCY_METRICS_LISTEN")]
     pub metrics_listen: Option<SocketAddr>,
+
+    /// Bytes of completed records this replica keeps in memory to answer replays (TryStart and
+    /// Lookup of a completed key) without the database, until their retention ends by the
+    /// database clock (0-64 GiB; 0 turns the cache off). Default 32 MiB.
+    #[arg(long, env = "IDEMPOTENCY_REPLAY_CACHE_BYTES",
+          default_value_t = crate::service::replay_cache::DEFAULT_CAPACITY_BYTES,
+          value_parser = clap::value_parser!(u64)
+              .range(0..=crate::service::replay_cache::MAX_CAPACITY_BYTES))]
+    pub replay_cache_bytes: u64,
 }
 
 const MIB: u64 = 1024 * 1024;
@@ -378,6 +387,8 @@ pub struct Settings {
     pub connections: ConnectionSettings,
     /// Where `/metrics` is served, when it is.
     pub metrics_listen: Option<SocketAddr>,
+    /// The replay cache's bound in bytes; 0: no cache.
+    pub replay_cache_bytes: u64,
 }
 
 fn nonzero(flag: &'static str, value: Duration) -> Result<Duration, SettingError> {
@@ -575,6 +586,7 @@ impl ServeArgs {
             }),
             connections: self.connections()?,
             metrics_listen: self.metrics_listen,
+            replay_cache_bytes: self.replay_cache_bytes,
         })
     }
 

@@ -61,6 +61,31 @@ impl Binary {
         ServerProcess::spawn(command, flags).await
     }
 
+    /// Starts `serve` like [`Binary::serve`], under libfaketime (Debian's `faketime`) with the
+    /// wall clock shifted by `skew`, in libfaketime's offset syntax ("-2h", "+90m"). The
+    /// monotonic clock is left alone (`FAKETIME_DONT_FAKE_MONOTONIC=1`), so that timers and
+    /// timeouts run at their real pace: only what the process reads as "now" is off.
+    ///
+    /// The library is preloaded into the binary itself rather than run through the `faketime`
+    /// wrapper, which forks: signals and `kill_on_drop` must reach the coordinator, not a
+    /// parent that would leave it running.
+    pub async fn serve_with_clock_skew(
+        &self,
+        database_url: &str,
+        flags: &[&str],
+        skew: &str,
+    ) -> anyhow::Result<ServerProcess> {
+        let library = faketime_library()?;
+        let mut command = self.command();
+        command
+            .args(["serve", "--database-url", database_url])
+            .env("LD_PRELOAD", library)
+            .env("FAKETIME", skew)
+            .env("FAKETIME_DONT_FAKE_MONOTONIC", "1")
+            .env("RUST_LOG", "info");
+        ServerProcess::spawn(command, flags).await
+    }
+
     /// Starts the binary with no store settings at all, in `directory`, as a newcomer would.
     pub async fn serve_embedded_in(
         &self,
@@ -75,6 +100,20 @@ impl Binary {
             .env("RUST_LOG", "info");
         ServerProcess::spawn(command, flags).await
     }
+}
+
+/// libfaketime's thread-safe library, where Debian's `libfaketime` package puts it.
+fn faketime_library() -> anyhow::Result<PathBuf> {
+    let roots = std::fs::read_dir("/usr/lib")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|entry| entry.path())
+        .chain([PathBuf::from("/usr/lib")]);
+    roots
+        .map(|root| root.join("faketime/libfaketimeMT.so.1"))
+        .find(|candidate| candidate.is_file())
+        .context("libfaketime is not installed (apt-get install faketime)")
 }
 
 /// One of the child's output streams.
