@@ -106,9 +106,9 @@ pub struct Started<'a> {
 }
 
 impl Started<'_> {
-    /// Ends the measurement: call it when the run's calls have ended, before its connections
-    /// close (the direct side's backends exit then, and their CPU moves to the postmaster's
-    /// children's times only once it reaps them).
+    /// Ends the measurement: call it when the run's calls have ended (and, for the direct
+    /// side, its connections have closed, so that their backends have published their
+    /// statistics; the settling pause gives the postmaster time to reap them).
     pub async fn finish(self) -> anyhow::Result<Cost> {
         tokio::time::sleep(STATISTICS_SETTLE).await;
         let after = self.probe.read().await?;

@@ -174,11 +174,14 @@ pub async fn drive(
         }
     })
     .await?;
-    // Measured before the connections close (see `Started::finish`).
+    // The connections close first: a backend publishes its last second of statistics only
+    // when it exits (or after ten idle seconds), which would otherwise count in the next run.
+    // The postmaster reaps them at once, so their CPU is in its children's times by the time
+    // `finish` reads it.
+    drop(connections_kept);
     let cost = match measuring {
         Some(measuring) => Some(measuring.finish().await?),
         None => None,
     };
-    drop(connections_kept);
     Ok(Report::new(workload, callers, tally, cost))
 }
