@@ -332,19 +332,22 @@ impl Coordinator {
             command.fingerprint.clone(),
         );
         let outcome = self.try_start_in_store(command).await?;
-        if let TryStartOutcome::Completed {
-            response,
-            completion,
-        } = &outcome
-        {
+        match &outcome {
             // A replay matched the caller's fingerprint: it is the record's.
-            replays.remember(
+            TryStartOutcome::Completed {
+                response,
+                completion,
+            } => replays.remember(
                 &namespace,
                 &key,
                 fingerprint.as_bytes(),
                 response,
                 completion,
-            );
+            ),
+            TryStartOutcome::Started(claim) => {
+                replays.claimed(&namespace, &key, &fingerprint, claim.lease_token.get());
+            }
+            TryStartOutcome::InProgress { .. } | TryStartOutcome::FingerprintMismatch => {}
         }
         Ok(outcome)
     }
@@ -366,6 +369,24 @@ impl Coordinator {
     }
 
     pub async fn complete(&self, command: CompleteCommand) -> Result<Completion, CoordinatorError> {
+        let Some(replays) = &self.replays else {
+            return self.complete_in_store(command).await;
+        };
+        let (namespace, key, token) = (
+            command.namespace.clone(),
+            command.key.clone(),
+            command.lease_token.get(),
+        );
+        let response = command.response.clone();
+        let completion = self.complete_in_store(command).await?;
+        replays.completed(&namespace, &key, token, response.as_bytes(), &completion);
+        Ok(completion)
+    }
+
+    async fn complete_in_store(
+        &self,
+        command: CompleteCommand,
+    ) -> Result<Completion, CoordinatorError> {
         Ok(match &self.coalescers {
             Some(coalescers) => self.queued(coalescers.complete.submit(command)).await?,
             None => {

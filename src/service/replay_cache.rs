@@ -14,6 +14,9 @@
 //! see is a record deleted by hand from the database: a replica may replay it until its
 //! retention ends (docs/contract.md, Decisions).
 //!
+//! It fills from the store's answers: a TryStart or Lookup that found the key completed, and a
+//! Complete of a claim this replica handed out (whose fingerprint it noted with the token).
+//!
 //! The cache is bounded by bytes (`--replay-cache-bytes`): each entry weighs its key, response
 //! and fingerprint plus a fixed overhead, and `quick_cache` evicts (CLOCK-Pro, scan resistant)
 //! to stay within the bound.
@@ -89,10 +92,38 @@ impl Weighter<CacheKey, Arc<Record>> for RecordWeight {
     }
 }
 
+/// A claim's key and fingerprint.
+#[derive(Debug)]
+struct CacheKeyAndFingerprint {
+    key: CacheKey,
+    fingerprint: Vec<u8>,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct ClaimWeight;
+
+impl Weighter<i64, Arc<CacheKeyAndFingerprint>> for ClaimWeight {
+    fn weight(&self, _token: &i64, claim: &Arc<CacheKeyAndFingerprint>) -> u64 {
+        (claim.key.namespace.as_str().len()
+            + claim.key.key.as_str().len()
+            + claim.fingerprint.len()) as u64
+            + ENTRY_OVERHEAD_BYTES
+    }
+}
+
+/// The share of the cache's bound kept for claims awaiting their Complete.
+const CLAIMS_SHARE: u64 = 8;
+
 /// The replay cache of one replica. Cheap to clone (a handle).
 #[derive(Clone)]
 pub struct ReplayCache {
     records: Arc<Cache<CacheKey, Arc<Record>, RecordWeight>>,
+    /// The claims this replica handed out, by token, with their fingerprint: a Complete with
+    /// that token is then remembered too (its answer does not carry the fingerprint). Tokens
+    /// are never reused and a key keeps its fingerprint for as long as it keeps its token
+    /// (re-entry needs the same fingerprint; a takeover draws a new token), so the record a
+    /// Complete with the token completed has this fingerprint.
+    claims: Arc<Cache<i64, Arc<CacheKeyAndFingerprint>, ClaimWeight>>,
     clock: DatabaseClock,
     meters: Arc<Meters>,
 }
@@ -132,11 +163,19 @@ impl ReplayCache {
         // An estimate of how many entries fit, for the table's initial size: records of a
         // few hundred bytes.
         let estimated_items = usize::try_from(capacity_bytes / 512).unwrap_or(usize::MAX);
+        let claims_bytes = (capacity_bytes / CLAIMS_SHARE).max(1);
         Some(Self {
             records: Arc::new(Cache::with_weighter(
                 estimated_items.clamp(16, 1 << 20),
-                capacity_bytes,
+                capacity_bytes - claims_bytes.min(capacity_bytes - 1),
                 RecordWeight,
+            )),
+            claims: Arc::new(Cache::with_weighter(
+                usize::try_from(claims_bytes / 256)
+                    .unwrap_or(usize::MAX)
+                    .clamp(16, 1 << 18),
+                claims_bytes,
+                ClaimWeight,
             )),
             clock,
             meters: Arc::new(Meters {
@@ -201,17 +240,51 @@ impl ReplayCache {
             },
             record,
         );
-        self.meters.bytes.set(self.records.weight() as f64);
+        self.meters.bytes.set(self.weight() as f64);
     }
 
-    /// The bytes the cache holds now, by its weights.
+    /// Notes a claim this replica handed out, so that its Complete can be remembered.
+    pub fn claimed(&self, namespace: &Scope, key: &Key, fingerprint: &Fingerprint, token: i64) {
+        self.claims.insert(
+            token,
+            Arc::new(CacheKeyAndFingerprint {
+                key: CacheKey {
+                    namespace: namespace.clone(),
+                    key: key.clone(),
+                },
+                fingerprint: fingerprint.as_bytes().to_vec(),
+            }),
+        );
+    }
+
+    /// Remembers the record a Complete with `token` completed, if this replica handed out the
+    /// claim (otherwise the first replay fills the cache).
+    pub fn completed(
+        &self,
+        namespace: &Scope,
+        key: &Key,
+        token: i64,
+        response: &[u8],
+        completion: &Completion,
+    ) {
+        let Some((_, claim)) = self.claims.remove(&token) else {
+            return;
+        };
+        // Tokens are unique across keys; the check costs nothing and keeps it obvious.
+        if claim.key.namespace == *namespace && claim.key.key == *key {
+            self.remember(namespace, key, &claim.fingerprint, response, completion);
+        }
+    }
+
+    /// The bytes the cache holds now, by its weights (claims awaiting their Complete
+    /// included).
     pub fn weight(&self) -> u64 {
-        self.records.weight()
+        self.records.weight() + self.claims.weight()
     }
 
     /// The bound on [`ReplayCache::weight`].
     pub fn capacity(&self) -> u64 {
-        self.records.capacity()
+        self.records.capacity() + self.claims.capacity()
     }
 
     /// The cached record of this key, if it is live; an expired one is dropped.
@@ -300,6 +373,25 @@ mod tests {
             })
         );
         assert_eq!(cache.lookup(&scope(), &key("unknown")), None);
+    }
+
+    #[test]
+    fn a_complete_of_a_claim_handed_out_here_is_remembered_with_its_fingerprint() {
+        let database_now = chrono::Utc::now();
+        let cache = ReplayCache::new(1 << 20, clock_reading(database_now)).expect("a cache");
+        let completion = completion_expiring(database_now + chrono::Duration::hours(1));
+        cache.claimed(&scope(), &key("mine"), &fingerprint(b"fp"), 41);
+        // A token this replica did not hand out: nothing to remember it by.
+        cache.completed(&scope(), &key("theirs"), 42, b"r", &completion);
+        assert_eq!(cache.lookup(&scope(), &key("theirs")), None);
+        cache.completed(&scope(), &key("mine"), 41, b"r", &completion);
+        assert_eq!(
+            cache.try_start(&scope(), &key("mine"), &fingerprint(b"fp")),
+            Some(TryStartOutcome::Completed {
+                response: b"r".to_vec(),
+                completion,
+            })
+        );
     }
 
     #[test]
