@@ -311,7 +311,7 @@ pub struct ServeArgs {
 
     /// Bytes of completed records this replica keeps in memory to answer replays (TryStart and
     /// Lookup of a completed key) without the database, until their retention ends by the
-    /// database clock (0-64 GiB; 0 turns the cache off). Default 32 MiB.
+    /// database clock (0-64 GiB; 0 turns the cache off). Default 24 MiB.
     #[arg(long, env = "IDEMPOTENCY_REPLAY_CACHE_BYTES",
           default_value_t = crate::service::replay_cache::DEFAULT_CAPACITY_BYTES,
           value_parser = clap::value_parser!(u64)

@@ -329,7 +329,7 @@ fn pooler_is_refused_for_the_embedded_store_and_read_from_its_variable() {
 #[test]
 fn the_replay_cache_has_a_default_bounds_and_its_variable() {
     let default = serve_settings(&[]).expect("valid defaults");
-    assert_eq!(default.replay_cache_bytes, 32 * MIB);
+    assert_eq!(default.replay_cache_bytes, 24 * MIB);
     // 0 turns it off; the largest bound is taken, one byte more refused naming the flag.
     let flag = "--replay-cache-bytes";
     for (accepted, bytes) in [("0", 0), ("68719476736", 64 * 1024 * MIB)] {

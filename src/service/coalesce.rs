@@ -280,7 +280,9 @@ async fn run_batch<C, R, F, Fut>(
             .map(|call| (call.command, (call.reply, call.held)))
             .unzip();
         let results = match Round::new(commands) {
-            Ok(round) => match timed(label, nobody_waits_after, execute(round)).await {
+            // Boxed: the store's future is large, and this one is moved whole into the task
+            // that runs the batch; a pointer is cheaper to move than the state it points to.
+            Ok(round) => match timed(label, nobody_waits_after, Box::pin(execute(round))).await {
                 Ok(results) => results
                     .into_iter()
                     .map(|result| result.map_err(CoordinatorError::Store))

@@ -481,7 +481,7 @@ impl Coordinator {
         T: Send + 'static,
     {
         let timeout = self.operation_timeout;
-        let work = operation(self.store.clone());
+        let work = Box::pin(operation(self.store.clone()));
         let in_flight = self.in_flight.enter();
         let task = self.tasks.spawn(async move {
             let _in_flight = in_flight;
