@@ -172,6 +172,14 @@ fn describe() {
         "idempotency_log_lines_dropped_total",
         "Log lines dropped because standard output refused them."
     );
+    describe_counter!(
+        "idempotency_replay_cache_lookups_total",
+        "TryStarts and Lookups the replay cache answered (hit) or passed to the store (miss)."
+    );
+    describe_gauge!(
+        "idempotency_replay_cache_bytes",
+        "Bytes the replay cache holds, by its weights."
+    );
 }
 
 /// The states read at each scrape.

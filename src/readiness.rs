@@ -93,8 +93,9 @@ pub async fn monitor<S: Store>(
 /// Reads the database clock and records how far it is from the service's, for waiters that
 /// sleep until a lease ends by the database clock. A failed reading keeps the last estimate.
 async fn measure_clock<S: Store>(store: &S, clock: &DatabaseClock, timeout: Duration) {
+    let sent = tokio::time::Instant::now();
     let before = chrono::Utc::now();
     if let Ok(Ok(read)) = tokio::time::timeout(timeout, store.clock()).await {
-        clock.record(before, read, chrono::Utc::now());
+        clock.record(before, read, chrono::Utc::now(), sent);
     }
 }

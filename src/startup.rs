@@ -22,7 +22,7 @@ use crate::health::HealthState;
 use crate::readiness;
 use crate::reaper;
 use crate::service::waiting::{DatabaseClock, Waiters};
-use crate::service::{Coordinator, InFlight, Waiting};
+use crate::service::{Coordinator, InFlight, ReplayCache, Waiting};
 use crate::store::{AnyStore, OpenError, Store};
 use crate::supervise::Lifecycle;
 use crate::supervise::{Supervisor, TaskFailure};
@@ -199,6 +199,7 @@ impl Application {
             settings.operation_timeout,
             settings.coalescing,
             waiting,
+            ReplayCache::new(settings.replay_cache_bytes, clock.clone()),
             &Lifecycle {
                 supervisor: supervisor.clone(),
                 shutdown: shutdown.clone(),

@@ -13,6 +13,7 @@ use idempotency_testkit::load;
 use sqlx::{Connection, PgConnection};
 use tokio::sync::Mutex;
 
+use crate::cost::CostProbe;
 use crate::load::{REPLAY_KEYS, Report, Workload, replay_key};
 
 const SCHEMA: [&str; 2] = [
@@ -92,6 +93,7 @@ pub async fn drive(
     callers: usize,
     duration: std::time::Duration,
     run: &str,
+    probe: Option<&CostProbe>,
 ) -> anyhow::Result<Report> {
     let mut connections = Vec::with_capacity(callers);
     for _ in 0..callers {
@@ -119,7 +121,12 @@ pub async fn drive(
     // connection to one call at a time.
     let connections: Arc<Vec<Mutex<PgConnection>>> =
         Arc::new(connections.into_iter().map(Mutex::new).collect());
+    let connections_kept = connections.clone();
     let run = run.to_owned();
+    let measuring = match probe {
+        Some(probe) => Some(probe.start().await?),
+        None => None,
+    };
     let stop = tokio::time::sleep(duration);
     let tally = load::run_until(callers, stop, move |caller, sequence| {
         let connections = connections.clone();
@@ -167,5 +174,14 @@ pub async fn drive(
         }
     })
     .await?;
-    Ok(Report::new(workload, callers, tally))
+    // The connections close first: a backend publishes its last second of statistics only
+    // when it exits (or after ten idle seconds), which would otherwise count in the next run.
+    // The postmaster reaps them at once, so their CPU is in its children's times by the time
+    // `finish` reads it.
+    drop(connections_kept);
+    let cost = match measuring {
+        Some(measuring) => Some(measuring.finish().await?),
+        None => None,
+    };
+    Ok(Report::new(workload, callers, tally, cost))
 }

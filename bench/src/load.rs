@@ -11,6 +11,8 @@ use idempotency_coordinator::proto::idempotency::v1::{
 use idempotency_testkit::load::{self, Tally};
 use tonic::transport::{Channel, Endpoint};
 
+use crate::cost::{Cost, CostProbe};
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum Workload {
     /// TryStart of fresh keys.
@@ -68,15 +70,23 @@ pub struct Report {
     workload: Workload,
     callers: usize,
     tally: Tally<()>,
+    /// What the run cost the database, when it was measured.
+    cost: Option<Cost>,
 }
 
 impl Report {
-    pub fn new(workload: Workload, callers: usize, tally: Tally<()>) -> Self {
+    pub fn new(workload: Workload, callers: usize, tally: Tally<()>, cost: Option<Cost>) -> Self {
         Self {
             workload,
             callers,
             tally,
+            cost,
         }
+    }
+
+    /// The database's CPU per successful operation, in µs, when it was measured.
+    pub fn database_cpu_micros(&self) -> Option<f64> {
+        self.cost?.cpu_micros_per_operation(self.tally.successes())
     }
 
     /// Successful operations per second.
@@ -96,7 +106,7 @@ impl Report {
             "p99 ms",
             "p99.9 ms",
             "errors"
-        )
+        ) + &format!(" {}", Cost::header())
     }
 
     /// The latency at `fraction` (0.99 for p99), in milliseconds.
@@ -117,7 +127,9 @@ impl Report {
             self.percentile(0.99),
             self.percentile(0.999),
             self.tally.failures.len(),
-        )
+        ) + &self.cost.map_or_else(String::new, |cost| {
+            format!(" {}", cost.per_operation(self.tally.successes()))
+        })
     }
 }
 
@@ -129,18 +141,31 @@ pub async fn drive(
     callers: usize,
     duration: Duration,
 ) -> anyhow::Result<Report> {
+    drive_measured(target, workload, callers, duration, None).await
+}
+
+/// Like [`drive`], and with `probe`, what the run (not its preparation) cost the database.
+pub async fn drive_measured(
+    target: &str,
+    workload: Workload,
+    callers: usize,
+    duration: Duration,
+    probe: Option<&CostProbe>,
+) -> anyhow::Result<Report> {
     // The clock starts when the callers do (the stop future is first polled then), not before
     // connecting and preparing: a `sleep` created here would count the preparation.
     let run_for = async move { tokio::time::sleep(duration).await };
-    drive_until(target, workload, callers, run_for).await
+    drive_until(target, workload, callers, run_for, probe).await
 }
 
-/// Like [`drive`], until `stop` completes; `stop` is first polled once the callers start.
+/// Like [`drive_measured`], until `stop` completes; `stop` is first polled once the callers
+/// start.
 pub async fn drive_until(
     target: &str,
     workload: Workload,
     callers: usize,
     stop: impl std::future::Future<Output = ()>,
+    probe: Option<&CostProbe>,
 ) -> anyhow::Result<Report> {
     let run = run_id();
     let mut channels = Vec::with_capacity(callers);
@@ -160,6 +185,10 @@ pub async fn drive_until(
     };
     let channels = Arc::new(channels);
     let replay_keys = Arc::new(replay_keys);
+    let measuring = match probe {
+        Some(probe) => Some(probe.start().await?),
+        None => None,
+    };
     let tally = load::run_until(callers, stop, move |caller, sequence| {
         let channel = channels[caller].clone();
         let run = run.clone();
@@ -167,7 +196,11 @@ pub async fn drive_until(
         async move { call(channel, workload, caller, sequence, &run, &replay_keys).await }
     })
     .await?;
-    Ok(Report::new(workload, callers, tally))
+    let cost = match measuring {
+        Some(measuring) => Some(measuring.finish().await?),
+        None => None,
+    };
+    Ok(Report::new(workload, callers, tally, cost))
 }
 
 /// A run id that keeps keys of different runs apart on a shared store.

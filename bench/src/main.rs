@@ -11,6 +11,7 @@
 //! - `gateway` measures the HTTP gateway with wrk against the upstream alone.
 
 mod contended;
+mod cost;
 mod direct;
 mod flags;
 mod gateway;
@@ -110,9 +111,11 @@ async fn main() -> anyhow::Result<()> {
             println!("{}", Report::header());
             for workload in workload {
                 let report = match &direct {
-                    Some(url) => direct::drive(url, workload, callers, duration, &load::run_id())
-                        .await
-                        .context("driving PostgreSQL directly")?,
+                    Some(url) => {
+                        direct::drive(url, workload, callers, duration, &load::run_id(), None)
+                            .await
+                            .context("driving PostgreSQL directly")?
+                    }
                     None => load::drive(&target, workload, callers, duration)
                         .await
                         .with_context(|| format!("driving {target}"))?,
@@ -167,22 +170,47 @@ async fn main() -> anyhow::Result<()> {
             let coordinator = serving(&Binary::beside_current_exe()?, &url, &flags).await?;
             let idle_kib = coordinator.memory_kib("VmRSS")?;
             direct::prepare(&url).await?;
+            let probe = cost::CostProbe::connect(&url).await?;
             println!(
                 "{} per run; coordinator and direct alternate; PostgreSQL at {postgres_server}",
                 humantime::format_duration(duration)
             );
-            println!("{}   ratio", Report::header());
+            println!(
+                "(database cost per operation: CPU of all PostgreSQL processes, commits of the \
+                 bench database, WAL bytes and syncs of the server)"
+            );
+            println!("{}   ratio   CPU ratio", Report::header());
             for &count in &callers {
                 for &workload in &workload {
-                    let ours = load::drive(&coordinator.endpoint(), workload, count, duration)
-                        .await
-                        .context("driving the coordinator")?;
-                    let theirs = direct::drive(&url, workload, count, duration, &load::run_id())
-                        .await
-                        .context("driving PostgreSQL directly")?;
+                    let ours = load::drive_measured(
+                        &coordinator.endpoint(),
+                        workload,
+                        count,
+                        duration,
+                        Some(&probe),
+                    )
+                    .await
+                    .context("driving the coordinator")?;
+                    let theirs = direct::drive(
+                        &url,
+                        workload,
+                        count,
+                        duration,
+                        &load::run_id(),
+                        Some(&probe),
+                    )
+                    .await
+                    .context("driving PostgreSQL directly")?;
                     println!("{}", ours.row("coordinator"));
+                    let cpu_ratio = match (ours.database_cpu_micros(), theirs.database_cpu_micros())
+                    {
+                        (Some(ours), Some(theirs)) if theirs > 0.0 => {
+                            format!("{:.2}x", ours / theirs)
+                        }
+                        _ => "n/a".to_owned(),
+                    };
                     println!(
-                        "{}   {:.2}x",
+                        "{}   {:.2}x   {cpu_ratio}",
                         theirs.row("direct"),
                         ours.ops_per_second() / theirs.ops_per_second()
                     );
@@ -202,6 +230,7 @@ async fn main() -> anyhow::Result<()> {
                 peak_kib as f64 / 1024.0
             );
             coordinator.stop().await?;
+            drop(probe);
             drop_postgres_database(&postgres_server, &database).await?;
         }
         BenchCommand::ReaperUnderLoad(settings) => reaper::run(settings).await?,

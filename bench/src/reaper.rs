@@ -152,6 +152,7 @@ pub async fn run(settings: Settings) -> anyhow::Result<()> {
                 }
             }
         },
+        None,
     )
     .await?;
     let reaped_in = reaping.elapsed();

@@ -329,6 +329,15 @@ pub struct ServeArgs {
     /// used when this is not.
     #[arg(long, env = "IDEMPOTENCY_OTLP_ENDPOINT", value_parser = parse_otlp_endpoint)]
     pub otlp_endpoint: Option<String>,
+
+    /// Bytes of completed records this replica keeps in memory to answer replays (TryStart and
+    /// Lookup of a completed key) without the database, until their retention ends by the
+    /// database clock (0-64 GiB; 0 turns the cache off). Default 24 MiB.
+    #[arg(long, env = "IDEMPOTENCY_REPLAY_CACHE_BYTES",
+          default_value_t = crate::service::replay_cache::DEFAULT_CAPACITY_BYTES,
+          value_parser = clap::value_parser!(u64)
+              .range(0..=crate::service::replay_cache::MAX_CAPACITY_BYTES))]
+    pub replay_cache_bytes: u64,
 }
 
 /// An OTLP/gRPC endpoint: `http://` or `https://`, a host, a port if not the scheme's, no path.
@@ -420,6 +429,8 @@ pub struct Settings {
     pub metrics_listen: Option<SocketAddr>,
     /// Whether the service's own per-RPC counters carry a `namespace` label.
     pub metrics_namespace_labels: bool,
+    /// The replay cache's bound in bytes; 0: no cache.
+    pub replay_cache_bytes: u64,
 }
 
 fn nonzero(flag: &'static str, value: Duration) -> Result<Duration, SettingError> {
@@ -619,6 +630,7 @@ impl ServeArgs {
             connections: self.connections()?,
             metrics_listen: self.metrics_listen,
             metrics_namespace_labels: self.metrics_namespace_labels,
+            replay_cache_bytes: self.replay_cache_bytes,
         })
     }
 

@@ -325,3 +325,27 @@ fn pooler_is_refused_for_the_embedded_store_and_read_from_its_variable() {
         Some(std::ffi::OsStr::new("IDEMPOTENCY_POOLER"))
     );
 }
+
+#[test]
+fn the_replay_cache_has_a_default_bounds_and_its_variable() {
+    let default = serve_settings(&[]).expect("valid defaults");
+    assert_eq!(default.replay_cache_bytes, 24 * MIB);
+    // 0 turns it off; the largest bound is taken, one byte more refused naming the flag.
+    let flag = "--replay-cache-bytes";
+    for (accepted, bytes) in [("0", 0), ("68719476736", 64 * 1024 * MIB)] {
+        let settings = serve_settings(&[flag, accepted]).expect(accepted);
+        assert_eq!(settings.replay_cache_bytes, bytes);
+    }
+    for refused in ["68719476737", "-1", "lots"] {
+        let error = serve_settings(&[&format!("{flag}={refused}")]).expect_err(refused);
+        assert!(error.contains(flag), "{refused}: {error}");
+    }
+    let declared = <ServeArgs as clap::Args>::augment_args(clap::Command::new("t"))
+        .get_arguments()
+        .find(|a| a.get_id() == "replay_cache_bytes")
+        .and_then(|a| a.get_env().map(|v| v.to_owned()));
+    assert_eq!(
+        declared.as_deref(),
+        Some(std::ffi::OsStr::new("IDEMPOTENCY_REPLAY_CACHE_BYTES"))
+    );
+}

@@ -3,7 +3,8 @@
 //! Callers queue their commands; a dispatcher takes the first one waiting, then waits for a free
 //! executor (the store is busy while all of them run), and closes the batch with whatever else
 //! queued meanwhile, up to a bound. A lone call on an idle store is therefore sent at once, on
-//! its own: there is no timer. Under load, batches grow exactly as long as the store is busy,
+//! its own: there is no timer; a call that finds nothing queued or running and an executor free
+//! does not even wait for the dispatcher, and starts its batch of one itself. Under load, batches grow exactly as long as the store is busy,
 //! which is when sharing a round trip and a commit pays.
 //!
 //! A batch runs in rounds, so that no statement carries two commands for the same key: the
@@ -58,9 +59,16 @@ struct Held {
     _in_flight: InFlightGuard,
 }
 
+/// Runs a batch of one as a tracked task of its own, holding an executor's permit.
+type RunAlone<C, R> = Arc<dyn Fn(Pending<C, R>, OwnedSemaphorePermit) + Send + Sync>;
+
 /// The queue of one kind of command.
 pub struct Coalescer<C, R> {
     queue: mpsc::UnboundedSender<Pending<C, R>>,
+    /// The executors' permits, shared with the dispatcher: a call that finds the coalescer idle
+    /// takes one itself and skips the dispatcher's hand-off.
+    executors: Arc<Semaphore>,
+    run_alone: RunAlone<C, R>,
     /// The weight that may still queue (see [`CoalescerSettings::queue_capacity`]).
     room: Arc<Semaphore>,
     queue_capacity: usize,
@@ -73,6 +81,8 @@ impl<C, R> Clone for Coalescer<C, R> {
     fn clone(&self) -> Self {
         Self {
             queue: self.queue.clone(),
+            executors: self.executors.clone(),
+            run_alone: self.run_alone.clone(),
             room: self.room.clone(),
             queue_capacity: self.queue_capacity,
             wait_budget: self.wait_budget,
@@ -131,7 +141,25 @@ where
         let db_system = settings.db_system;
         // The metrics label: the operation, the last word of the name.
         let label = name.rsplit(' ').next().unwrap_or(name);
+        let run_alone: RunAlone<C, R> = {
+            let execute = execute.clone();
+            let tasks = tasks.clone();
+            Arc::new(
+                move |pending: Pending<C, R>, permit: OwnedSemaphorePermit| {
+                    metrics::histogram!("idempotency_coalesced_batch_size", "coalescer" => label)
+                        .record(pending.command.weight() as f64);
+                    let execute = execute.clone();
+                    tasks.spawn(async move {
+                        run_batch(vec![pending], execute.as_ref(), timeout, (label, db_system))
+                            .await;
+                        drop(permit);
+                    });
+                },
+            )
+        };
+        let dispatcher_executors = executors.clone();
         lifecycle.spawn(name, async move {
+            let executors = dispatcher_executors;
             // A command taken from the queue that did not fit the batch before it.
             let mut carried: Option<Pending<C, R>> = None;
             loop {
@@ -170,6 +198,8 @@ where
         });
         Self {
             queue,
+            executors,
+            run_alone,
             room: Arc::new(Semaphore::new(queue_capacity)),
             queue_capacity,
             wait_budget: settings.wait_budget,
@@ -189,8 +219,18 @@ where
         self.queue_capacity
     }
 
-    /// Queues `command` and waits for its own result.
+    /// Queues `command` and waits for its own result. A command that finds the coalescer
+    /// idle (nothing queued or running, an executor free) runs at once as a batch of its own,
+    /// without waiting for the dispatcher to take it: the same batch the dispatcher would have
+    /// made, one hand-off sooner.
     pub async fn submit(&self, command: C) -> Result<R, CoordinatorError> {
+        // Nothing queued or running holds a place in the queue: idle. Checked before this
+        // command takes its own place.
+        let alone = if self.room.available_permits() == self.queue_capacity {
+            self.executors.clone().try_acquire_owned().ok()
+        } else {
+            None
+        };
         // A command heavier than the whole queue may still queue, alone.
         let weight = command.weight().clamp(1, self.queue_capacity);
         let room = u32::try_from(weight)
@@ -214,9 +254,13 @@ where
                 Span::none()
             },
         };
-        self.queue
-            .send(pending)
-            .map_err(|_| CoordinatorError::Inconsistent("the coalescer has stopped"))?;
+        match alone {
+            Some(permit) => (self.run_alone)(pending, permit),
+            None => self
+                .queue
+                .send(pending)
+                .map_err(|_| CoordinatorError::Inconsistent("the coalescer has stopped"))?,
+        }
         answer
             .await
             .unwrap_or(Err(CoordinatorError::TimedOut(self.timeout)))
@@ -261,7 +305,9 @@ async fn run_batch<C, R, F, Fut>(
             .map(|call| (call.command, (call.reply, call.held)))
             .unzip();
         let results = match Round::new(commands) {
-            Ok(round) => match timed(label, nobody_waits_after, execute(round))
+            // Boxed: the store's future is large, and this one is moved whole into the task
+            // that runs the batch; a pointer is cheaper to move than the state it points to.
+            Ok(round) => match timed(label, nobody_waits_after, Box::pin(execute(round)))
                 .instrument(statement)
                 .await
             {

@@ -24,10 +24,12 @@ use tokio_util::task::TaskTracker;
 
 pub mod coalesce;
 pub mod in_flight;
+pub mod replay_cache;
 pub mod waiting;
 
 use coalesce::{Coalescer, CoalescerSettings};
 pub use in_flight::InFlight;
+pub use replay_cache::ReplayCache;
 use waiting::{DatabaseClock, Waiters, answer_by};
 
 use crate::domain::Recheck;
@@ -151,6 +153,8 @@ pub struct Coordinator {
     operation_timeout: Duration,
     coalescers: Option<Coalescers>,
     in_flight: InFlight,
+    /// Completed records answered from memory (see `replay_cache`), unless it is off.
+    replays: Option<ReplayCache>,
 }
 
 impl Coordinator {
@@ -158,7 +162,9 @@ impl Coordinator {
     /// `coalescing`, concurrent TryStarts, Completes and MarkProcesseds share statements (see
     /// `coalesce`).
     /// `in_flight` counts the calls the store has yet to finish, whether or not their callers
-    /// still wait.
+    /// still wait. With `replays`, TryStart and Lookup of a completed key the cache knows are
+    /// answered without the store.
+    #[allow(clippy::too_many_arguments)]
     pub fn new(
         store: AnyStore,
         tasks: TaskTracker,
@@ -166,6 +172,7 @@ impl Coordinator {
         operation_timeout: Duration,
         coalescing: Option<Coalescing>,
         waiting: Option<Waiting>,
+        replays: Option<ReplayCache>,
         lifecycle: &Lifecycle,
     ) -> Self {
         let coalescers = coalescing.map(|coalescing| {
@@ -233,6 +240,7 @@ impl Coordinator {
             operation_timeout,
             coalescers,
             in_flight,
+            replays,
         }
     }
 
@@ -369,6 +377,44 @@ impl Coordinator {
         &self,
         command: TryStartCommand,
     ) -> Result<TryStartOutcome, CoordinatorError> {
+        let Some(replays) = &self.replays else {
+            return self.try_start_in_store(command).await;
+        };
+        if let Some(replay) =
+            replays.try_start(&command.namespace, &command.key, &command.fingerprint)
+        {
+            return Ok(replay);
+        }
+        let (namespace, key, fingerprint) = (
+            command.namespace.clone(),
+            command.key.clone(),
+            command.fingerprint.clone(),
+        );
+        let outcome = self.try_start_in_store(command).await?;
+        match &outcome {
+            // A replay matched the caller's fingerprint: it is the record's.
+            TryStartOutcome::Completed {
+                response,
+                completion,
+            } => replays.remember(
+                &namespace,
+                &key,
+                fingerprint.as_bytes(),
+                response,
+                completion,
+            ),
+            TryStartOutcome::Started(claim) => {
+                replays.claimed(&namespace, &key, &fingerprint, claim.lease_token.get());
+            }
+            TryStartOutcome::InProgress { .. } | TryStartOutcome::FingerprintMismatch => {}
+        }
+        Ok(outcome)
+    }
+
+    async fn try_start_in_store(
+        &self,
+        command: TryStartCommand,
+    ) -> Result<TryStartOutcome, CoordinatorError> {
         match &self.coalescers {
             Some(coalescers) => self.queued(coalescers.try_start.submit(command)).await,
             None => {
@@ -382,6 +428,24 @@ impl Coordinator {
     }
 
     pub async fn complete(&self, command: CompleteCommand) -> Result<Completion, CoordinatorError> {
+        let Some(replays) = &self.replays else {
+            return self.complete_in_store(command).await;
+        };
+        let (namespace, key, token) = (
+            command.namespace.clone(),
+            command.key.clone(),
+            command.lease_token.get(),
+        );
+        let response = command.response.clone();
+        let completion = self.complete_in_store(command).await?;
+        replays.completed(&namespace, &key, token, response.as_bytes(), &completion);
+        Ok(completion)
+    }
+
+    async fn complete_in_store(
+        &self,
+        command: CompleteCommand,
+    ) -> Result<Completion, CoordinatorError> {
         Ok(match &self.coalescers {
             Some(coalescers) => self.queued(coalescers.complete.submit(command)).await?,
             None => {
@@ -428,8 +492,27 @@ impl Coordinator {
     }
 
     pub async fn lookup(&self, query: LookupQuery) -> Result<KeyState, CoordinatorError> {
-        self.run("Lookup", |store| async move { store.lookup(query).await })
-            .await
+        let Some(replays) = &self.replays else {
+            return self
+                .run("Lookup", |store| async move { store.lookup(query).await })
+                .await;
+        };
+        if let Some(state) = replays.lookup(&query.namespace, &query.key) {
+            return Ok(state);
+        }
+        let (namespace, key) = (query.namespace.clone(), query.key.clone());
+        let state = self
+            .run("Lookup", |store| async move { store.lookup(query).await })
+            .await?;
+        if let KeyState::Completed {
+            response,
+            fingerprint,
+            completion,
+        } = &state
+        {
+            replays.remember(&namespace, &key, fingerprint, response, completion);
+        }
+        Ok(state)
     }
 
     pub async fn mark_processed(
@@ -457,7 +540,7 @@ impl Coordinator {
         T: Send + 'static,
     {
         let timeout = self.operation_timeout;
-        let work = operation(self.store.clone());
+        let work = Box::pin(operation(self.store.clone()));
         let in_flight = self.in_flight.enter();
         let statement = statement_span(name, db_system(&self.store), &Span::current(), 1);
         let task = self.tasks.spawn(

@@ -42,11 +42,29 @@ pub struct WaitSettings {
 /// How far the database clock is from this service's, as last measured, so that a waiter can
 /// sleep until a lease ends by the database clock. Only wake-ups depend on it: a waiter woken
 /// early finds the lease still running and sleeps again.
+///
+/// It also keeps the last reading itself with the monotonic instant its probe was sent, for
+/// what must never be late: [`DatabaseClock::latest_possible_now`] bounds the database clock
+/// from above without this service's wall clock, so that neither a skewed nor a stepped
+/// service clock can make the replay cache serve a record past its retention.
 #[derive(Debug, Clone, Default)]
 pub struct DatabaseClock {
     /// Database clock minus the service's clock, in microseconds.
     offset_micros: Arc<AtomicI64>,
+    /// The last reading, once there is one.
+    latest: Arc<Mutex<Option<ClockReading>>>,
 }
+
+/// One reading of the database clock: `read`, taken after `sent` (monotonic) at the latest.
+#[derive(Debug, Clone, Copy)]
+struct ClockReading {
+    read: DbInstant,
+    sent: Instant,
+}
+
+/// How much faster than this machine's monotonic clock the database clock may run, per
+/// second since the last reading, in microseconds: 1000 ppm, ten times what NTP tolerates.
+const DRIFT_MICROS_PER_SECOND: f64 = 1000.0;
 
 /// A waiter whose holder's lease should have ended wakes this much after our estimate of it.
 const LEASE_END_MARGIN: Duration = Duration::from_millis(1);
@@ -54,10 +72,34 @@ const LEASE_END_MARGIN: Duration = Duration::from_millis(1);
 impl DatabaseClock {
     /// Records a reading of the database clock, `read`, taken between `before` and `after` by
     /// this service's clock.
-    pub fn record(&self, before: DbInstant, read: DbInstant, after: DbInstant) {
+    /// `sent` is when (by the monotonic clock) the reading was asked for.
+    pub fn record(&self, before: DbInstant, read: DbInstant, after: DbInstant, sent: Instant) {
         let midpoint = before + (after - before) / 2;
         let offset = (read - midpoint).num_microseconds().unwrap_or(0);
         self.offset_micros.store(offset, Ordering::Relaxed);
+        let mut latest = self
+            .latest
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        // Readings may finish out of order only if probes overlap; keep the later request.
+        if latest.is_none_or(|kept| kept.sent <= sent) {
+            *latest = Some(ClockReading { read, sent });
+        }
+    }
+
+    /// The latest instant the database clock can read now: the last reading plus the
+    /// monotonic time since its probe was sent (the reading was taken after that, so this
+    /// includes the whole round trip), plus a drift allowance. `None` before the first
+    /// reading.
+    pub fn latest_possible_now(&self) -> Option<DbInstant> {
+        let reading = (*self
+            .latest
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner))?;
+        let since = reading.sent.elapsed();
+        let drift = since.as_secs_f64() * DRIFT_MICROS_PER_SECOND;
+        let since_micros = i64::try_from(since.as_micros()).ok()?;
+        Some(reading.read + chrono::Duration::microseconds(since_micros + drift.ceil() as i64))
     }
 
     /// The offset last recorded, database minus service, in microseconds.

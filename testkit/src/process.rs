@@ -66,6 +66,10 @@ impl Binary {
     /// (`LD_PRELOAD`). Monotonic clocks are left alone (`FAKETIME_DONT_FAKE_MONOTONIC=1`), so
     /// that tokio's timers keep real time; only what reads the wall clock is skewed. The
     /// library is Debian's `libfaketime` (found by [`libfaketime`]).
+    ///
+    /// The library is preloaded into the binary itself rather than run through the `faketime`
+    /// wrapper, which forks: signals and `kill_on_drop` must reach the coordinator, not a
+    /// parent that would leave it running.
     pub async fn serve_with_clock_skew(
         &self,
         database_url: &str,
@@ -109,7 +113,8 @@ impl Binary {
 }
 
 /// Where libfaketime's preload library is: `$LIBFAKETIME` if set, else the first
-/// `libfaketime.so.1` in the folders distributions install it to (Debian's multiarch
+/// `libfaketimeMT.so.1` (the thread-safe build: the coordinator is multi-threaded), or failing
+/// that `libfaketime.so.1`, in the folders distributions install it to (Debian's multiarch
 /// `/usr/lib/<triplet>/faketime/`, and the plain `lib`, `lib64` and `/usr/local` ones).
 pub fn libfaketime() -> anyhow::Result<PathBuf> {
     if let Some(path) = std::env::var_os("LIBFAKETIME") {
@@ -128,9 +133,9 @@ pub fn libfaketime() -> anyhow::Result<PathBuf> {
     if let Ok(entries) = std::fs::read_dir("/usr/lib") {
         folders.extend(entries.flatten().map(|entry| entry.path().join("faketime")));
     }
-    folders
-        .into_iter()
-        .map(|folder| folder.join("libfaketime.so.1"))
+    ["libfaketimeMT.so.1", "libfaketime.so.1"]
+        .iter()
+        .flat_map(|name| folders.iter().map(move |folder| folder.join(name)))
         .find(|library| library.is_file())
         .context("libfaketime.so.1 not found: install Debian's libfaketime (scripts/test does), or set LIBFAKETIME")
 }

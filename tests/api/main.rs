@@ -23,6 +23,7 @@ mod model;
 mod pgbouncer;
 mod reflection;
 mod release;
+mod replay_cache;
 mod retention;
 mod rust_client;
 mod security;

@@ -19,6 +19,12 @@ impl std::ops::Deref for ServerProcess {
     }
 }
 
+impl From<idempotency_testkit::ServerProcess> for ServerProcess {
+    fn from(process: idempotency_testkit::ServerProcess) -> Self {
+        Self(process)
+    }
+}
+
 impl ServerProcess {
     /// Starts `idempotency-coordinator serve` on a free port and waits for its address.
     pub async fn start(database_url: &str, flags: &[&str]) -> Self {

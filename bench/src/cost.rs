@@ -1,0 +1,200 @@
+//! What a run cost the database: CPU of every PostgreSQL process, commits of the bench's
+//! database, WAL written and synced, read before and after the run.
+//!
+//! CPU is read from `/proc`, so it needs PostgreSQL on this machine (the bench's case): the
+//! postmaster is the parent of the bench's own backend; its children that exited are in its
+//! `cutime`/`cstime` (the postmaster reaps them), the live ones in their own `utime`/`stime`.
+//! Elsewhere the CPU column is left empty. WAL and CPU are the whole server's, so anything else
+//! running on the same PostgreSQL counts too: compare sides of one run.
+
+use std::time::Duration;
+
+use anyhow::Context;
+use sqlx::{Connection, PgConnection};
+use tokio::sync::Mutex;
+
+/// Reads the counters on a connection of its own to the bench's database.
+pub struct CostProbe {
+    connection: Mutex<PgConnection>,
+    /// The postmaster, when it runs on this machine.
+    postmaster: Option<u32>,
+    /// Clock ticks per second of `/proc`'s CPU times.
+    ticks_per_second: u64,
+}
+
+/// The counters at one moment.
+#[derive(Debug, Clone, Copy)]
+struct Counters {
+    cpu_ticks: Option<u64>,
+    commits: i64,
+    wal_bytes: f64,
+    wal_syncs: i64,
+}
+
+/// What a run cost, in total.
+#[derive(Debug, Clone, Copy)]
+pub struct Cost {
+    cpu: Option<Duration>,
+    commits: i64,
+    wal_bytes: f64,
+    wal_syncs: i64,
+}
+
+/// Backends publish their statistics within a second of a transaction's end, or when they go
+/// idle: the "after" reading waits this long first.
+const STATISTICS_SETTLE: Duration = Duration::from_millis(1200);
+
+impl CostProbe {
+    pub async fn connect(url: &str) -> anyhow::Result<Self> {
+        let mut connection = PgConnection::connect(url)
+            .await
+            .context("connecting to read the database's counters")?;
+        let (backend,): (i32,) = sqlx::query_as("SELECT pg_backend_pid()")
+            .fetch_one(&mut connection)
+            .await?;
+        let postmaster = u32::try_from(backend)
+            .ok()
+            .and_then(|pid| proc_stat(pid).map(|stat| stat.parent));
+        let ticks_per_second = std::process::Command::new("getconf")
+            .arg("CLK_TCK")
+            .output()
+            .ok()
+            .and_then(|out| String::from_utf8(out.stdout).ok())
+            .and_then(|text| text.trim().parse().ok())
+            .unwrap_or(100);
+        Ok(Self {
+            connection: Mutex::new(connection),
+            postmaster,
+            ticks_per_second,
+        })
+    }
+
+    /// Starts measuring: call it once the run's preparation is done.
+    pub async fn start(&self) -> anyhow::Result<Started<'_>> {
+        Ok(Started {
+            probe: self,
+            before: self.read().await?,
+        })
+    }
+
+    async fn read(&self) -> anyhow::Result<Counters> {
+        let mut connection = self.connection.lock().await;
+        // A new snapshot of the statistics, not the one this transaction saw first.
+        sqlx::query("SELECT pg_stat_clear_snapshot()")
+            .execute(&mut *connection)
+            .await?;
+        let (commits, wal_bytes, wal_syncs): (i64, f64, i64) = sqlx::query_as(
+            "SELECT (SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()),
+                    wal_bytes::float8, wal_sync FROM pg_stat_wal",
+        )
+        .fetch_one(&mut *connection)
+        .await
+        .context("reading pg_stat_database and pg_stat_wal")?;
+        Ok(Counters {
+            cpu_ticks: self.postmaster.and_then(server_cpu_ticks),
+            commits,
+            wal_bytes,
+            wal_syncs,
+        })
+    }
+}
+
+/// A measurement under way.
+pub struct Started<'a> {
+    probe: &'a CostProbe,
+    before: Counters,
+}
+
+impl Started<'_> {
+    /// Ends the measurement: call it when the run's calls have ended (and, for the direct
+    /// side, its connections have closed, so that their backends have published their
+    /// statistics; the settling pause gives the postmaster time to reap them).
+    pub async fn finish(self) -> anyhow::Result<Cost> {
+        tokio::time::sleep(STATISTICS_SETTLE).await;
+        let after = self.probe.read().await?;
+        let ticks = match (self.before.cpu_ticks, after.cpu_ticks) {
+            (Some(before), Some(after)) => Some(after.saturating_sub(before)),
+            _ => None,
+        };
+        Ok(Cost {
+            cpu: ticks.map(|ticks| {
+                Duration::from_secs_f64(ticks as f64 / self.probe.ticks_per_second as f64)
+            }),
+            commits: after.commits - self.before.commits,
+            wal_bytes: after.wal_bytes - self.before.wal_bytes,
+            wal_syncs: after.wal_syncs - self.before.wal_syncs,
+        })
+    }
+}
+
+impl Cost {
+    pub fn header() -> String {
+        format!(
+            "{:>10} {:>10} {:>10} {:>11}",
+            "db CPU µs", "commits", "WAL B", "WAL syncs"
+        )
+    }
+
+    /// The cost per operation of a run of `operations`.
+    pub fn per_operation(&self, operations: u64) -> String {
+        let per = |total: f64| total / operations.max(1) as f64;
+        let cpu = self.cpu.map_or_else(
+            || "n/a".to_owned(),
+            |cpu| format!("{:.1}", per(cpu.as_secs_f64() * 1e6)),
+        );
+        format!(
+            "{:>10} {:>10.3} {:>10.1} {:>11.4}",
+            cpu,
+            per(self.commits as f64),
+            per(self.wal_bytes),
+            per(self.wal_syncs as f64)
+        )
+    }
+
+    /// CPU per operation in µs, for ratios.
+    pub fn cpu_micros_per_operation(&self, operations: u64) -> Option<f64> {
+        self.cpu
+            .map(|cpu| cpu.as_secs_f64() * 1e6 / operations.max(1) as f64)
+    }
+}
+
+/// What `/proc/<pid>/stat` tells about a process.
+struct ProcStat {
+    parent: u32,
+    /// utime + stime, in clock ticks.
+    own_ticks: u64,
+    /// cutime + cstime: the children it has reaped.
+    children_ticks: u64,
+}
+
+fn proc_stat(pid: u32) -> Option<ProcStat> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name is in parentheses and may hold spaces: the fields follow the last ')'.
+    let fields: Vec<&str> = text.rsplit_once(')')?.1.split_whitespace().collect();
+    // After the name: state(3) ppid(4) … utime(14) stime(15) cutime(16) cstime(17).
+    let field = |number: usize| fields.get(number - 3)?.parse::<u64>().ok();
+    Some(ProcStat {
+        parent: u32::try_from(field(4)?).ok()?,
+        own_ticks: field(14)? + field(15)?,
+        children_ticks: field(16)? + field(17)?,
+    })
+}
+
+/// The CPU of the postmaster, its live children and its reaped ones, in clock ticks.
+fn server_cpu_ticks(postmaster: u32) -> Option<u64> {
+    let server = proc_stat(postmaster)?;
+    let mut ticks = server.own_ticks + server.children_ticks;
+    for entry in std::fs::read_dir("/proc").ok()?.flatten() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if let Some(child) = proc_stat(pid).filter(|stat| stat.parent == postmaster) {
+            ticks += child.own_ticks;
+        }
+    }
+    Some(ticks)
+}
