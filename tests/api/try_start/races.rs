@@ -7,7 +7,12 @@ use idempotency_coordinator::proto::idempotency::v1::{TryStartRequest, lookup_re
 use crate::support::*;
 
 async fn two_hundred_concurrent_claims_of_one_key_have_exactly_one_winner(backend: Backend) {
-    let app = TestApp::spawn(backend).await;
+    // No statement carries a key twice, so 200 calls of one key are 200 rounds one after
+    // another, each with its own commit: about a second on an idle machine, more on a loaded
+    // one, which the default queue budget (a tenth of 5 s) does not always cover, and the late
+    // calls are then refused UNAVAILABLE (writing nothing). This test is about who wins, not
+    // about the machine's speed, so it gives the rounds the time they need.
+    let app = TestApp::spawn_with(backend, &["--operation-timeout", "30s"]).await;
     let client = app.client().await;
     let key = unique_key("race");
 
