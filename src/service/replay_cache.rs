@@ -9,7 +9,8 @@
 //!
 //! Expiry is judged by the database clock, never this service's: an entry is served only while
 //! the latest instant the database clock can read now ([`DatabaseClock::latest_possible_now`],
-//! from the health probe's last reading and the monotonic time since) is a safety margin before
+//! from the health probe's last reading and the monotonic time since, or this service's wall
+//! clock moved by the measured offset when that is later) is a safety margin before
 //! its `expires_at`. Before the first reading, nothing is served. The one thing the cache cannot
 //! see is a record deleted by hand from the database: a replica may replay it until its
 //! retention ends (docs/contract.md, Decisions).

@@ -45,8 +45,9 @@ pub struct WaitSettings {
 ///
 /// It also keeps the last reading itself with the monotonic instant its probe was sent, for
 /// what must never be late: [`DatabaseClock::latest_possible_now`] bounds the database clock
-/// from above without this service's wall clock, so that neither a skewed nor a stepped
-/// service clock can make the replay cache serve a record past its retention.
+/// from above by the monotonic time since that reading, and by this service's wall clock moved
+/// by the measured offset when that is later, so that neither a skewed, a stepped nor a
+/// suspended service clock makes the replay cache serve a record past its retention.
 #[derive(Debug, Clone, Default)]
 pub struct DatabaseClock {
     /// Database clock minus the service's clock, in microseconds.
@@ -89,8 +90,17 @@ impl DatabaseClock {
 
     /// The latest instant the database clock can read now: the last reading plus the
     /// monotonic time since its probe was sent (the reading was taken after that, so this
-    /// includes the whole round trip), plus a drift allowance. `None` before the first
+    /// includes the whole round trip), plus a drift allowance; or, when it is later, this
+    /// service's wall clock moved by the offset last measured. `None` before the first
     /// reading.
+    ///
+    /// The first alone would be late when the monotonic clock stops while the wall clock does
+    /// not (a suspended or frozen machine: `CLOCK_MONOTONIC` does not count that time) or when
+    /// this service's wall clock steps forward and is the database's (the embedded store reads
+    /// this process's clock). The second covers both; taking the later of the two can only make
+    /// a record expire sooner. What neither sees is a separate database server's clock stepping
+    /// forward between two readings (at most `--health-check-interval` apart while the store
+    /// answers); docs/operations.md says so.
     pub fn latest_possible_now(&self) -> Option<DbInstant> {
         let reading = (*self
             .latest
@@ -99,7 +109,10 @@ impl DatabaseClock {
         let since = reading.sent.elapsed();
         let drift = since.as_secs_f64() * DRIFT_MICROS_PER_SECOND;
         let since_micros = i64::try_from(since.as_micros()).ok()?;
-        Some(reading.read + chrono::Duration::microseconds(since_micros + drift.ceil() as i64))
+        let by_monotonic =
+            reading.read + chrono::Duration::microseconds(since_micros + drift.ceil() as i64);
+        let by_wall_clock = Utc::now() + chrono::Duration::microseconds(self.offset_micros());
+        Some(by_monotonic.max(by_wall_clock))
     }
 
     /// The offset last recorded, database minus service, in microseconds.
@@ -338,6 +351,27 @@ mod tests {
             max_waiters,
             recheck_interval: Duration::from_secs(5),
         }
+    }
+
+    #[test]
+    fn the_latest_possible_now_keeps_up_with_the_wall_clock_when_the_monotonic_one_stops() {
+        let clock = DatabaseClock::default();
+        assert_eq!(
+            clock.latest_possible_now(),
+            None,
+            "nothing before a reading"
+        );
+        let read = Utc::now();
+        // A reading whose monotonic instant has not been reached yet: for this clock, no
+        // monotonic time passes after it, as on a machine suspended right after its probe.
+        clock.record(read, read, read, Instant::now() + Duration::from_secs(3600));
+        std::thread::sleep(Duration::from_millis(30));
+        let floor = Utc::now();
+        let latest = clock.latest_possible_now().expect("a reading");
+        assert!(
+            latest >= floor,
+            "{latest} is before the wall clock's {floor}: a stopped monotonic clock made it late"
+        );
     }
 
     #[tokio::test]
