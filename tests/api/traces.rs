@@ -197,8 +197,12 @@ async fn an_rpc_span_joins_the_callers_trace_and_its_statement_is_its_child(back
         ))
         .await
         .expect("Complete");
-    // Without a trace context: a trace of its own.
-    client.lookup(lookup(&key)).await.expect("Lookup");
+    // Without a trace context: a trace of its own. Another key: this one is completed, and its
+    // Lookup would be answered from the replay cache, without a statement.
+    client
+        .lookup(lookup(&unique_key("untraced")))
+        .await
+        .expect("Lookup");
     stop(server).await;
 
     let spans = collector.spans();
