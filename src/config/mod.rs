@@ -117,7 +117,7 @@ pub struct DatabaseArgs {
 
     /// Every call answers within it. 35% may go to waiting for a pooled connection, 50% to the
     /// statement (PostgreSQL's statement_timeout, SQLite's busy_timeout); past them a call
-    /// fails with UNAVAILABLE / STORE_UNAVAILABLE, and nothing was written.
+    /// fails with UNAVAILABLE / STORE_UNAVAILABLE, and nothing was written (100ms-10m).
     #[arg(long, env = "IDEMPOTENCY_OPERATION_TIMEOUT", default_value = "5s",
           value_parser = parse_duration)]
     pub operation_timeout: Duration,
@@ -180,7 +180,7 @@ pub struct ServeArgs {
           value_parser = clap::value_parser!(u32).range(256 * 1024..=64 * 1024 * 1024))]
     pub max_response_bytes: u32,
 
-    /// Pause between reaper sweeps.
+    /// Pause between reaper sweeps (10ms-1h).
     #[arg(long, env = "IDEMPOTENCY_REAPER_INTERVAL", default_value = "30s",
           value_parser = parse_duration)]
     pub reaper_interval: Duration,
@@ -245,7 +245,8 @@ pub struct ServeArgs {
           value_parser = clap::value_parser!(u32).range(1..=10_000))]
     pub coalesce_max_batch: u32,
 
-    /// Pause between store checks that drive the health status.
+    /// Pause between store checks that drive the health status (100ms-1m); also how old the
+    /// replay cache's reading of the database clock may get.
     #[arg(long, env = "IDEMPOTENCY_HEALTH_CHECK_INTERVAL", default_value = "2s",
           value_parser = parse_duration)]
     pub health_check_interval: Duration,
@@ -361,6 +362,12 @@ fn parse_otlp_endpoint(text: &str) -> Result<String, String> {
 
 const MIB: u64 = 1024 * 1024;
 
+/// The operation timeout's bounds: below 100 ms, its shares (10 ms of queue, 35 ms for a
+/// connection) are shorter than a commit on a busy disk; above 10 minutes, a call could outlive
+/// any orchestrator's patience, and a statement hold its row locks that long.
+const MIN_OPERATION_TIMEOUT: Duration = Duration::from_millis(100);
+const MAX_OPERATION_TIMEOUT: Duration = Duration::from_secs(600);
+
 /// A duration setting within `[min, max]`, named by its flag when it is not.
 fn within(
     flag: &'static str,
@@ -433,16 +440,6 @@ pub struct Settings {
     pub replay_cache_bytes: u64,
 }
 
-fn nonzero(flag: &'static str, value: Duration) -> Result<Duration, SettingError> {
-    if value.is_zero() {
-        return Err(SettingError {
-            flag,
-            problem: "must be greater than zero".into(),
-        });
-    }
-    Ok(value)
-}
-
 impl DatabaseArgs {
     pub fn store_settings(&self) -> Result<StoreSettings, SettingError> {
         let location = match &self.database_url {
@@ -494,7 +491,12 @@ impl DatabaseArgs {
         Ok(StoreSettings {
             location,
             pool_size: self.pool_size,
-            operation_timeout: nonzero("operation-timeout", self.operation_timeout)?,
+            operation_timeout: within(
+                "operation-timeout",
+                self.operation_timeout,
+                MIN_OPERATION_TIMEOUT,
+                MAX_OPERATION_TIMEOUT,
+            )?,
             notify_url,
             pooler: self.pooler,
         })
@@ -602,11 +604,21 @@ impl ServeArgs {
             limits,
             readiness: ReadinessSettings {
                 migrate: !self.no_migrate,
-                check_interval: nonzero("health-check-interval", self.health_check_interval)?,
+                check_interval: within(
+                    "health-check-interval",
+                    self.health_check_interval,
+                    Duration::from_millis(100),
+                    Duration::from_secs(60),
+                )?,
                 check_timeout: operation_timeout,
             },
             reaper: ReaperSettings {
-                interval: nonzero("reaper-interval", self.reaper_interval)?,
+                interval: within(
+                    "reaper-interval",
+                    self.reaper_interval,
+                    Duration::from_millis(10),
+                    Duration::from_secs(3600),
+                )?,
                 batch_size: self.reaper_batch_size,
                 batch_timeout: operation_timeout,
                 measure_lag: self.metrics_listen.is_some(),

@@ -203,8 +203,11 @@ fn connection_limits_have_defaults_and_bounds() {
     assert_eq!(defaults.max_health_watchers, 1000);
 
     // Each bound: the value at it is taken, the one just past it refused, naming the flag.
-    let cases: [(&str, &str, &str, &str, &str); 6] = [
+    let cases: [(&str, &str, &str, &str, &str); 9] = [
         ("--max-health-watchers", "1", "0", "100000", "100001"),
+        ("--health-check-interval", "100ms", "99ms", "1m", "61s"),
+        ("--reaper-interval", "10ms", "9ms", "1h", "3601s"),
+        ("--operation-timeout", "100ms", "99ms", "10m", "601s"),
         (
             "--connection-handshake-timeout",
             "100ms",

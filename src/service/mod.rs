@@ -436,9 +436,15 @@ impl Coordinator {
             command.key.clone(),
             command.lease_token.get(),
         );
-        let response = command.response.clone();
+        // The response is copied only for a claim this replica handed out: only that one is
+        // remembered.
+        let response = replays
+            .awaits_completion(token)
+            .then(|| command.response.clone());
         let completion = self.complete_in_store(command).await?;
-        replays.completed(&namespace, &key, token, response.as_bytes(), &completion);
+        if let Some(response) = response {
+            replays.completed(&namespace, &key, token, response.as_bytes(), &completion);
+        }
         Ok(completion)
     }
 

@@ -259,6 +259,11 @@ impl ReplayCache {
         );
     }
 
+    /// Whether this replica handed out the claim of `token` and waits for its Complete.
+    pub fn awaits_completion(&self, token: i64) -> bool {
+        self.claims.contains_key(&token)
+    }
+
     /// Remembers the record a Complete with `token` completed, if this replica handed out the
     /// claim (otherwise the first replay fills the cache).
     pub fn completed(
@@ -295,8 +300,10 @@ impl ReplayCache {
         let found = self.records.get(&wanted);
         let live = match found {
             Some(record) if self.is_live(&record.completion) => Some(record),
-            Some(_) => {
-                self.records.remove(&wanted);
+            Some(expired) => {
+                // Only this entry: a record of the key's next life, cached meanwhile, stays.
+                self.records
+                    .remove_if(&wanted, |current| Arc::ptr_eq(current, &expired));
                 None
             }
             None => None,
