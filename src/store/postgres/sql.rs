@@ -146,8 +146,10 @@ RETURNING coalesce(k.claim_ticket = (SELECT value FROM new_token), false) AS new
     key_columns!("k.")
 );
 
-/// TryStart for many keys in one statement: the same table as [`TRY_START`], row by row. Each
-/// call draws a ticket, by which the statement recognises its claims. The rows are then
+/// TryStart for many keys in one statement: the same table as [`TRY_START`], row by row. The
+/// statement draws one ticket, by which it recognises its claims (its keys are distinct, so a
+/// row carrying the ticket is a claim of this statement's, and RETURNING compares each row with
+/// one value instead of searching the input for its key). The rows are then
 /// inserted in key order (`COLLATE "C"`, the order every statement that locks several keys
 /// takes them in), and each row draws its token and reads the clock only when its turn comes,
 /// after the rows before it have been inserted or locked (PostgreSQL evaluates the volatile
@@ -161,8 +163,9 @@ WITH input AS (
                          $6::text[])
         AS i(namespace, key, fingerprint, lease_us, retention_us, attempt_id)
 ),
+batch AS MATERIALIZED (SELECT nextval('lease_token_seq') AS ticket),
 drawn AS MATERIALIZED (
-    SELECT i.*, nextval('lease_token_seq') AS ticket FROM input AS i
+    SELECT i.*, b.ticket FROM input AS i CROSS JOIN batch AS b
 )
 INSERT INTO idempotency_keys AS k
     (namespace, key, fingerprint, lease_token, claim_ticket, attempt, attempt_id,
@@ -189,9 +192,7 @@ ON CONFLICT (namespace, key) DO UPDATE SET
     claim_action!(),
     r#"
 RETURNING k.namespace, k.key,
-          coalesce(k.claim_ticket = (SELECT d.ticket FROM drawn AS d
-                                     WHERE d.namespace = k.namespace AND d.key = k.key),
-                   false) AS newly_claimed, "#,
+          coalesce(k.claim_ticket = (SELECT b.ticket FROM batch AS b), false) AS newly_claimed, "#,
     key_columns!("k.")
 );
 
@@ -201,6 +202,11 @@ RETURNING k.namespace, k.key,
 /// completed (stamped with that instant, the checkpoint dropped), and for every other call the
 /// row as it stood under the lock comes back, which says why it was refused
 /// (`domain::classify_refusal`), so no second statement is needed to explain a refusal.
+///
+/// The locked rows carry their call's input (token, response, retention, position), so the
+/// update and the answer join each row with its call by key once (the index) or by position,
+/// never by searching the input again: a generic plan, which cannot know how many calls came,
+/// would search it with a nested loop, once per row.
 pub(super) const COMPLETE: &str = concat!(
     r#"
 WITH input AS (
@@ -209,7 +215,8 @@ WITH input AS (
 ),
 locked AS MATERIALIZED (
     SELECT k.namespace, k.key, k.lease_token, k.completed_at, k.expires_at, k.retention_us,
-           k.response
+           k.response, i.position, i.lease_token AS presented_token,
+           i.response AS new_response, i.retention_us AS new_retention_us
     FROM idempotency_keys AS k
     JOIN input AS i ON k.namespace = i.namespace AND k.key = i.key
     ORDER BY k.namespace COLLATE "C", k.key COLLATE "C"
@@ -221,14 +228,13 @@ judged AS MATERIALIZED (
 completed AS (
     UPDATE idempotency_keys AS k
     SET (response, completed_at, checkpoint, retention_us, expires_at) =
-        (i.response, j.at, NULL::bytea, coalesce(i.retention_us, l.retention_us),
-         j.at + coalesce(i.retention_us, l.retention_us) * interval '1 microsecond')
+        (l.new_response, j.at, NULL::bytea, coalesce(l.new_retention_us, l.retention_us),
+         j.at + coalesce(l.new_retention_us, l.retention_us) * interval '1 microsecond')
     FROM locked AS l
-    JOIN input AS i ON i.namespace = l.namespace AND i.key = l.key
     CROSS JOIN judged AS j
     WHERE k.namespace = l.namespace AND k.key = l.key
-      AND l.lease_token = i.lease_token AND l.completed_at IS NULL AND l.expires_at > j.at
-    RETURNING k.namespace, k.key, k.completed_at, k.expires_at, "#,
+      AND l.lease_token = l.presented_token AND l.completed_at IS NULL AND l.expires_at > j.at
+    RETURNING l.position, k.completed_at, k.expires_at, "#,
     notify_key!("k."),
     r#"
 )
@@ -238,11 +244,11 @@ SELECT c.completed_at AS applied_at,
        l.lease_token,
        l.completed_at,
        l.expires_at,
-       coalesce(l.response = i.response, false) AS same_response
+       coalesce(l.response = l.new_response, false) AS same_response
 FROM input AS i
 CROSS JOIN judged AS j
-LEFT JOIN locked AS l ON l.namespace = i.namespace AND l.key = i.key
-LEFT JOIN completed AS c ON c.namespace = i.namespace AND c.key = i.key
+LEFT JOIN locked AS l ON l.position = i.position
+LEFT JOIN completed AS c ON c.position = i.position
 ORDER BY i.position
 "#
 );
