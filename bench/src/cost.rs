@@ -77,6 +77,25 @@ impl CostProbe {
         })
     }
 
+    /// Ends the idle sessions of `application` on the bench's database (the coordinator's pool,
+    /// which reconnects on its next call), so that their statistics are published now: a live
+    /// backend publishes its commits at most once a second, and an idle one only after ten
+    /// seconds, which would leave part of a run's commits to the next run. A session ended
+    /// this way publishes at exit, and its CPU moves to the postmaster's reaped children.
+    pub async fn end_idle_sessions_of(&self, application: &str) -> anyhow::Result<()> {
+        let mut connection = self.connection.lock().await;
+        sqlx::query(
+            "SELECT count(pg_terminate_backend(pid, 5000)) FROM pg_stat_activity
+             WHERE datname = current_database() AND application_name = $1 AND state = 'idle'
+               AND pid <> pg_backend_pid()",
+        )
+        .bind(application)
+        .execute(&mut *connection)
+        .await
+        .context("ending the coordinator's idle sessions")?;
+        Ok(())
+    }
+
     async fn read(&self) -> anyhow::Result<Counters> {
         let mut connection = self.connection.lock().await;
         // A new snapshot of the statistics, not the one this transaction saw first.

@@ -114,6 +114,11 @@ impl Report {
         self.tally.quantile_ms(fraction)
     }
 
+    /// The mean latency, in milliseconds (what pgbench reports).
+    pub fn mean_ms(&self) -> f64 {
+        self.tally.latencies.mean() / 1000.0
+    }
+
     pub fn row(&self, store: &str) -> String {
         let ops = self.ops_per_second();
         format!(
@@ -196,12 +201,18 @@ pub async fn drive_until(
         async move { call(channel, workload, caller, sequence, &run, &replay_keys).await }
     })
     .await?;
-    let cost = match measuring {
-        Some(measuring) => Some(measuring.finish().await?),
-        None => None,
+    let cost = match (measuring, probe) {
+        (Some(measuring), Some(probe)) => {
+            probe.end_idle_sessions_of(COORDINATOR_APPLICATION).await?;
+            Some(measuring.finish().await?)
+        }
+        _ => None,
     };
     Ok(Report::new(workload, callers, tally, cost))
 }
+
+/// The `application_name` of the coordinator's store sessions (its listener's differs).
+const COORDINATOR_APPLICATION: &str = "idempotency-coordinator";
 
 /// A run id that keeps keys of different runs apart on a shared store.
 pub fn run_id() -> String {

@@ -16,6 +16,7 @@ mod direct;
 mod flags;
 mod gateway;
 mod load;
+mod pgbench;
 mod reaper;
 
 use std::time::Duration;
@@ -81,6 +82,10 @@ enum BenchCommand {
         /// Extra flags for the coordinator, e.g. "--pool-size 8".
         #[arg(long, allow_hyphen_values = true, default_value = "")]
         coordinator_flags: String,
+        /// Also run each workload with PostgreSQL's own load generator, this `pgbench`
+        /// (e.g. /usr/bin/pgbench), as a third side.
+        #[arg(long)]
+        pgbench: Option<String>,
     },
     /// TryStart latency while the reaper clears a backlog of expired keys, against without.
     ReaperUnderLoad(reaper::Settings),
@@ -163,6 +168,7 @@ async fn main() -> anyhow::Result<()> {
             callers,
             duration,
             coordinator_flags,
+            pgbench,
         } => {
             let database = format!("idempotency_bench_direct_{}", std::process::id());
             let url = format!("{postgres_server}/{database}");
@@ -202,13 +208,7 @@ async fn main() -> anyhow::Result<()> {
                     .await
                     .context("driving PostgreSQL directly")?;
                     println!("{}", ours.row("coordinator"));
-                    let cpu_ratio = match (ours.database_cpu_micros(), theirs.database_cpu_micros())
-                    {
-                        (Some(ours), Some(theirs)) if theirs > 0.0 => {
-                            format!("{:.2}x", ours / theirs)
-                        }
-                        _ => "n/a".to_owned(),
-                    };
+                    let cpu_ratio = ratio(ours.database_cpu_micros(), theirs.database_cpu_micros());
                     println!(
                         "{}   {:.2}x   {cpu_ratio}",
                         theirs.row("direct"),
@@ -219,6 +219,34 @@ async fn main() -> anyhow::Result<()> {
                             "{:<19} p50 coordinator - direct: {:+.3} ms",
                             "",
                             ours.percentile(0.5) - theirs.percentile(0.5)
+                        );
+                    }
+                    let Some(pgbench) = &pgbench else { continue };
+                    let Some(theirs) = pgbench::drive(
+                        pgbench,
+                        &url,
+                        workload,
+                        count,
+                        duration,
+                        &load::run_id(),
+                        Some(&probe),
+                    )
+                    .await
+                    .context("driving PostgreSQL with pgbench")?
+                    else {
+                        continue;
+                    };
+                    println!(
+                        "{}   {:.2}x   {}",
+                        theirs.row(),
+                        ours.ops_per_second() / theirs.ops_per_second(),
+                        ratio(ours.database_cpu_micros(), theirs.database_cpu_micros())
+                    );
+                    if count == 1 {
+                        println!(
+                            "{:<19} mean coordinator - pgbench: {:+.3} ms",
+                            "",
+                            ours.mean_ms() - theirs.mean_latency_ms()
                         );
                     }
                 }
@@ -239,6 +267,14 @@ async fn main() -> anyhow::Result<()> {
         BenchCommand::Gateway(settings) => gateway::run(settings).await?,
     }
     Ok(())
+}
+
+/// `ours ÷ theirs` for the table, or n/a when either was not measured.
+fn ratio(ours: Option<f64>, theirs: Option<f64>) -> String {
+    match (ours, theirs) {
+        (Some(ours), Some(theirs)) if theirs > 0.0 => format!("{:.2}x", ours / theirs),
+        _ => "n/a".to_owned(),
+    }
 }
 
 /// Starts the coordinator on `database_url` with `flags`, quiet but for warnings, and waits
