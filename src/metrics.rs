@@ -144,6 +144,10 @@ fn describe() {
         "idempotency_reaped_rows_total",
         "Expired rows deleted by the reaper, by table (keys, events)."
     );
+    describe_counter!(
+        "idempotency_coalesced_followers_total",
+        "Calls answered from the store's answer to their key's call in the round before, without a statement of their own, by coalescer."
+    );
     describe_histogram!(
         "idempotency_coalesced_batch_size",
         "Weight of each coalesced batch (calls, or event ids for MarkProcessed), by coalescer."

@@ -232,10 +232,10 @@ pub struct ServeArgs {
     #[arg(long, env = "IDEMPOTENCY_NO_COALESCE")]
     pub no_coalesce: bool,
 
-    /// Shared statements of one kind (TryStart, Complete, MarkProcessed) that may run at once. Fewer means
-    /// bigger batches and more throughput; more means a key held by a slow transaction
-    /// delays fewer calls.
-    #[arg(long, env = "IDEMPOTENCY_COALESCE_EXECUTORS", default_value_t = 2,
+    /// Shared statements of one kind (TryStart, Complete, MarkProcessed) that may run at once.
+    /// Fewer means bigger batches, fewer commits and more throughput; more means a key held by
+    /// a slow transaction delays fewer calls.
+    #[arg(long, env = "IDEMPOTENCY_COALESCE_EXECUTORS", default_value_t = 1,
           value_parser = clap::value_parser!(u32).range(1..=1000))]
     pub coalesce_executors: u32,
 

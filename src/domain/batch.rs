@@ -15,7 +15,8 @@ use super::{CompleteCommand, MarkProcessedCommand, TryStartCommand, key_id};
 pub trait Batchable {
     type Key: Eq + Hash;
 
-    /// Commands with the same key never share a statement: they run in successive rounds.
+    /// Commands with the same key never share a statement: they run in successive rounds (or
+    /// are answered from the answer before, see `service::coalesce`).
     /// `None`: the command may share a statement with any other.
     fn conflict_key(&self) -> Option<Self::Key>;
 

@@ -341,6 +341,61 @@ pub fn claim_action(
     }
 }
 
+/// What TryStart `later` is answered when `earlier`, a TryStart of the same key that had
+/// queued with it, has just been answered `earlier_answer` by the store, if that answer alone
+/// decides it: the key is then known as `earlier`'s statement left it, under its lock, and
+/// `later` changes nothing in it. `None` when `later` would write (a re-entry, a takeover, a
+/// fresh claim) or when the answer does not tell enough of the key (whose attempt holds it,
+/// whose fingerprint a mismatch met): `later` then runs its own statement.
+///
+/// `later` is linearized right after `earlier`: it was waiting before `earlier`'s statement
+/// ran, nothing else can touch the key until that statement commits, and by the clock that
+/// statement read under the lock the key was live and any lease it reports still running
+/// (a lease it granted ends a positive TTL after that reading).
+pub fn answer_after(
+    earlier: &TryStartCommand,
+    earlier_answer: &TryStartOutcome,
+    later: &TryStartCommand,
+) -> Option<TryStartOutcome> {
+    let same_fingerprint = later.fingerprint.as_bytes() == earlier.fingerprint.as_bytes();
+    let same_attempt = |held: &Option<AttemptId>| matches!((&later.attempt_id, held), (Some(asked), Some(held)) if asked.as_str() == held.as_str());
+    match earlier_answer {
+        // The key holds `earlier`'s fingerprint, in progress under `earlier`'s attempt_id.
+        TryStartOutcome::Started(claim) => {
+            if !same_fingerprint {
+                Some(TryStartOutcome::FingerprintMismatch)
+            } else if same_attempt(&earlier.attempt_id) {
+                None
+            } else {
+                Some(TryStartOutcome::InProgress {
+                    lease_expires_at: claim.lease_expires_at,
+                    attempt: claim.attempt,
+                })
+            }
+        }
+        // Held under a running lease by an attempt other than `earlier`'s, whose attempt_id is
+        // not told: only a `later` without one, or with `earlier`'s, surely does not re-enter.
+        TryStartOutcome::InProgress { .. } => {
+            if !same_fingerprint {
+                Some(TryStartOutcome::FingerprintMismatch)
+            } else if later.attempt_id.is_none() || same_attempt(&earlier.attempt_id) {
+                Some(earlier_answer.clone())
+            } else {
+                None
+            }
+        }
+        TryStartOutcome::Completed { .. } => Some(if same_fingerprint {
+            earlier_answer.clone()
+        } else {
+            TryStartOutcome::FingerprintMismatch
+        }),
+        // The key is live with a fingerprint other than `earlier`'s, in a state not told.
+        TryStartOutcome::FingerprintMismatch => {
+            same_fingerprint.then_some(TryStartOutcome::FingerprintMismatch)
+        }
+    }
+}
+
 fn later(a: Instant, b: Instant) -> Instant {
     a.max(b)
 }

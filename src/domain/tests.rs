@@ -172,3 +172,108 @@ fn refusals_follow_the_contract_order() {
         Ok(Some(completion))
     );
 }
+
+fn started(attempt_id: Option<&str>) -> (TryStartCommand, TryStartOutcome) {
+    let claim = Claim {
+        lease_token: LeaseToken::from_stored(9),
+        lease_expires_at: Utc::now(),
+        attempt: 3,
+        checkpoint: None,
+        kind: ClaimKind::Takeover,
+    };
+    (command(b"fp", attempt_id), TryStartOutcome::Started(claim))
+}
+
+#[test]
+fn a_duplicate_after_a_claim_is_in_progress_unless_it_reenters_or_mismatches() {
+    let (earlier, answer) = started(Some("a"));
+    let TryStartOutcome::Started(claim) = &answer else {
+        unreachable!("a claim")
+    };
+    let held = TryStartOutcome::InProgress {
+        lease_expires_at: claim.lease_expires_at,
+        attempt: 3,
+    };
+    for later in [command(b"fp", None), command(b"fp", Some("b"))] {
+        assert_eq!(answer_after(&earlier, &answer, &later), Some(held.clone()));
+    }
+    assert_eq!(
+        answer_after(&earlier, &answer, &command(b"fp", Some("a"))),
+        None,
+        "the holder's own attempt re-enters: it writes"
+    );
+    assert_eq!(
+        answer_after(&earlier, &answer, &command(b"other", Some("a"))),
+        Some(TryStartOutcome::FingerprintMismatch)
+    );
+    // A claim without an attempt_id is re-entered by nobody: every later attempt is held off.
+    let (anonymous, answer) = started(None);
+    for later in [command(b"fp", None), command(b"fp", Some("x"))] {
+        assert!(matches!(
+            answer_after(&anonymous, &answer, &later),
+            Some(TryStartOutcome::InProgress { attempt: 3, .. })
+        ));
+    }
+}
+
+#[test]
+fn a_duplicate_after_in_progress_follows_only_when_it_surely_does_not_reenter() {
+    let held = TryStartOutcome::InProgress {
+        lease_expires_at: Utc::now(),
+        attempt: 2,
+    };
+    let earlier = command(b"fp", Some("a"));
+    // The holder is not "a" (else the earlier would have re-entered), nor unknown-to-us "b".
+    assert_eq!(
+        answer_after(&earlier, &held, &command(b"fp", None)),
+        Some(held.clone())
+    );
+    assert_eq!(
+        answer_after(&earlier, &held, &command(b"fp", Some("a"))),
+        Some(held.clone())
+    );
+    assert_eq!(
+        answer_after(&earlier, &held, &command(b"fp", Some("b"))),
+        None,
+        "\"b\" may be the holder's attempt"
+    );
+    assert_eq!(
+        answer_after(&command(b"fp", None), &held, &command(b"fp", Some("a"))),
+        None
+    );
+    assert_eq!(
+        answer_after(&earlier, &held, &command(b"other", None)),
+        Some(TryStartOutcome::FingerprintMismatch)
+    );
+}
+
+#[test]
+fn a_duplicate_after_a_replay_replays_and_after_a_mismatch_mismatches_only_alike() {
+    let now = Utc::now();
+    let replay = TryStartOutcome::Completed {
+        response: b"resp".to_vec(),
+        completion: Completion {
+            completed_at: now,
+            expires_at: now,
+        },
+    };
+    let earlier = command(b"fp", None);
+    assert_eq!(
+        answer_after(&earlier, &replay, &command(b"fp", Some("x"))),
+        Some(replay.clone())
+    );
+    assert_eq!(
+        answer_after(&earlier, &replay, &command(b"other", None)),
+        Some(TryStartOutcome::FingerprintMismatch)
+    );
+    let mismatch = TryStartOutcome::FingerprintMismatch;
+    assert_eq!(
+        answer_after(&earlier, &mismatch, &command(b"fp", Some("x"))),
+        Some(TryStartOutcome::FingerprintMismatch)
+    );
+    assert_eq!(
+        answer_after(&earlier, &mismatch, &command(b"other", None)),
+        None,
+        "the key's own fingerprint may be \"other\""
+    );
+}

@@ -19,10 +19,20 @@
 //! no service can avoid: a round whose store stops answering altogether is abandoned once
 //! nobody waits for it any more, and then its outcome is unknown.
 //!
+//! A TryStart of a key whose earlier call in the same batch has just been answered by the store
+//! is answered from that answer at once, without a statement of its own, when the answer decides
+//! it and it would change nothing ([`FollowsEarlier`], `domain::answer_after`): behind a claim
+//! made in the batch every other attempt is told in progress, and behind a completed key every
+//! call with its fingerprint gets the replay. Behind a key found in progress only calls without
+//! an attempt_id, or with the first call's, follow (the answer does not name the holder's
+//! attempt, and a call carrying it would re-enter); the others run in their rounds. A follower
+//! runs nothing, so it is not held to the queue budget below.
+//!
 //! The queue is bounded, by weight (calls, or event ids): when it is full, a call is refused at
 //! once (UNAVAILABLE, nothing written) instead of joining a line that could not be served in
 //! time.
 
+use std::collections::HashMap;
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
@@ -35,6 +45,10 @@ use tracing::{Instrument, Span};
 use super::CoordinatorError;
 use super::in_flight::{InFlight, InFlightGuard};
 use crate::domain::batch::{Batchable, Round, round_numbers};
+use crate::domain::{
+    CompleteCommand, Completion, MarkProcessedCommand, ProcessedEvent, Rejection, TryStartCommand,
+    TryStartOutcome,
+};
 use crate::store::StoreError;
 use crate::supervise::Lifecycle;
 
@@ -111,9 +125,41 @@ pub struct CoalescerSettings {
     pub db_system: &'static str,
 }
 
+/// A command that may be answered from the answer the store gave, in the same batch, to the
+/// command of its key in the round before, without running itself.
+pub trait FollowsEarlier<R> {
+    /// Whether any command of this kind may follow (when not, no copy is kept to judge by).
+    const FOLLOWS: bool = false;
+
+    /// The answer, when `earlier_answer` decides it and this command would change nothing;
+    /// `None` (the default) runs it in its round.
+    fn answer_after(&self, _earlier: &Self, _earlier_answer: &R) -> Option<R> {
+        None
+    }
+}
+
+/// See [`crate::domain::answer_after`].
+impl FollowsEarlier<TryStartOutcome> for TryStartCommand {
+    const FOLLOWS: bool = true;
+
+    fn answer_after(
+        &self,
+        earlier: &Self,
+        earlier_answer: &TryStartOutcome,
+    ) -> Option<TryStartOutcome> {
+        crate::domain::answer_after(earlier, earlier_answer, self)
+    }
+}
+
+/// A Complete always runs: a second one of a key is judged by the token it carries.
+impl FollowsEarlier<Result<Completion, Rejection>> for CompleteCommand {}
+
+/// Marks never conflict: every call's ids share one statement.
+impl FollowsEarlier<Vec<ProcessedEvent>> for MarkProcessedCommand {}
+
 impl<C, R> Coalescer<C, R>
 where
-    C: Batchable + Send + 'static,
+    C: Batchable + FollowsEarlier<R> + Clone + Send + 'static,
     R: Send + 'static,
 {
     /// Starts the dispatcher, an essential task named `name` of `lifecycle` (it ends only once
@@ -267,43 +313,50 @@ where
     }
 }
 
-/// Runs a batch round by round, answering each command as soon as its round is done.
+/// Runs a batch round by round, answering each command as soon as its round is done, and each
+/// command that its key's previous answer decides ([`FollowsEarlier`]) as soon as that answer
+/// comes.
 async fn run_batch<C, R, F, Fut>(
     batch: Vec<Pending<C, R>>,
     execute: &F,
     timeout: Duration,
     (label, db_system): (&'static str, &'static str),
 ) where
-    C: Batchable,
+    C: Batchable + FollowsEarlier<R> + Clone,
     F: Fn(Round<C>) -> Fut,
     Fut: Future<Output = Vec<Result<R, StoreError>>>,
 {
     let numbers = round_numbers(&batch, |pending| pending.command.conflict_key());
+    let next_of_key = next_of_same_key(&batch, |pending| pending.command.conflict_key());
     let mut pending: Vec<Option<Pending<C, R>>> = batch.into_iter().map(Some).collect();
     let last_round = numbers.iter().copied().max().unwrap_or(0);
     for round in 0..=last_round {
         let now = Instant::now();
         let mut due = Vec::new();
-        for (slot, _) in pending
-            .iter_mut()
-            .zip(&numbers)
-            .filter(|(_, n)| **n == round)
-        {
+        for (position, slot) in pending.iter_mut().enumerate() {
+            if numbers.get(position) != Some(&round) {
+                continue;
+            }
             let Some(call) = slot.take() else { continue };
             if call.run_before < now {
                 let _ = call.reply.send(Err(CoordinatorError::TimedOut(timeout)));
             } else {
-                due.push(call);
+                due.push((position, call));
             }
         }
-        let Some(nobody_waits_after) = due.iter().map(|call| call.answer_by).max() else {
+        let Some(nobody_waits_after) = due.iter().map(|(_, call)| call.answer_by).max() else {
             continue;
         };
-        let statement = round_span(label, db_system, &due);
-        let (commands, waiters): (Vec<_>, Vec<_>) = due
-            .into_iter()
-            .map(|call| (call.command, (call.reply, call.held)))
-            .unzip();
+        let statement = round_span(label, db_system, due.iter().map(|(_, call)| call));
+        let mut commands = Vec::with_capacity(due.len());
+        let mut waiters = Vec::with_capacity(due.len());
+        for (position, call) in due {
+            // A copy for the calls of the same key after it to be judged by, if any may be.
+            let earlier =
+                (C::FOLLOWS && next_of_key[position].is_some()).then(|| call.command.clone());
+            commands.push(call.command);
+            waiters.push((position, earlier, call.reply, call.held));
+        }
         let results = match Round::new(commands) {
             // Boxed: the store's future is large, and this one is moved whole into the task
             // that runs the batch; a pointer is cheaper to move than the state it points to.
@@ -327,28 +380,73 @@ async fn run_batch<C, R, F, Fut>(
                 .collect::<Vec<_>>(),
         };
         let mut results = results.into_iter();
-        for (reply, held) in waiters {
+        for (position, earlier, reply, held) in waiters {
             let result = results.next().unwrap_or(Err(CoordinatorError::Inconsistent(
                 "a batch answered fewer results than it had commands",
             )));
+            // Only a store's answer is followed: after an error nobody knows how the key
+            // stands, and the next call of the key runs in its round.
+            if let (Some(earlier), Ok(answer)) = (&earlier, &result) {
+                let mut later = next_of_key[position];
+                while let Some(next) = later {
+                    let Some(follows) = pending[next]
+                        .as_ref()
+                        .and_then(|call| call.command.answer_after(earlier, answer))
+                    else {
+                        break;
+                    };
+                    if let Some(call) = pending[next].take() {
+                        metrics::counter!(
+                            "idempotency_coalesced_followers_total",
+                            "coalescer" => label
+                        )
+                        .increment(1);
+                        let _ = call.reply.send(Ok(follows));
+                    }
+                    later = next_of_key[next];
+                }
+            }
             let _ = reply.send(result);
             drop(held);
         }
     }
 }
 
+/// For each of `items`, the position of the next item with the same key, if any.
+fn next_of_same_key<T, K: Eq + std::hash::Hash>(
+    items: &[T],
+    key: impl Fn(&T) -> Option<K>,
+) -> Vec<Option<usize>> {
+    let mut next = vec![None; items.len()];
+    let mut last_seen: HashMap<K, usize> = HashMap::new();
+    for (position, item) in items.iter().enumerate().rev() {
+        if let Some(key) = key(item)
+            && let Some(following) = last_seen.insert(key, position)
+        {
+            next[position] = Some(following);
+        }
+    }
+    next
+}
+
 /// The span of a round's one statement: the child of its first call's span, linked to the
 /// span of every other call it carries (a span has one parent; the links lead from the shared
 /// statement to each of the RPCs it served).
-fn round_span<C, R>(label: &'static str, db_system: &'static str, due: &[Pending<C, R>]) -> Span {
-    let Some(first) = due.first() else {
+fn round_span<'a, C: 'a, R: 'a>(
+    label: &'static str,
+    db_system: &'static str,
+    due: impl ExactSizeIterator<Item = &'a Pending<C, R>>,
+) -> Span {
+    let count = due.len();
+    let mut due = due;
+    let Some(first) = due.next() else {
         return Span::none();
     };
-    let span = super::statement_span(label, db_system, &first.span, due.len());
+    let span = super::statement_span(label, db_system, &first.span, count);
     if !span.is_disabled() {
         use opentelemetry::trace::TraceContextExt;
         use tracing_opentelemetry::OpenTelemetrySpanExt;
-        for other in &due[1..] {
+        for other in due {
             let context = other.span.context();
             let caller = context.span().span_context().clone();
             if caller.is_valid() {
@@ -402,6 +500,15 @@ mod tests {
         }
         fn weight(&self) -> usize {
             self.weight
+        }
+    }
+
+    /// Commands worth 1000 or more are answered from their key's earlier answer, plus one.
+    impl FollowsEarlier<u32> for Command {
+        const FOLLOWS: bool = true;
+
+        fn answer_after(&self, _earlier: &Self, earlier_answer: &u32) -> Option<u32> {
+            (self.value >= 1000).then_some(earlier_answer + 1)
         }
     }
 
@@ -461,7 +568,14 @@ mod tests {
                         Pace::Sleep(pause) => tokio::time::sleep(pause).await,
                         Pace::Gate(gate) => gate.acquire().await.expect("the gate opens").forget(),
                     }
-                    commands.into_iter().map(|c| Ok(c.value * 2)).collect()
+                    commands
+                        .into_iter()
+                        .map(|c| match c.value {
+                            // A store failure, for the command worth 777.
+                            777 => Err(StoreError::TimedOut(Duration::from_millis(1))),
+                            value => Ok(value * 2),
+                        })
+                        .collect()
                 }
             },
         );
@@ -554,6 +668,80 @@ mod tests {
                 vec![Some(1)]
             ]
         );
+    }
+
+    #[tokio::test]
+    async fn a_duplicate_its_earlier_answer_decides_runs_no_round_of_its_own() {
+        let (coalescer, seen, gate) = gated(settings(1, 100, Duration::from_secs(5)));
+        let blocker = spawn_submit(&coalescer, Command::keyed(99));
+        until_rounds(&seen, 1).await;
+        // One key: a command that runs, two that follow its answer, one that runs again, and
+        // one that follows the second answer.
+        let handles: Vec<_> = [1, 1000, 1001, 3, 1002]
+            .into_iter()
+            .map(|value| {
+                let command = Command {
+                    key: Some(1),
+                    value,
+                    weight: 1,
+                };
+                spawn_submit(&coalescer, command)
+            })
+            .collect();
+        until_holding(&coalescer, 6).await;
+        gate.add_permits(100);
+        blocker.await.expect("task").expect("answered");
+        let mut answers = Vec::new();
+        for handle in handles {
+            answers.push(handle.await.expect("task").expect("answered"));
+        }
+        assert_eq!(answers, vec![2, 3, 3, 6, 7]);
+        let ran: Vec<Vec<u32>> = seen
+            .lock()
+            .expect("rounds")
+            .iter()
+            .map(|round| round.iter().map(|c| c.value).collect())
+            .collect();
+        assert_eq!(
+            ran,
+            vec![vec![99], vec![1], vec![3]],
+            "followers ran nothing"
+        );
+    }
+
+    #[tokio::test]
+    async fn after_a_store_failure_the_next_command_of_the_key_runs_itself() {
+        let (coalescer, seen, gate) = gated(settings(1, 100, Duration::from_secs(5)));
+        let blocker = spawn_submit(&coalescer, Command::keyed(99));
+        until_rounds(&seen, 1).await;
+        // The first fails: nobody knows how the key stands, so the would-be follower runs, and
+        // the one after it follows that one's answer.
+        let handles: Vec<_> = [777, 1000, 1001]
+            .into_iter()
+            .map(|value| {
+                let command = Command {
+                    key: Some(1),
+                    value,
+                    weight: 1,
+                };
+                spawn_submit(&coalescer, command)
+            })
+            .collect();
+        until_holding(&coalescer, 4).await;
+        gate.add_permits(100);
+        blocker.await.expect("task").expect("answered");
+        let mut answers = Vec::new();
+        for handle in handles {
+            answers.push(handle.await.expect("task").ok());
+        }
+        assert_eq!(answers, vec![None, Some(2000), Some(2001)]);
+        let ran: Vec<Vec<u32>> = seen
+            .lock()
+            .expect("rounds")
+            .iter()
+            .map(|round| round.iter().map(|c| c.value).collect())
+            .collect();
+        assert_eq!(ran, vec![vec![99], vec![777], vec![1000]]);
     }
 
     #[tokio::test]

@@ -7,12 +7,24 @@ use idempotency_coordinator::proto::idempotency::v1::{TryStartRequest, lookup_re
 use crate::support::*;
 
 async fn two_hundred_concurrent_claims_of_one_key_have_exactly_one_winner(backend: Backend) {
-    // No statement carries a key twice, so 200 calls of one key are 200 rounds one after
-    // another, each with its own commit: about a second on an idle machine, more on a loaded
-    // one, which the default queue budget (a tenth of 5 s) does not always cover, and the late
-    // calls are then refused UNAVAILABLE (writing nothing). This test is about who wins, not
-    // about the machine's speed, so it gives the rounds the time they need.
-    let app = TestApp::spawn_with(backend, &["--operation-timeout", "30s"]).await;
+    // No statement carries a key twice: calls of one key that queue together go in successive
+    // rounds, but a call that the answer before it decides (the key is held, or completed) is
+    // answered from that answer without a statement of its own. The test is about who wins, not
+    // about the machine's speed: a generous timeout keeps a loaded machine's stalls out of it.
+    // The replay cache is off, so that a call answered without a statement was answered from
+    // the answer before it, not from memory.
+    let app = TestApp::spawn_with(
+        backend,
+        &[
+            "--operation-timeout",
+            "30s",
+            "--metrics-listen",
+            "127.0.0.1:0",
+            "--replay-cache-bytes",
+            "0",
+        ],
+    )
+    .await;
     let client = app.client().await;
     let key = unique_key("race");
 
@@ -54,6 +66,15 @@ async fn two_hundred_concurrent_claims_of_one_key_have_exactly_one_winner(backen
     assert_eq!(started, 1, "exactly one claim wins");
     assert_eq!(started + in_progress + completed, 200);
     assert_eq!(app.count_rows("idempotency_keys").await, 1);
+    let samples = crate::metrics::samples(&crate::metrics::scrape(&app).await);
+    let count = |series: &str| samples.get(series).copied().unwrap_or_default();
+    let statements = count("idempotency_store_seconds_count{operation=\"TryStart\"}");
+    let followers = count("idempotency_coalesced_followers_total{coalescer=\"TryStart\"}");
+    assert!(
+        followers > 0.0 && statements + followers == 200.0,
+        "calls that followed an earlier answer of their key ran no statement: {statements} \
+         TryStart statements and {followers} followers for 200 calls"
+    );
 }
 
 async fn concurrent_takeovers_of_an_expired_lease_have_exactly_one_winner(backend: Backend) {

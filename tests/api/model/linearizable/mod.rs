@@ -210,6 +210,8 @@ struct Coverage {
     expired_unreaped: i64,
     reaped: f64,
     shared_batches: f64,
+    /// TryStarts answered from their key's call in the round before, without a statement.
+    followers: f64,
 }
 
 impl Coverage {
@@ -273,6 +275,7 @@ impl Coverage {
             && self.expired_unreaped > 0
             && self.reaped > 0.0
             && self.shared_batches > 0.0
+            && self.followers > 0.0
     }
 }
 
@@ -300,6 +303,16 @@ async fn shared_batches(app: &TestApp) -> f64 {
         .iter()
         .map(|coalescer| crate::metrics::batches_of_several(&samples, coalescer))
         .sum()
+}
+
+/// TryStarts a coalescer answered from the store's answer to their key's call in the round
+/// before, so far.
+async fn followers(app: &TestApp) -> f64 {
+    let samples = crate::metrics::samples(&crate::metrics::scrape(app).await);
+    samples
+        .get("idempotency_coalesced_followers_total{coalescer=\"TryStart\"}")
+        .copied()
+        .unwrap_or(0.0)
 }
 
 fn seed() -> u64 {
@@ -392,8 +405,13 @@ fn linearizability_check(backend: Backend, replicas: bool, extra: &[&str]) {
     if let Some(replica) = &replica {
         clients.push(runtime.block_on(replica.client()));
     }
-    let (batched_before, reaped_before) =
-        runtime.block_on(async { (shared_batches(&app).await, reaped(&app).await) });
+    let (batched_before, reaped_before, followed_before) = runtime.block_on(async {
+        (
+            shared_batches(&app).await,
+            reaped(&app).await,
+            followers(&app).await,
+        )
+    });
     let coverage = Mutex::new(Coverage::default());
     let mut rounds = 0;
     while rounds < ROUNDS && !coverage.lock().expect("coverage").complete() {
@@ -408,6 +426,7 @@ fn linearizability_check(backend: Backend, replicas: bool, extra: &[&str]) {
         let mut coverage = coverage.lock().expect("coverage");
         coverage.shared_batches = runtime.block_on(shared_batches(&app)) - batched_before;
         coverage.reaped = runtime.block_on(reaped(&app)) - reaped_before;
+        coverage.followers = runtime.block_on(followers(&app)) - followed_before;
     }
     let coverage = *coverage.lock().expect("coverage");
     println!(
