@@ -272,18 +272,9 @@ async fn the_background_reaper_deletes_at_most_its_batch_size_per_statement(back
     let _ = server.client_when_serving().await;
     database.insert_expired_keys("old-", 30).await;
     database.insert_expired_events(30).await;
-    eventually(
-        Duration::from_secs(10),
-        "the reaper cleared the backlog",
-        || async {
-            database.count_rows("idempotency_keys").await
-                + database.count_rows("processed_events").await
-                == 0
-        },
-    )
-    .await;
-    for table in ["keys", "events"] {
-        let batches: Vec<u64> = server
+    // The rows each statement deleted, by its log line (written once its statement committed).
+    let batches = |table: &str| -> Vec<u64> {
+        server
             .output()
             .lines()
             .filter(|line| {
@@ -298,9 +289,26 @@ async fn the_background_reaper_deletes_at_most_its_batch_size_per_statement(back
                     .ok()
             })
             .filter(|deleted| *deleted > 0)
-            .collect();
+            .collect()
+    };
+    // Read the log once every deleted row is in it: the last line follows its commit, so the
+    // table can be empty a moment before the line is written.
+    eventually(
+        Duration::from_secs(10),
+        "the reaper cleared the backlog and logged every batch",
+        || async {
+            database.count_rows("idempotency_keys").await
+                + database.count_rows("processed_events").await
+                == 0
+                && ["keys", "events"]
+                    .iter()
+                    .all(|table| batches(table).iter().sum::<u64>() >= 30)
+        },
+    )
+    .await;
+    for table in ["keys", "events"] {
         assert_eq!(
-            batches,
+            batches(table),
             [7, 7, 7, 7, 2],
             "{table}: the rows each statement deleted"
         );
