@@ -142,6 +142,9 @@ pub enum TryStartOutcome {
     InProgress {
         lease_expires_at: Instant,
         attempt: u32,
+        /// The holder's attempt id (None: it gave none): never shown to callers; it tells
+        /// whether a later call of the key would re-enter (`answer_after`).
+        holder_attempt_id: Option<String>,
     },
     Completed {
         response: Vec<u8>,
@@ -189,6 +192,7 @@ pub enum Recheck {
     Held {
         lease_expires_at: Instant,
         attempt: u32,
+        holder_attempt_id: Option<String>,
     },
     /// TryStart would claim, take over or re-enter the key: only TryStart itself may decide.
     Claimable,
@@ -223,10 +227,12 @@ impl KeyState {
             Self::InProgress {
                 lease_expires_at,
                 attempt,
+                attempt_id,
                 ..
             } => Recheck::Held {
                 lease_expires_at: *lease_expires_at,
                 attempt: *attempt,
+                holder_attempt_id: attempt_id.clone(),
             },
         }
     }
@@ -358,30 +364,34 @@ pub fn answer_after(
     later: &TryStartCommand,
 ) -> Option<TryStartOutcome> {
     let same_fingerprint = later.fingerprint.as_bytes() == earlier.fingerprint.as_bytes();
-    let same_attempt = |held: &Option<AttemptId>| matches!((&later.attempt_id, held), (Some(asked), Some(held)) if asked.as_str() == held.as_str());
+    // Whether `later` is the holder's own attempt (an empty attempt_id never is): it re-enters.
+    let reenters = |holder: Option<&str>| matches!((&later.attempt_id, holder), (Some(asked), Some(holder)) if asked.as_str() == holder);
     match earlier_answer {
         // The key holds `earlier`'s fingerprint, in progress under `earlier`'s attempt_id.
         TryStartOutcome::Started(claim) => {
+            let holder = earlier.attempt_id.as_ref().map(AttemptId::as_str);
             if !same_fingerprint {
                 Some(TryStartOutcome::FingerprintMismatch)
-            } else if same_attempt(&earlier.attempt_id) {
+            } else if reenters(holder) {
                 None
             } else {
                 Some(TryStartOutcome::InProgress {
                     lease_expires_at: claim.lease_expires_at,
                     attempt: claim.attempt,
+                    holder_attempt_id: holder.map(str::to_owned),
                 })
             }
         }
-        // Held under a running lease by an attempt other than `earlier`'s, whose attempt_id is
-        // not told: only a `later` without one, or with `earlier`'s, surely does not re-enter.
-        TryStartOutcome::InProgress { .. } => {
+        // Held under a running lease by another attempt: only the holder's own re-enters.
+        TryStartOutcome::InProgress {
+            holder_attempt_id, ..
+        } => {
             if !same_fingerprint {
                 Some(TryStartOutcome::FingerprintMismatch)
-            } else if later.attempt_id.is_none() || same_attempt(&earlier.attempt_id) {
-                Some(earlier_answer.clone())
-            } else {
+            } else if reenters(holder_attempt_id.as_deref()) {
                 None
+            } else {
+                Some(earlier_answer.clone())
             }
         }
         TryStartOutcome::Completed { .. } => Some(if same_fingerprint {
@@ -502,6 +512,7 @@ impl TryStartOutcome {
         Self::InProgress {
             lease_expires_at: record.lease_expires_at,
             attempt: record.attempt,
+            holder_attempt_id: record.attempt_id,
         }
     }
 }

@@ -193,6 +193,7 @@ fn a_duplicate_after_a_claim_is_in_progress_unless_it_reenters_or_mismatches() {
     let held = TryStartOutcome::InProgress {
         lease_expires_at: claim.lease_expires_at,
         attempt: 3,
+        holder_attempt_id: Some("a".into()),
     };
     for later in [command(b"fp", None), command(b"fp", Some("b"))] {
         assert_eq!(answer_after(&earlier, &answer, &later), Some(held.clone()));
@@ -217,33 +218,35 @@ fn a_duplicate_after_a_claim_is_in_progress_unless_it_reenters_or_mismatches() {
 }
 
 #[test]
-fn a_duplicate_after_in_progress_follows_only_when_it_surely_does_not_reenter() {
-    let held = TryStartOutcome::InProgress {
+fn a_duplicate_after_in_progress_follows_unless_it_is_the_holders_own_attempt() {
+    let held_by = |holder: Option<&str>| TryStartOutcome::InProgress {
         lease_expires_at: Utc::now(),
         attempt: 2,
+        holder_attempt_id: holder.map(str::to_owned),
     };
     let earlier = command(b"fp", Some("a"));
-    // The holder is not "a" (else the earlier would have re-entered), nor unknown-to-us "b".
+    let held = held_by(Some("h"));
+    for later in [
+        command(b"fp", None),
+        command(b"fp", Some("a")),
+        command(b"fp", Some("b")),
+    ] {
+        assert_eq!(answer_after(&earlier, &held, &later), Some(held.clone()));
+    }
     assert_eq!(
-        answer_after(&earlier, &held, &command(b"fp", None)),
-        Some(held.clone())
-    );
-    assert_eq!(
-        answer_after(&earlier, &held, &command(b"fp", Some("a"))),
-        Some(held.clone())
-    );
-    assert_eq!(
-        answer_after(&earlier, &held, &command(b"fp", Some("b"))),
+        answer_after(&earlier, &held, &command(b"fp", Some("h"))),
         None,
-        "\"b\" may be the holder's attempt"
+        "the holder's own attempt re-enters: it writes"
     );
     assert_eq!(
-        answer_after(&command(b"fp", None), &held, &command(b"fp", Some("a"))),
-        None
-    );
-    assert_eq!(
-        answer_after(&earlier, &held, &command(b"other", None)),
+        answer_after(&earlier, &held, &command(b"other", Some("h"))),
         Some(TryStartOutcome::FingerprintMismatch)
+    );
+    // A holder without an attempt_id is re-entered by nobody.
+    let anonymous = held_by(None);
+    assert_eq!(
+        answer_after(&earlier, &anonymous, &command(b"fp", Some("h"))),
+        Some(anonymous.clone())
     );
 }
 

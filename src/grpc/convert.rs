@@ -278,6 +278,7 @@ pub fn try_start_response(outcome: TryStartOutcome) -> pb::TryStartResponse {
         TryStartOutcome::InProgress {
             lease_expires_at,
             attempt,
+            ..
         } => Outcome::InProgress(pb::ClaimInProgress {
             lease_expires_at: Some(timestamp(lease_expires_at)),
             attempt,

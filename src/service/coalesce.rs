@@ -21,12 +21,11 @@
 //!
 //! A TryStart of a key whose earlier call in the same batch has just been answered by the store
 //! is answered from that answer at once, without a statement of its own, when the answer decides
-//! it and it would change nothing ([`FollowsEarlier`], `domain::answer_after`): behind a claim
-//! made in the batch every other attempt is told in progress, and behind a completed key every
-//! call with its fingerprint gets the replay. Behind a key found in progress only calls without
-//! an attempt_id, or with the first call's, follow (the answer does not name the holder's
-//! attempt, and a call carrying it would re-enter); the others run in their rounds. A follower
-//! runs nothing, so it is not held to the queue budget below.
+//! it and it would change nothing ([`FollowsEarlier`], `domain::answer_after`): behind a key
+//! held (claimed in the batch, or found in progress) every attempt but the holder's own is told
+//! in progress, and behind a completed key every call with its fingerprint gets the replay; the
+//! holder's own attempt re-enters, and runs in its round. A follower runs nothing, so it is not
+//! held to the queue budget below.
 //!
 //! The queue is bounded, by weight (calls, or event ids): when it is full, a call is refused at
 //! once (UNAVAILABLE, nothing written) instead of joining a line that could not be served in

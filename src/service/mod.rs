@@ -306,10 +306,12 @@ impl Coordinator {
                 Recheck::Held {
                     lease_expires_at,
                     attempt,
+                    holder_attempt_id,
                 } if !waiting.clock.has_passed(lease_expires_at) => {
                     Some(TryStartOutcome::InProgress {
                         lease_expires_at,
                         attempt,
+                        holder_attempt_id,
                     })
                 }
                 Recheck::Held { .. } | Recheck::Claimable => match registration.try_claim() {

@@ -19,15 +19,22 @@ async fn a_fresh_key_is_started_and_a_second_caller_finds_it_in_progress<S: Stor
     store: S,
     _: &TestDatabase,
 ) {
-    let first = started(store.try_start(claim("k")).await.expect("claim"));
+    let first = started(
+        store
+            .try_start(with_attempt(claim("k"), "holder-1"))
+            .await
+            .expect("claim"),
+    );
     assert_eq!(first.attempt, 1);
     assert_eq!(first.checkpoint, None);
     let second = store.try_start(claim("k")).await.expect("second");
+    // The holder's attempt id comes with the answer (for the coalescer, never for callers).
     assert_eq!(
         second,
         TryStartOutcome::InProgress {
             lease_expires_at: first.lease_expires_at,
-            attempt: 1
+            attempt: 1,
+            holder_attempt_id: Some("holder-1".into()),
         }
     );
 }

@@ -28,13 +28,19 @@ async fn two_hundred_concurrent_claims_of_one_key_have_exactly_one_winner(backen
     let client = app.client().await;
     let key = unique_key("race");
 
-    let calls = (0..200).map(|_| {
+    // Each call its own attempt, as the clients send them: only a holder's own attempt would
+    // re-enter, so every call behind the claim may be answered from the answer before it.
+    let calls = (0..200).map(|call| {
         let mut client = client.clone();
         let key = key.clone();
         tokio::spawn(async move {
+            let request = TryStartRequest {
+                attempt_id: format!("attempt-{call}"),
+                ..try_start(&key)
+            };
             let outcome = outcome(
                 client
-                    .try_start(try_start(&key))
+                    .try_start(request)
                     .await
                     .expect("TryStart")
                     .into_inner(),
