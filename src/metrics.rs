@@ -146,7 +146,7 @@ fn describe() {
     );
     describe_counter!(
         "idempotency_coalesced_followers_total",
-        "Calls answered from the store's answer to their key's call in the round before, without a statement of their own, by coalescer."
+        "TryStarts answered from the store's last answer for their key in the batch, without a statement of their own, by coalescer."
     );
     describe_histogram!(
         "idempotency_coalesced_batch_size",

@@ -118,6 +118,22 @@ impl CostProbe {
     }
 }
 
+/// Starts measuring with `probe`, when there is one (see [`CostProbe::start`]).
+pub async fn start(probe: Option<&CostProbe>) -> anyhow::Result<Option<Started<'_>>> {
+    match probe {
+        Some(probe) => Ok(Some(probe.start().await?)),
+        None => Ok(None),
+    }
+}
+
+/// Ends `measuring`, when it was started (see [`Started::finish`]).
+pub async fn finish(measuring: Option<Started<'_>>) -> anyhow::Result<Option<Cost>> {
+    match measuring {
+        Some(measuring) => Ok(Some(measuring.finish().await?)),
+        None => Ok(None),
+    }
+}
+
 /// A measurement under way.
 pub struct Started<'a> {
     probe: &'a CostProbe,

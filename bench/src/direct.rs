@@ -13,7 +13,7 @@ use idempotency_testkit::load;
 use sqlx::{Connection, PgConnection};
 use tokio::sync::Mutex;
 
-use crate::cost::CostProbe;
+use crate::cost::{self, CostProbe};
 use crate::load::{REPLAY_KEYS, Report, Workload, replay_key};
 
 const SCHEMA: [&str; 2] = [
@@ -123,10 +123,7 @@ pub async fn drive(
         Arc::new(connections.into_iter().map(Mutex::new).collect());
     let connections_kept = connections.clone();
     let run = run.to_owned();
-    let measuring = match probe {
-        Some(probe) => Some(probe.start().await?),
-        None => None,
-    };
+    let measuring = cost::start(probe).await?;
     let stop = tokio::time::sleep(duration);
     let tally = load::run_until(callers, stop, move |caller, sequence| {
         let connections = connections.clone();
@@ -179,9 +176,6 @@ pub async fn drive(
     // The postmaster reaps them at once, so their CPU is in its children's times by the time
     // `finish` reads it.
     drop(connections_kept);
-    let cost = match measuring {
-        Some(measuring) => Some(measuring.finish().await?),
-        None => None,
-    };
+    let cost = cost::finish(measuring).await?;
     Ok(Report::new(workload, callers, tally, cost))
 }

@@ -11,7 +11,7 @@ use idempotency_coordinator::proto::idempotency::v1::{
 use idempotency_testkit::load::{self, Tally};
 use tonic::transport::{Channel, Endpoint};
 
-use crate::cost::{Cost, CostProbe};
+use crate::cost::{self, Cost, CostProbe};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum Workload {
@@ -190,10 +190,7 @@ pub async fn drive_until(
     };
     let channels = Arc::new(channels);
     let replay_keys = Arc::new(replay_keys);
-    let measuring = match probe {
-        Some(probe) => Some(probe.start().await?),
-        None => None,
-    };
+    let measuring = cost::start(probe).await?;
     let tally = load::run_until(callers, stop, move |caller, sequence| {
         let channel = channels[caller].clone();
         let run = run.clone();

@@ -15,7 +15,7 @@ use std::time::Duration;
 use anyhow::{Context, bail};
 use sqlx::{Connection, PgConnection};
 
-use crate::cost::{Cost, CostProbe};
+use crate::cost::{self, Cost, CostProbe};
 use crate::load::{REPLAY_KEYS, Workload};
 
 /// What one pgbench run measured. pgbench reports no latency distribution, only its mean.
@@ -145,10 +145,7 @@ pub async fn drive(
     }
     let script_path = std::env::temp_dir().join(format!("idempotency-bench-{run}.pgbench.sql"));
     std::fs::write(&script_path, text).context("writing the pgbench script")?;
-    let measuring = match probe {
-        Some(probe) => Some(probe.start().await?),
-        None => None,
-    };
+    let measuring = cost::start(probe).await?;
     let output = tokio::process::Command::new(pgbench)
         .args(["--no-vacuum", "--protocol=prepared"])
         .arg(format!("--client={callers}"))
@@ -161,10 +158,7 @@ pub async fn drive(
         .await
         .with_context(|| format!("running {pgbench}"))?;
     // pgbench's clients have disconnected once it exits: their statistics are published.
-    let cost = match measuring {
-        Some(measuring) => Some(measuring.finish().await?),
-        None => None,
-    };
+    let cost = cost::finish(measuring).await?;
     let _ = std::fs::remove_file(&script_path);
     let stdout = String::from_utf8_lossy(&output.stdout);
     if !output.status.success() {

@@ -36,6 +36,17 @@ pub struct TryStartCommand {
     pub attempt_id: Option<AttemptId>,
 }
 
+impl TryStartCommand {
+    /// Whether this call is the attempt `holder_attempt_id` names, which re-enters its claim. An
+    /// absent attempt_id (the empty one) never matches, not even another absent one.
+    pub fn is_attempt(&self, holder_attempt_id: Option<&str>) -> bool {
+        matches!(
+            (&self.attempt_id, holder_attempt_id),
+            (Some(asked), Some(holder)) if asked.as_str() == holder
+        )
+    }
+}
+
 /// A key's identity as change notifications carry it: the SHA-256 of namespace, U+001F and key,
 /// in lowercase hex (the PostgreSQL store computes the same in SQL). It names the key without
 /// revealing it to whoever can read notifications.
@@ -218,10 +229,7 @@ impl KeyState {
                 response: response.clone(),
                 completion: completion.clone(),
             }),
-            Self::InProgress { attempt_id, .. }
-                if attempt_id.is_some()
-                    && attempt_id.as_deref() == command.attempt_id.as_ref().map(|a| a.as_str()) =>
-            {
+            Self::InProgress { attempt_id, .. } if command.is_attempt(attempt_id.as_deref()) => {
                 Recheck::Claimable
             }
             Self::InProgress {
@@ -334,11 +342,7 @@ pub fn claim_action(
     if key.fingerprint != command.fingerprint.as_bytes() || key.completed_at.is_some() {
         return ClaimAction::Answer;
     }
-    let same_attempt = matches!(
-        (&command.attempt_id, &key.attempt_id),
-        (Some(requested), Some(held)) if requested.as_str() == held
-    );
-    if same_attempt {
+    if command.is_attempt(key.attempt_id.as_deref()) {
         ClaimAction::Reenter
     } else if key.lease_expires_at > now {
         ClaimAction::Answer
@@ -350,9 +354,9 @@ pub fn claim_action(
 /// What TryStart `later` is answered when `earlier`, a TryStart of the same key that had
 /// queued with it, has just been answered `earlier_answer` by the store, if that answer alone
 /// decides it: the key is then known as `earlier`'s statement left it, under its lock, and
-/// `later` changes nothing in it. `None` when `later` would write (a re-entry, a takeover, a
-/// fresh claim) or when the answer does not tell enough of the key (whose attempt holds it,
-/// whose fingerprint a mismatch met): `later` then runs its own statement.
+/// `later` changes nothing in it. `None` when `later` would write (a re-entry by the holder's
+/// own attempt) or when the answer does not tell enough of the key (the fingerprint a mismatch
+/// met): `later` then runs its own statement.
 ///
 /// `later` is linearized right after `earlier`: it was waiting before `earlier`'s statement
 /// ran, nothing else can touch the key until that statement commits, and by the clock that
@@ -364,44 +368,26 @@ pub fn answer_after(
     later: &TryStartCommand,
 ) -> Option<TryStartOutcome> {
     let same_fingerprint = later.fingerprint.as_bytes() == earlier.fingerprint.as_bytes();
-    // Whether `later` is the holder's own attempt (an empty attempt_id never is): it re-enters.
-    let reenters = |holder: Option<&str>| matches!((&later.attempt_id, holder), (Some(asked), Some(holder)) if asked.as_str() == holder);
     match earlier_answer {
-        // The key holds `earlier`'s fingerprint, in progress under `earlier`'s attempt_id.
-        TryStartOutcome::Started(claim) => {
-            let holder = earlier.attempt_id.as_ref().map(AttemptId::as_str);
-            if !same_fingerprint {
-                Some(TryStartOutcome::FingerprintMismatch)
-            } else if reenters(holder) {
-                None
-            } else {
-                Some(TryStartOutcome::InProgress {
-                    lease_expires_at: claim.lease_expires_at,
-                    attempt: claim.attempt,
-                    holder_attempt_id: holder.map(str::to_owned),
-                })
-            }
-        }
-        // Held under a running lease by another attempt: only the holder's own re-enters.
-        TryStartOutcome::InProgress {
-            holder_attempt_id, ..
-        } => {
-            if !same_fingerprint {
-                Some(TryStartOutcome::FingerprintMismatch)
-            } else if reenters(holder_attempt_id.as_deref()) {
-                None
-            } else {
-                Some(earlier_answer.clone())
-            }
-        }
-        TryStartOutcome::Completed { .. } => Some(if same_fingerprint {
-            earlier_answer.clone()
-        } else {
-            TryStartOutcome::FingerprintMismatch
-        }),
         // The key is live with a fingerprint other than `earlier`'s, in a state not told.
         TryStartOutcome::FingerprintMismatch => {
             same_fingerprint.then_some(TryStartOutcome::FingerprintMismatch)
+        }
+        // Otherwise the key holds `earlier`'s fingerprint.
+        _ if !same_fingerprint => Some(TryStartOutcome::FingerprintMismatch),
+        TryStartOutcome::Completed { .. } => Some(earlier_answer.clone()),
+        // Held under a running lease: only the holder's own attempt re-enters.
+        TryStartOutcome::InProgress {
+            holder_attempt_id, ..
+        } => (!later.is_attempt(holder_attempt_id.as_deref())).then(|| earlier_answer.clone()),
+        // The claim leaves the key in progress, held by `earlier`'s attempt.
+        TryStartOutcome::Started(claim) => {
+            let holder = earlier.attempt_id.as_ref().map(AttemptId::as_str);
+            (!later.is_attempt(holder)).then(|| TryStartOutcome::InProgress {
+                lease_expires_at: claim.lease_expires_at,
+                attempt: claim.attempt,
+                holder_attempt_id: holder.map(str::to_owned),
+            })
         }
     }
 }
@@ -502,11 +488,7 @@ impl TryStartOutcome {
                 },
             };
         }
-        let same_attempt = matches!(
-            (&command.attempt_id, &record.attempt_id),
-            (Some(requested), Some(held)) if requested.as_str() == held
-        );
-        if same_attempt {
+        if command.is_attempt(record.attempt_id.as_deref()) {
             return started(record, ClaimKind::Reentry);
         }
         Self::InProgress {

@@ -124,8 +124,8 @@ pub struct CoalescerSettings {
     pub db_system: &'static str,
 }
 
-/// A command that may be answered from the answer the store gave, in the same batch, to the
-/// command of its key in the round before, without running itself.
+/// A command that may be answered from the answer the store gave, in the same batch, to an
+/// earlier command of its key, without running itself.
 pub trait FollowsEarlier<R> {
     /// Whether any command of this kind may follow (when not, no copy is kept to judge by).
     const FOLLOWS: bool = false;
