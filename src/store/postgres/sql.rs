@@ -105,6 +105,30 @@ macro_rules! claim_action {
     };
 }
 
+/// The insert of a one-key TryStart's new claim (attempt 1, the token also its ticket), given
+/// the token drawn (`$token`) and the instant the lease and retention count from (`$at`), for
+/// the statement to select them `FROM`. `$1` … `$6`: namespace, key, fingerprint, lease and
+/// retention in microseconds, attempt id.
+macro_rules! fresh_claim {
+    ($token:literal, $at:literal) => {
+        concat!(
+            r#"
+INSERT INTO idempotency_keys AS k
+    (namespace, key, fingerprint, lease_token, claim_ticket, attempt, attempt_id,
+     lease_expires_at, checkpoint, response, completed_at, retention_us, expires_at)
+SELECT $1, $2, $3, "#,
+            $token,
+            ", ",
+            $token,
+            ", 1, $6,\n       ",
+            $at,
+            " + $4 * interval '1 microsecond', NULL, NULL, NULL, $5,\n       ",
+            $at,
+            " + greatest($4, $5) * interval '1 microsecond'"
+        )
+    };
+}
+
 /// TryStart as one statement. The proposed row always carries a freshly drawn token; on
 /// conflict, `action` applies the contract's order to the existing row, as it stands once its
 /// lock is held and by the clock read at that moment (`t.at`). It is the table of
@@ -123,13 +147,9 @@ pub(super) const TRY_START: &str = concat!(
     r#"
 WITH new_token AS (SELECT nextval('lease_token_seq') AS value),
      claimed AS (SELECT clock_timestamp() AS at)
-INSERT INTO idempotency_keys AS k
-    (namespace, key, fingerprint, lease_token, claim_ticket, attempt, attempt_id,
-     lease_expires_at, checkpoint, response, completed_at, retention_us, expires_at)
-SELECT $1, $2, $3, new_token.value, new_token.value, 1, $6,
-       claimed.at + $4 * interval '1 microsecond',
-       NULL, NULL, NULL, $5,
-       claimed.at + greatest($4, $5) * interval '1 microsecond'
+"#,
+    fresh_claim!("new_token.value", "claimed.at"),
+    r#"
 FROM new_token CROSS JOIN claimed
 ON CONFLICT (namespace, key) DO UPDATE SET
 "#,
@@ -143,6 +163,19 @@ ON CONFLICT (namespace, key) DO UPDATE SET
     claim_action!(),
     r#"
 RETURNING coalesce(k.claim_ticket = (SELECT value FROM new_token), false) AS newly_claimed, "#,
+    key_columns!("k.")
+);
+
+/// A lone TryStart's first try: claim the key if no row holds it, as [`TRY_START`]'s insert
+/// would, and otherwise do nothing and answer no row (the key is then judged by
+/// [`TRY_START`]). Without a conflict branch PostgreSQL has far less to set up per execution,
+/// and most TryStarts are of fresh keys. Any row answered is a claim of this statement's.
+pub(super) const CLAIM_ABSENT_KEY: &str = concat!(
+    fresh_claim!("n.token", "n.at"),
+    r#"
+FROM (SELECT nextval('lease_token_seq') AS token, clock_timestamp() AS at) AS n
+ON CONFLICT (namespace, key) DO NOTHING
+RETURNING "#,
     key_columns!("k.")
 );
 

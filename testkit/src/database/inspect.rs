@@ -298,4 +298,48 @@ impl TestDatabase {
         }
         .expect("insert expired events");
     }
+
+    /// PostgreSQL only: how many sequential scans (reads of a whole table) the database has
+    /// counted on the service's two tables. A backend publishes its counts when it exits, so
+    /// read this once the sessions that matter have ended ([`Self::until_service_sessions_end`]).
+    pub async fn sequential_scans(&self) -> i64 {
+        let Inspector::Postgres(pool) = &self.inspector else {
+            panic!("only PostgreSQL counts its scans");
+        };
+        let (scans,): (i64,) = sqlx::query_as(
+            "SELECT coalesce(sum(seq_scan), 0)::bigint FROM pg_stat_user_tables
+             WHERE relname IN ('idempotency_keys', 'processed_events')",
+        )
+        .fetch_one(pool)
+        .await
+        .expect("read pg_stat_user_tables");
+        scans
+    }
+
+    /// PostgreSQL only: waits until no session of the service is connected to this database
+    /// (a backend publishes its statistics before it leaves `pg_stat_activity`).
+    pub async fn until_service_sessions_end(&self) {
+        let Inspector::Postgres(pool) = &self.inspector else {
+            panic!("only PostgreSQL shows its sessions");
+        };
+        let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
+        loop {
+            let (sessions,): (i64,) = sqlx::query_as(
+                "SELECT count(*) FROM pg_stat_activity
+                 WHERE datname = current_database()
+                   AND application_name LIKE 'idempotency-coordinator%'",
+            )
+            .fetch_one(pool)
+            .await
+            .expect("read pg_stat_activity");
+            if sessions == 0 {
+                return;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the service's sessions did not end: {sessions} left"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+    }
 }

@@ -5,6 +5,7 @@
 mod batches;
 mod keys;
 mod lifecycle;
+mod postgres_only;
 
 use std::time::Duration;
 
@@ -49,15 +50,20 @@ const OPERATION_TIMEOUT: Duration = Duration::from_secs(5);
 /// A migrated PostgreSQL store on a fresh database.
 pub async fn postgres() -> (PgStore, TestDatabase) {
     let database = TestDatabase::create(Backend::Postgres).await;
-    let store = PgStore::connect_lazy(&PgSettings {
+    let store = postgres_store_on(&database, OPERATION_TIMEOUT);
+    ready(store, database).await
+}
+
+/// A PostgreSQL store, not connected yet, on `database`, with `operation_timeout`.
+pub fn postgres_store_on(database: &TestDatabase, operation_timeout: Duration) -> PgStore {
+    PgStore::connect_lazy(&PgSettings {
         url: database.url.clone(),
         notify_url: None,
         pool_size: 4,
         pooler: Default::default(),
-        operation_timeout: OPERATION_TIMEOUT,
+        operation_timeout,
     })
-    .expect("a valid URL");
-    ready(store, database).await
+    .expect("a valid URL")
 }
 
 /// A migrated SQLite store in a fresh folder.
