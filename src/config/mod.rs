@@ -232,7 +232,7 @@ pub struct ServeArgs {
     #[arg(long, env = "IDEMPOTENCY_NO_COALESCE")]
     pub no_coalesce: bool,
 
-    /// Shared statements of one kind (TryStart, Complete, MarkProcessed) that may run at once.
+    /// Shared statements (TryStart, Complete and MarkProcessed together) that may run at once.
     /// Fewer means bigger batches, fewer commits and more throughput; more means a key held by
     /// a slow transaction delays fewer calls.
     #[arg(long, env = "IDEMPOTENCY_COALESCE_EXECUTORS", default_value_t = 1,

@@ -27,7 +27,7 @@ pub mod in_flight;
 pub mod replay_cache;
 pub mod waiting;
 
-use coalesce::{Coalescer, CoalescerSettings};
+use coalesce::{Coalescer, CoalescerSettings, Executors};
 pub use in_flight::InFlight;
 pub use replay_cache::ReplayCache;
 use waiting::{DatabaseClock, Waiters, answer_by};
@@ -69,7 +69,7 @@ pub enum CoordinatorError {
 /// How concurrent TryStarts, Completes and MarkProcesseds are gathered into shared statements.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Coalescing {
-    /// Batches of one kind that may run at once.
+    /// Batches that may run at once, of all kinds together (see [`Executors`]).
     pub executors: usize,
     /// The most calls in one batch.
     pub max_batch: usize,
@@ -181,8 +181,8 @@ impl Coordinator {
                 .max(1)
                 .saturating_mul(coalescing.max_batch.max(1))
                 .saturating_mul(QUEUED_BATCHES);
+            let executors = Executors::new(coalescing.executors);
             let settings = CoalescerSettings {
-                executors: coalescing.executors,
                 max_batch: coalescing.max_batch,
                 queue_capacity,
                 wait_budget: TimeBudget::of(operation_timeout).queue_wait,
@@ -202,6 +202,7 @@ impl Coordinator {
                     "coalescer dispatcher: TryStart",
                     lifecycle,
                     settings,
+                    &executors,
                     tasks.clone(),
                     in_flight.clone(),
                     move |commands| {
@@ -213,6 +214,7 @@ impl Coordinator {
                     "coalescer dispatcher: Complete",
                     lifecycle,
                     settings,
+                    &executors,
                     tasks.clone(),
                     in_flight.clone(),
                     move |commands| {
@@ -224,6 +226,7 @@ impl Coordinator {
                     "coalescer dispatcher: MarkProcessed",
                     lifecycle,
                     mark_settings,
+                    &executors,
                     tasks.clone(),
                     in_flight.clone(),
                     move |commands| {
