@@ -373,7 +373,6 @@ impl PgStore {
     }
 }
 
-/// `error` as the answer of each of `count` commands.
 /// The least time worth giving a statement: below it, a call is answered "timed out" at once.
 const MIN_STATEMENT_TIME: Duration = Duration::from_millis(10);
 
@@ -391,6 +390,7 @@ where
         .bind(command.attempt_id.as_ref().map(|a| a.as_str()))
 }
 
+/// `error` as the answer of each of `count` commands.
 fn failed<T>(error: StoreError, count: usize) -> Vec<Result<T, StoreError>> {
     error.for_each_of(count).into_iter().map(Err).collect()
 }
