@@ -68,11 +68,9 @@ pub struct PgStore {
     probe_pool: PgPool,
     /// How the probe connects, to connect once by hand when the pool only says it timed out.
     probe_options: Arc<PgConnectOptions>,
-    /// How long a connection may take, for that one attempt; and how long a statement may
-    /// wait for one.
-    connection_wait: Duration,
-    /// How long PostgreSQL lets a statement run (`statement_timeout`).
-    statement_timeout: Duration,
+    /// The operation's time, shared out: how long a statement may wait for a connection (and
+    /// the probe's one attempt at connecting may take), how long PostgreSQL lets it run.
+    budget: TimeBudget,
     /// For migrations, which run on a connection of their own without a statement timeout.
     migration_options: Arc<PgConnectOptions>,
     /// The one connection that `LISTEN`s for committed changes, held by [`Store::watch_keys`].
@@ -118,7 +116,7 @@ impl PgStore {
         // the connection's life, so it must not depend on the tables' statistics either: made
         // while a table is small (a new deployment, a test), it would read the whole table by
         // a sequential scan, and keep doing so, once for every Complete, as the table grows
-        // (a one-key Complete took 1.1 ms instead of 0.1 ms after a few thousand keys).
+        // (a one-key Complete took 1.1 ms instead of 0.3–0.6 ms after a few thousand keys).
         // Without sequential scans every plan takes the indexes, whatever the table's size.
         let (options, begin) = match settings.pooler {
             Pooler::None => (
@@ -182,8 +180,7 @@ impl PgStore {
             url: settings.url.clone(),
             begin,
             probe_options: Arc::new(options),
-            connection_wait: budget.connection_wait,
-            statement_timeout: budget.statement,
+            budget,
         })
     }
 
@@ -268,7 +265,7 @@ impl PgStore {
     /// refused connection, a wrong host), which is what an operator needs to read.
     async fn why_no_connection(&self) -> sqlx::Error {
         let attempt = tokio::time::timeout(
-            self.connection_wait,
+            self.budget.connection_wait,
             PgConnection::connect_with(&self.probe_options),
         )
         .await;
@@ -395,59 +392,62 @@ fn failed<T>(error: StoreError, count: usize) -> Vec<Result<T, StoreError>> {
     error.for_each_of(count).into_iter().map(Err).collect()
 }
 
-impl Store for PgStore {
-    async fn try_start(&self, command: TryStartCommand) -> Result<TryStartOutcome, StoreError> {
-        if self.begin.is_some() {
-            // Behind a pooler every statement is a transaction of its own, with its settings
-            // made first: one statement costs less than two there.
-            let row: TryStartRow = self
-                .fetch_one_on(&self.pool, bind_try_start(TRY_START, &command))
-                .await
-                .map_err(classify)?;
-            return Ok(TryStartOutcome::from_record(
-                row.key.into(),
-                row.newly_claimed,
-                &command,
-            ));
-        }
+impl PgStore {
+    /// A lone TryStart on a direct connection: [`CLAIM_ABSENT_KEY`], and, only when the key has
+    /// a row, [`TRY_START`] on the same connection, which judges it. Both statements together
+    /// stay within the store's share of the budget (a connection's wait and one statement):
+    /// only a first statement that waited on another's lock, for longer than a connection may
+    /// be waited for, leaves the second less than a statement's whole time, which it is then
+    /// given by hand.
+    async fn claim_absent_or_judge(
+        &self,
+        command: &TryStartCommand,
+    ) -> Result<TryStartRow, StoreError> {
         let began = std::time::Instant::now();
         let mut connection = self.pool.acquire().await.map_err(classify)?;
-        let claimed: Option<KeyRow> = bind_try_start(CLAIM_ABSENT_KEY, &command)
+        let claimed: Option<KeyRow> = bind_try_start(CLAIM_ABSENT_KEY, command)
             .fetch_optional(&mut *connection)
             .await
             .map_err(classify)?;
-        if let Some(row) = claimed {
-            return Ok(TryStartOutcome::from_record(row.into(), true, &command));
+        if let Some(key) = claimed {
+            return Ok(TryStartRow {
+                newly_claimed: true,
+                key,
+            });
         }
-        // The key has a row, which the whole statement judges, on the same connection. Both
-        // statements together stay within the store's share of the budget (a connection's
-        // wait and one statement): only a first statement that waited on another's lock, for
-        // longer than a connection may be waited for, leaves the second less than a
-        // statement's whole time, which it is then given by hand.
         let spent = began.elapsed();
-        let query = bind_try_start(TRY_START, &command);
-        let row: TryStartRow = if spent <= self.connection_wait {
-            query.fetch_one(&mut *connection).await
-        } else {
-            let share = self.connection_wait + self.statement_timeout;
-            let left = share.saturating_sub(spent);
-            if left < MIN_STATEMENT_TIME {
-                // Nothing was written: the first statement found the key and did nothing.
-                return Err(StoreError::TimedOut(share));
-            }
-            let begin = AssertSqlSafe(format!(
-                "BEGIN; SET LOCAL statement_timeout = {}",
-                left.as_millis()
-            ));
-            async {
-                let mut transaction = connection.begin_with(begin).await?;
-                let row = query.fetch_one(&mut *transaction).await?;
-                transaction.commit().await?;
-                Ok(row)
-            }
-            .await
+        let query = bind_try_start(TRY_START, command);
+        if spent <= self.budget.connection_wait {
+            return query.fetch_one(&mut *connection).await.map_err(classify);
         }
-        .map_err(classify)?;
+        let share = self.budget.connection_wait + self.budget.statement;
+        let left = share.saturating_sub(spent);
+        if left < MIN_STATEMENT_TIME {
+            // Nothing was written: the first statement found the key and did nothing.
+            return Err(StoreError::TimedOut(share));
+        }
+        let begin = AssertSqlSafe(format!(
+            "BEGIN; SET LOCAL statement_timeout = {}",
+            left.as_millis()
+        ));
+        let mut transaction = connection.begin_with(begin).await.map_err(classify)?;
+        let row = query.fetch_one(&mut *transaction).await.map_err(classify)?;
+        transaction.commit().await.map_err(classify)?;
+        Ok(row)
+    }
+}
+
+impl Store for PgStore {
+    async fn try_start(&self, command: TryStartCommand) -> Result<TryStartOutcome, StoreError> {
+        let row = match self.begin {
+            // Behind a pooler every statement is a transaction of its own, with its settings
+            // made first: one statement costs less than two there.
+            Some(_) => self
+                .fetch_one_on(&self.pool, bind_try_start(TRY_START, &command))
+                .await
+                .map_err(classify)?,
+            None => self.claim_absent_or_judge(&command).await?,
+        };
         Ok(TryStartOutcome::from_record(
             row.key.into(),
             row.newly_claimed,

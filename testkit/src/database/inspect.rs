@@ -301,7 +301,7 @@ impl TestDatabase {
 
     /// PostgreSQL only: how many sequential scans (reads of a whole table) the database has
     /// counted on the service's two tables. A backend publishes its counts when it exits, so
-    /// read this once the sessions that matter have ended ([`Self::until_service_sessions_end`]).
+    /// read this once the sessions that matter have ended ([`Self::service_sessions`]).
     pub async fn sequential_scans(&self) -> i64 {
         let Inspector::Postgres(pool) = &self.inspector else {
             panic!("only PostgreSQL counts its scans");
@@ -316,30 +316,20 @@ impl TestDatabase {
         scans
     }
 
-    /// PostgreSQL only: waits until no session of the service is connected to this database
-    /// (a backend publishes its statistics before it leaves `pg_stat_activity`).
-    pub async fn until_service_sessions_end(&self) {
+    /// PostgreSQL only: the service's sessions connected to this database now (a backend
+    /// publishes its statistics before it leaves `pg_stat_activity`).
+    pub async fn service_sessions(&self) -> i64 {
         let Inspector::Postgres(pool) = &self.inspector else {
             panic!("only PostgreSQL shows its sessions");
         };
-        let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
-        loop {
-            let (sessions,): (i64,) = sqlx::query_as(
-                "SELECT count(*) FROM pg_stat_activity
-                 WHERE datname = current_database()
-                   AND application_name LIKE 'idempotency-coordinator%'",
-            )
-            .fetch_one(pool)
-            .await
-            .expect("read pg_stat_activity");
-            if sessions == 0 {
-                return;
-            }
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "the service's sessions did not end: {sessions} left"
-            );
-            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-        }
+        let (sessions,): (i64,) = sqlx::query_as(
+            "SELECT count(*) FROM pg_stat_activity
+             WHERE datname = current_database()
+               AND application_name LIKE 'idempotency-coordinator%'",
+        )
+        .fetch_one(pool)
+        .await
+        .expect("read pg_stat_activity");
+        sessions
     }
 }

@@ -2,18 +2,11 @@
 
 use std::time::Duration;
 
-use idempotency_coordinator::domain::{Checkpoint, Claim, TryStartOutcome};
+use idempotency_coordinator::domain::{Checkpoint, TryStartOutcome};
 use idempotency_coordinator::store::Store;
 use idempotency_testkit::TestDatabase;
 
 use super::*;
-
-fn started(outcome: TryStartOutcome) -> Claim {
-    match outcome {
-        TryStartOutcome::Started(claim) => claim,
-        other => panic!("expected started, got {other:?}"),
-    }
-}
 
 async fn a_fresh_key_is_started_and_a_second_caller_finds_it_in_progress<S: Store>(
     store: S,

@@ -10,10 +10,7 @@ use idempotency_testkit::TestDatabase;
 use super::*;
 
 async fn token_of<S: Store>(store: &S, name: &str) -> idempotency_coordinator::domain::LeaseToken {
-    match store.try_start(claim(name)).await.expect("claim") {
-        TryStartOutcome::Started(claim) => claim.lease_token,
-        other => panic!("expected started, got {other:?}"),
-    }
+    started(store.try_start(claim(name)).await.expect("claim")).lease_token
 }
 
 async fn a_completed_key_is_replayed_and_looked_up_with_its_response<S: Store>(

@@ -10,9 +10,9 @@ mod postgres_only;
 use std::time::Duration;
 
 use idempotency_coordinator::domain::{
-    AttemptId, CompleteCommand, EventId, EventRetention, ExtendLeaseCommand, Fingerprint, Key,
-    KeyRetention, LeaseToken, LeaseTtl, LookupQuery, MarkProcessedCommand, ReleaseCommand,
-    ResponseBody, Scope, TryStartCommand,
+    AttemptId, Claim, CompleteCommand, EventId, EventRetention, ExtendLeaseCommand, Fingerprint,
+    Key, KeyRetention, LeaseToken, LeaseTtl, LookupQuery, MarkProcessedCommand, ReleaseCommand,
+    ResponseBody, Scope, TryStartCommand, TryStartOutcome,
 };
 use idempotency_coordinator::store::Store;
 use idempotency_coordinator::store::postgres::{PgSettings, PgStore};
@@ -107,6 +107,14 @@ pub fn claim(name: &str) -> TryStartCommand {
         lease_ttl: LeaseTtl::parse(Duration::from_secs(30)).expect("lease"),
         retention: KeyRetention::parse(Duration::from_secs(3600)).expect("retention"),
         attempt_id: None,
+    }
+}
+
+/// The claim `outcome` carries; any other answer fails the test.
+pub fn started(outcome: TryStartOutcome) -> Claim {
+    match outcome {
+        TryStartOutcome::Started(claim) => claim,
+        other => panic!("expected started, got {other:?}"),
     }
 }
 

@@ -11,11 +11,15 @@ use sqlx::{Connection, PgConnection};
 
 use super::*;
 
-fn started(outcome: TryStartOutcome) -> idempotency_coordinator::domain::Claim {
-    match outcome {
-        TryStartOutcome::Started(claim) => claim,
-        other => panic!("expected a claim, got {other:?}"),
-    }
+/// Waits until no session of the service is connected to `database`: a backend publishes its
+/// statistics before it leaves `pg_stat_activity`.
+async fn until_service_sessions_end(database: &TestDatabase) {
+    crate::support::eventually(
+        Duration::from_secs(10),
+        "the service's sessions end",
+        || async { database.service_sessions().await == 0 },
+    )
+    .await;
 }
 
 /// Every statement of the store, on a new and nearly empty database, where the planner would
@@ -26,7 +30,7 @@ fn started(outcome: TryStartOutcome) -> idempotency_coordinator::domain::Claim {
 async fn no_statement_reads_a_whole_table_however_small_it_is() {
     let (migrated, database) = postgres().await;
     migrated.close().await;
-    database.until_service_sessions_end().await;
+    until_service_sessions_end(&database).await;
     let before = database.sequential_scans().await;
 
     let store = postgres_store_on(&database, OPERATION_TIMEOUT);
@@ -96,7 +100,7 @@ async fn no_statement_reads_a_whole_table_however_small_it_is() {
     store.probe().await.expect("probe");
     store.clock().await.expect("clock");
     store.close().await;
-    database.until_service_sessions_end().await;
+    until_service_sessions_end(&database).await;
 
     assert_eq!(
         database.sequential_scans().await,
