@@ -10,6 +10,7 @@
 //! the instant of their snapshot.
 
 mod error;
+mod kept;
 mod rows;
 mod sql;
 
@@ -27,6 +28,7 @@ use tokio::sync::broadcast;
 use tokio_util::sync::CancellationToken;
 
 use self::error::classify;
+use self::kept::{KeptConnections, PING_WHEN_IDLE_FOR};
 use self::rows::{CompleteRow, GuardRow, KeyRow, MarkRow, TryStartBatchRow, TryStartRow};
 use self::sql::*;
 use super::schema;
@@ -38,9 +40,6 @@ use crate::domain::{
     KeyState, LeaseToken, LookupQuery, MarkProcessedCommand, ProcessedEvent, Rejection,
     ReleaseCommand, TryStartCommand, TryStartOutcome, classify_refusal, key_id,
 };
-
-/// How long a pooled connection may sit idle before it is pinged ahead of its next statement.
-const PING_WHEN_IDLE_FOR: Duration = Duration::from_secs(1);
 
 static MIGRATOR: Migrator = sqlx::migrate!("./migrations/postgres");
 
@@ -61,8 +60,9 @@ pub struct PgSettings {
 
 #[derive(Clone)]
 pub struct PgStore {
-    /// Serves the RPCs and the reaper.
-    pool: PgPool,
+    /// Serves the RPCs and the reaper: the pool, and the connections the store keeps between
+    /// statements.
+    connections: Arc<KeptConnections>,
     /// One connection of its own for health probes, so that a pool busy with calls does not
     /// look like an unreachable database.
     probe_pool: PgPool,
@@ -94,8 +94,11 @@ impl std::fmt::Debug for PgStore {
 impl PgStore {
     /// The calls' pool: connections in use, idle.
     pub fn pool_connections(&self) -> (u32, u32) {
-        let size = self.pool.size();
-        let idle = u32::try_from(self.pool.num_idle())
+        let pool = self.connections.pool();
+        let size = pool.size();
+        // A connection the store keeps between statements is idle too, although the pool
+        // counts it in use.
+        let idle = u32::try_from(pool.num_idle() + self.connections.unused())
             .unwrap_or(u32::MAX)
             .min(size);
         (size - idle, idle)
@@ -171,7 +174,7 @@ impl PgStore {
             .acquire_timeout(budget.connection_wait)
             .connect_lazy_with(listen_options.clone());
         Ok(Self {
-            pool,
+            connections: Arc::new(KeptConnections::new(pool)),
             probe_pool,
             listen_pool,
             listen_options: Arc::new(listen_options),
@@ -186,7 +189,7 @@ impl PgStore {
 
     /// The pool, for tests and tools that inspect the database directly.
     pub fn pool(&self) -> &PgPool {
-        &self.pool
+        self.connections.pool()
     }
 }
 
@@ -194,20 +197,20 @@ impl PgStore {
 type Statement<'q, O> = QueryAs<'q, Postgres, O, PgArguments>;
 
 impl PgStore {
-    /// Runs `query` on `pool` and answers its rows: directly, or behind a pooler in transaction
-    /// mode in a transaction of its own that first sets the statement's timeout.
-    async fn fetch_all_on<O>(
+    /// Runs `query` on `connection` and answers its rows: directly, or behind a pooler in
+    /// transaction mode in a transaction of its own that first sets the statement's timeout.
+    async fn fetch_all_with<O>(
         &self,
-        pool: &PgPool,
+        connection: &mut PgConnection,
         query: Statement<'_, O>,
     ) -> Result<Vec<O>, sqlx::Error>
     where
         O: Send + Unpin + for<'r> FromRow<'r, PgRow>,
     {
         match &self.begin {
-            None => query.fetch_all(pool).await,
+            None => query.fetch_all(connection).await,
             Some(begin) => {
-                let mut transaction = pool.begin_with(begin.clone()).await?;
+                let mut transaction = connection.begin_with(begin.clone()).await?;
                 // Unnamed: a named statement would stay on the server connection, which the
                 // pooler hands to other clients, and collide with theirs.
                 let rows = query.persistent(false).fetch_all(&mut *transaction).await?;
@@ -217,12 +220,16 @@ impl PgStore {
         }
     }
 
-    /// [`Self::fetch_all_on`] on the pool that serves the RPCs.
+    /// [`Self::fetch_all_with`] on a connection of the calls' pool, kept for the next
+    /// statement once this one has answered.
     async fn fetch_all<O>(&self, query: Statement<'_, O>) -> Result<Vec<O>, sqlx::Error>
     where
         O: Send + Unpin + for<'r> FromRow<'r, PgRow>,
     {
-        self.fetch_all_on(&self.pool, query).await
+        let mut connection = self.connections.lend().await?;
+        let rows = self.fetch_all_with(&mut connection, query).await?;
+        connection.keep();
+        Ok(rows)
     }
 
     /// The row `query` answers, if any (it answers at most one). Directly, exactly the driver's
@@ -232,29 +239,37 @@ impl PgStore {
         O: Send + Unpin + for<'r> FromRow<'r, PgRow>,
     {
         match &self.begin {
-            None => query.fetch_optional(&self.pool).await,
+            None => {
+                let mut connection = self.connections.lend().await?;
+                let row = query.fetch_optional(&mut *connection).await?;
+                connection.keep();
+                Ok(row)
+            }
             Some(_) => Ok(self.fetch_all(query).await?.into_iter().next()),
         }
     }
 
     /// The one row `query` answers.
-    async fn fetch_one_on<O>(
-        &self,
-        pool: &PgPool,
-        query: Statement<'_, O>,
-    ) -> Result<O, sqlx::Error>
+    async fn fetch_one<O>(&self, query: Statement<'_, O>) -> Result<O, sqlx::Error>
     where
         O: Send + Unpin + for<'r> FromRow<'r, PgRow>,
     {
-        match &self.begin {
-            None => query.fetch_one(pool).await,
-            Some(_) => self
-                .fetch_all_on(pool, query)
-                .await?
-                .into_iter()
-                .next()
-                .ok_or(sqlx::Error::RowNotFound),
-        }
+        self.fetch_optional(query)
+            .await?
+            .ok_or(sqlx::Error::RowNotFound)
+    }
+
+    /// The one row `query` answers, on the health probe's own connection.
+    async fn fetch_one_probing<O>(&self, query: Statement<'_, O>) -> Result<O, sqlx::Error>
+    where
+        O: Send + Unpin + for<'r> FromRow<'r, PgRow>,
+    {
+        let mut connection = self.probe_pool.acquire().await?;
+        self.fetch_all_with(&mut connection, query)
+            .await?
+            .into_iter()
+            .next()
+            .ok_or(sqlx::Error::RowNotFound)
     }
 }
 
@@ -404,12 +419,13 @@ impl PgStore {
         command: &TryStartCommand,
     ) -> Result<TryStartRow, StoreError> {
         let began = std::time::Instant::now();
-        let mut connection = self.pool.acquire().await.map_err(classify)?;
+        let mut connection = self.connections.lend().await.map_err(classify)?;
         let claimed: Option<KeyRow> = bind_try_start(CLAIM_ABSENT_KEY, command)
             .fetch_optional(&mut *connection)
             .await
             .map_err(classify)?;
         if let Some(key) = claimed {
+            connection.keep();
             return Ok(TryStartRow {
                 newly_claimed: true,
                 key,
@@ -418,11 +434,14 @@ impl PgStore {
         let spent = began.elapsed();
         let query = bind_try_start(TRY_START, command);
         if spent <= self.budget.connection_wait {
-            return query.fetch_one(&mut *connection).await.map_err(classify);
+            let row = query.fetch_one(&mut *connection).await.map_err(classify)?;
+            connection.keep();
+            return Ok(row);
         }
         let share = self.budget.connection_wait + self.budget.statement;
         let left = share.saturating_sub(spent);
         if left < MIN_STATEMENT_TIME {
+            connection.keep();
             // Nothing was written: the first statement found the key and did nothing.
             return Err(StoreError::TimedOut(share));
         }
@@ -433,6 +452,7 @@ impl PgStore {
         let mut transaction = connection.begin_with(begin).await.map_err(classify)?;
         let row = query.fetch_one(&mut *transaction).await.map_err(classify)?;
         transaction.commit().await.map_err(classify)?;
+        connection.keep();
         Ok(row)
     }
 }
@@ -443,7 +463,7 @@ impl Store for PgStore {
             // Behind a pooler every statement is a transaction of its own, with its settings
             // made first: one statement costs less than two there.
             Some(_) => self
-                .fetch_one_on(&self.pool, bind_try_start(TRY_START, &command))
+                .fetch_one(bind_try_start(TRY_START, &command))
                 .await
                 .map_err(classify)?,
             None => self.claim_absent_or_judge(&command).await?,
@@ -459,10 +479,18 @@ impl Store for PgStore {
         &self,
         command: CompleteCommand,
     ) -> Result<Result<Completion, Rejection>, StoreError> {
-        let mut results = self.complete_batch(Round::one(command)).await;
-        results
-            .pop()
-            .unwrap_or(Err(StoreError::Inconsistent("a completion was not run")))
+        let row: CompleteRow = self
+            .fetch_one(
+                sqlx::query_as(COMPLETE_ONE)
+                    .bind(command.namespace.as_str())
+                    .bind(command.key.as_str())
+                    .bind(command.lease_token.get())
+                    .bind(command.response.as_bytes())
+                    .bind(command.retention.map(|r| r.as_micros())),
+            )
+            .await
+            .map_err(classify)?;
+        row.answer(command.lease_token)
     }
 
     /// One statement for the whole round (its keys are distinct).
@@ -527,6 +555,14 @@ impl Store for PgStore {
         &self,
         round: Round<CompleteCommand>,
     ) -> Vec<Result<Result<Completion, Rejection>, StoreError>> {
+        if round.len() == 1 {
+            // A lone call takes the one-key statement, which sets up less.
+            let mut results = Vec::with_capacity(1);
+            for command in round {
+                results.push(self.complete(command).await);
+            }
+            return results;
+        }
         let namespaces: Vec<&str> = round.iter().map(|c| c.namespace.as_str()).collect();
         let keys: Vec<&str> = round.iter().map(|c| c.key.as_str()).collect();
         let tokens: Vec<i64> = round.iter().map(|c| c.lease_token.get()).collect();
@@ -633,6 +669,21 @@ impl Store for PgStore {
         round: Round<MarkProcessedCommand>,
     ) -> Vec<Result<Vec<ProcessedEvent>, StoreError>> {
         let commands = round.into_commands();
+        if let [command] = commands.as_slice()
+            && let [id] = command.event_ids.as_slice()
+        {
+            // A lone call of one id takes the one-row statement, which sets up less.
+            let row: Result<MarkRow, StoreError> = self
+                .fetch_one(
+                    sqlx::query_as(MARK_PROCESSED_ONE)
+                        .bind(command.consumer.as_str())
+                        .bind(id.as_str())
+                        .bind(command.retention.as_micros()),
+                )
+                .await
+                .map_err(classify);
+            return vec![row.map(|row| vec![row.into()])];
+        }
         let total: usize = commands.iter().map(|c| c.event_ids.len()).sum();
         let mut consumers: Vec<&str> = Vec::with_capacity(total);
         let mut ids: Vec<&str> = Vec::with_capacity(total);
@@ -655,11 +706,7 @@ impl Store for PgStore {
             .map_err(classify);
         match rows {
             Ok(rows) if rows.len() == total => {
-                let mut rows = rows.into_iter().map(|row| ProcessedEvent {
-                    event_id: row.event_id,
-                    already_processed: row.already_processed,
-                    processed_at: row.processed_at,
-                });
+                let mut rows = rows.into_iter().map(ProcessedEvent::from);
                 commands
                     .iter()
                     .map(|command| Ok(rows.by_ref().take(command.event_ids.len()).collect()))
@@ -679,7 +726,7 @@ impl Store for PgStore {
 
     async fn reap_expired_keys(&self, limit: u32) -> Result<u64, StoreError> {
         let (deleted,): (i64,) = self
-            .fetch_one_on(&self.pool, sqlx::query_as(REAP_KEYS).bind(i64::from(limit)))
+            .fetch_one(sqlx::query_as(REAP_KEYS).bind(i64::from(limit)))
             .await
             .map_err(classify)?;
         Ok(deleted.unsigned_abs())
@@ -687,10 +734,7 @@ impl Store for PgStore {
 
     async fn reap_expired_events(&self, limit: u32) -> Result<u64, StoreError> {
         let (deleted,): (i64,) = self
-            .fetch_one_on(
-                &self.pool,
-                sqlx::query_as(REAP_EVENTS).bind(i64::from(limit)),
-            )
+            .fetch_one(sqlx::query_as(REAP_EVENTS).bind(i64::from(limit)))
             .await
             .map_err(classify)?;
         Ok(deleted.unsigned_abs())
@@ -698,7 +742,7 @@ impl Store for PgStore {
 
     async fn expired_backlog(&self) -> Result<super::ExpiredBacklog, StoreError> {
         let (keys, events): (i64, i64) = self
-            .fetch_one_on(&self.pool, sqlx::query_as(EXPIRED_BACKLOG))
+            .fetch_one(sqlx::query_as(EXPIRED_BACKLOG))
             .await
             .map_err(classify)?;
         Ok(super::ExpiredBacklog {
@@ -730,7 +774,7 @@ impl Store for PgStore {
 
     async fn probe(&self) -> Result<(), StoreError> {
         let probed = self
-            .fetch_one_on(&self.probe_pool, sqlx::query_as(schema::SCHEMA_VERSION))
+            .fetch_one_probing(sqlx::query_as(schema::SCHEMA_VERSION))
             .await;
         let probed = match probed {
             Err(sqlx::Error::PoolTimedOut) => Err(self.why_no_connection().await),
@@ -743,12 +787,13 @@ impl Store for PgStore {
     async fn close(&self) {
         self.listen_pool.close().await;
         self.probe_pool.close().await;
-        self.pool.close().await;
+        self.connections.give_back_all();
+        self.connections.pool().close().await;
     }
 
     async fn clock(&self) -> Result<Instant, StoreError> {
         let (now,): (Instant,) = self
-            .fetch_one_on(&self.probe_pool, sqlx::query_as(CLOCK))
+            .fetch_one_probing(sqlx::query_as(CLOCK))
             .await
             .map_err(classify)?;
         Ok(now)

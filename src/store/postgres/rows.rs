@@ -3,7 +3,8 @@
 use sqlx::FromRow;
 
 use crate::domain::{
-    Completion, GuardedKey, Instant, KeyRecord, LeaseToken, Rejection, classify_refusal,
+    Completion, GuardedKey, Instant, KeyRecord, LeaseToken, ProcessedEvent, Rejection,
+    classify_refusal,
 };
 use crate::store::StoreError;
 use crate::store::schema::{attempt_number, stored_duration};
@@ -79,8 +80,9 @@ impl From<GuardRow> for GuardedKey {
     }
 }
 
-/// A row of [`super::sql::COMPLETE`], one per call in call order: the completion if it applied, and
-/// otherwise the key as it stood under the lock (all `NULL` if there was no row).
+/// A row of [`super::sql::COMPLETE`] (one per call, in call order) or of
+/// [`super::sql::COMPLETE_ONE`]: the completion if it applied, and otherwise the key as it stood
+/// under the lock (all `NULL` if there was no row).
 #[derive(FromRow)]
 pub(super) struct CompleteRow {
     pub(super) applied_at: Option<Instant>,
@@ -130,4 +132,14 @@ pub(super) struct MarkRow {
     pub(super) event_id: String,
     pub(super) processed_at: Instant,
     pub(super) already_processed: bool,
+}
+
+impl From<MarkRow> for ProcessedEvent {
+    fn from(row: MarkRow) -> Self {
+        Self {
+            event_id: row.event_id,
+            already_processed: row.already_processed,
+            processed_at: row.processed_at,
+        }
+    }
 }

@@ -229,12 +229,58 @@ RETURNING k.namespace, k.key,
     key_columns!("k.")
 );
 
-/// Complete, for one key or many, in one statement that answers every call. The rows are
-/// locked in key order before anything is judged; once all are held, the clock is read once
+/// What Complete reads of each locked row, beside its call's input.
+macro_rules! complete_locked_columns {
+    () => {
+        "k.namespace, k.key, k.lease_token, k.completed_at, k.expires_at, k.retention_us, \
+         k.response"
+    };
+}
+
+/// The rest of a Complete statement, once `locked` holds the calls' rows with their input
+/// (`presented_token`, `new_response`, `new_retention_us`): the clock is read once every row is
+/// held (`judged.at`), the holder's own in-progress keys are completed (stamped with that
+/// instant, the checkpoint dropped, their key announced), and `$returned` names what the
+/// update returns to match each call (`completed`). The final `SELECT` follows.
+macro_rules! complete_judged {
+    ($returned:literal) => {
+        concat!(
+            r#"judged AS MATERIALIZED (
+    SELECT clock_timestamp() AS at FROM (SELECT count(*) FROM locked) AS every_lock_held
+),
+completed AS (
+    UPDATE idempotency_keys AS k
+    SET (response, completed_at, checkpoint, retention_us, expires_at) =
+        (l.new_response, j.at, NULL::bytea, coalesce(l.new_retention_us, l.retention_us),
+         j.at + coalesce(l.new_retention_us, l.retention_us) * interval '1 microsecond')
+    FROM locked AS l
+    CROSS JOIN judged AS j
+    WHERE k.namespace = l.namespace AND k.key = l.key
+      AND l.lease_token = l.presented_token AND l.completed_at IS NULL AND l.expires_at > j.at
+    RETURNING "#,
+            $returned,
+            "k.completed_at, k.expires_at, ",
+            notify_key!("k."),
+            r#"
+)
+SELECT c.completed_at AS applied_at,
+       c.expires_at AS applied_expires_at,
+       coalesce(l.expires_at > j.at, false) AS live,
+       l.lease_token,
+       l.completed_at,
+       l.expires_at,
+       coalesce(l.response = l.new_response, false) AS same_response
+"#
+        )
+    };
+}
+
+/// Complete, for many keys, in one statement that answers every call. The rows are locked in
+/// key order before anything is judged; once all are held, the clock is read once
 /// (`judged.at`), and each call's key is judged by it: the holder's own in-progress key is
-/// completed (stamped with that instant, the checkpoint dropped), and for every other call the
-/// row as it stood under the lock comes back, which says why it was refused
-/// (`domain::classify_refusal`), so no second statement is needed to explain a refusal.
+/// completed, and for every other call the row as it stood under the lock comes back, which
+/// says why it was refused (`domain::classify_refusal`), so no second statement is needed to
+/// explain a refusal.
 ///
 /// The locked rows carry their call's input (token, response, retention, position), so the
 /// update and the answer join each row with its call by key once (the index) or by position,
@@ -247,42 +293,44 @@ WITH input AS (
         WITH ORDINALITY AS i(namespace, key, lease_token, response, retention_us, position)
 ),
 locked AS MATERIALIZED (
-    SELECT k.namespace, k.key, k.lease_token, k.completed_at, k.expires_at, k.retention_us,
-           k.response, i.position, i.lease_token AS presented_token,
+    SELECT "#,
+    complete_locked_columns!(),
+    r#", i.position, i.lease_token AS presented_token,
            i.response AS new_response, i.retention_us AS new_retention_us
     FROM idempotency_keys AS k
     JOIN input AS i ON k.namespace = i.namespace AND k.key = i.key
     ORDER BY k.namespace COLLATE "C", k.key COLLATE "C"
     FOR UPDATE OF k
 ),
-judged AS MATERIALIZED (
-    SELECT clock_timestamp() AS at FROM (SELECT count(*) FROM locked) AS every_lock_held
-),
-completed AS (
-    UPDATE idempotency_keys AS k
-    SET (response, completed_at, checkpoint, retention_us, expires_at) =
-        (l.new_response, j.at, NULL::bytea, coalesce(l.new_retention_us, l.retention_us),
-         j.at + coalesce(l.new_retention_us, l.retention_us) * interval '1 microsecond')
-    FROM locked AS l
-    CROSS JOIN judged AS j
-    WHERE k.namespace = l.namespace AND k.key = l.key
-      AND l.lease_token = l.presented_token AND l.completed_at IS NULL AND l.expires_at > j.at
-    RETURNING l.position, k.completed_at, k.expires_at, "#,
-    notify_key!("k."),
-    r#"
-)
-SELECT c.completed_at AS applied_at,
-       c.expires_at AS applied_expires_at,
-       coalesce(l.expires_at > j.at, false) AS live,
-       l.lease_token,
-       l.completed_at,
-       l.expires_at,
-       coalesce(l.response = l.new_response, false) AS same_response
-FROM input AS i
+"#,
+    complete_judged!("l.position, "),
+    r#"FROM input AS i
 CROSS JOIN judged AS j
 LEFT JOIN locked AS l ON l.position = i.position
 LEFT JOIN completed AS c ON c.position = i.position
 ORDER BY i.position
+"#
+);
+
+/// [`COMPLETE`] for one key (`$1`, `$2`; token, response, retention `$3` … `$5`): the same
+/// judgement, without the arrays, their sort and their joins, which PostgreSQL sets up on every
+/// execution (a lone Complete cost it about a tenth more CPU as a batch of one).
+pub(super) const COMPLETE_ONE: &str = concat!(
+    r#"
+WITH locked AS MATERIALIZED (
+    SELECT "#,
+    complete_locked_columns!(),
+    r#", $3::bigint AS presented_token, $4::bytea AS new_response,
+           $5::bigint AS new_retention_us
+    FROM idempotency_keys AS k
+    WHERE k.namespace = $1 AND k.key = $2
+    FOR UPDATE
+),
+"#,
+    complete_judged!(""),
+    r#"FROM judged AS j
+LEFT JOIN locked AS l ON true
+LEFT JOIN completed AS c ON true
 "#
 );
 
@@ -352,19 +400,35 @@ pub(super) const LOOKUP: &str = concat!(
     " FROM idempotency_keys WHERE namespace = $1 AND key = $2 AND expires_at > now()"
 );
 
+/// What MarkProcessed does to an id's existing row: a live row is kept as it is, an expired one
+/// is recorded anew (`excluded`). The update always happens, so that RETURNING reports every id
+/// with the row as it stands under its lock.
+macro_rules! mark_on_conflict {
+    () => {
+        r#"ON CONFLICT (consumer, event_id) DO UPDATE SET
+        processed_at = CASE WHEN e.expires_at <= now() THEN excluded.processed_at
+                            ELSE e.processed_at END,
+        expires_at = CASE WHEN e.expires_at <= now() THEN excluded.expires_at
+                          ELSE e.expires_at END,
+        mark_batch = CASE WHEN e.expires_at <= now() THEN excluded.mark_batch
+                          ELSE e.mark_batch END
+"#
+    };
+}
+
 /// MarkProcessed as one statement, for one call or for many: row `i` of the input is event
 /// `$2[i]` of consumer `$1[i]`, to be kept for `$3[i]`, and the rows come in call order. Each
 /// distinct (consumer, id) is inserted once, with its first occurrence's retention, in sorted
-/// order (so concurrent statements lock rows in the same order and do not deadlock); a live row
-/// is kept as it is, an expired one is recorded anew. The update always happens so that
-/// RETURNING reports every id with the row as it stands under its lock. `mark_batch` tells
-/// rows this statement recorded from rows it found; within the statement, only an id's first
-/// position counts as new, exactly as if the calls had come one after another.
+/// order (so concurrent statements lock rows in the same order and do not deadlock), as
+/// [`mark_on_conflict!`] says. `mark_batch` tells rows this statement recorded from rows it
+/// found; within the statement, only an id's first position counts as new, exactly as if the
+/// calls had come one after another.
 ///
 /// Unlike the key statements, expiry is judged by `now()`: a row live at that instant is left
 /// untouched and reported as processed, which was true then, so waiting for its lock changes
 /// nothing that anyone could have observed in between.
-pub(super) const MARK_PROCESSED: &str = r#"
+pub(super) const MARK_PROCESSED: &str = concat!(
+    r#"
 WITH batch AS (SELECT nextval('mark_batch_seq') AS id),
 requested AS (
     SELECT r.consumer COLLATE "C" AS consumer, r.event_id COLLATE "C" AS event_id,
@@ -383,14 +447,9 @@ recorded AS (
            batch.id
     FROM first_requests AS f CROSS JOIN batch
     ORDER BY f.consumer, f.event_id
-    ON CONFLICT (consumer, event_id) DO UPDATE SET
-        processed_at = CASE WHEN e.expires_at <= now() THEN excluded.processed_at
-                            ELSE e.processed_at END,
-        expires_at = CASE WHEN e.expires_at <= now() THEN excluded.expires_at
-                          ELSE e.expires_at END,
-        mark_batch = CASE WHEN e.expires_at <= now() THEN excluded.mark_batch
-                          ELSE e.mark_batch END
-    RETURNING e.consumer, e.event_id, e.processed_at,
+    "#,
+    mark_on_conflict!(),
+    r#"    RETURNING e.consumer, e.event_id, e.processed_at,
               e.mark_batch = (SELECT id FROM batch) AS recorded_now
 )
 SELECT r.event_id,
@@ -401,7 +460,23 @@ SELECT r.event_id,
 FROM requested AS r
 JOIN recorded AS rec ON rec.consumer = r.consumer AND rec.event_id = r.event_id
 ORDER BY r.position
-"#;
+"#
+);
+
+/// [`MARK_PROCESSED`] for one id (`$1` consumer, `$2` id, `$3` retention): the same insert,
+/// without the arrays, the duplicates' sort and the window over positions, which PostgreSQL
+/// sets up on every execution.
+pub(super) const MARK_PROCESSED_ONE: &str = concat!(
+    r#"
+WITH batch AS (SELECT nextval('mark_batch_seq') AS id)
+INSERT INTO processed_events AS e (consumer, event_id, processed_at, expires_at, mark_batch)
+SELECT $1, $2, now(), now() + $3 * interval '1 microsecond', batch.id
+FROM batch
+"#,
+    mark_on_conflict!(),
+    r#"RETURNING e.event_id, e.processed_at, e.mark_batch <> (SELECT id FROM batch) AS already_processed
+"#
+);
 
 /// Deletes a bounded batch of expired keys, skipping rows another transaction holds (another
 /// replica's reaper, or a TryStart reclaiming the key), oldest expiry first.
