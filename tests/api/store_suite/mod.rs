@@ -56,10 +56,19 @@ pub async fn postgres() -> (PgStore, TestDatabase) {
 
 /// A PostgreSQL store, not connected yet, on `database`, with `operation_timeout`.
 pub fn postgres_store_on(database: &TestDatabase, operation_timeout: Duration) -> PgStore {
+    postgres_store_with_pool(database, operation_timeout, 4)
+}
+
+/// [`postgres_store_on`] with a pool of `pool_size` connections.
+pub fn postgres_store_with_pool(
+    database: &TestDatabase,
+    operation_timeout: Duration,
+    pool_size: u32,
+) -> PgStore {
     PgStore::connect_lazy(&PgSettings {
         url: database.url.clone(),
         notify_url: None,
-        pool_size: 4,
+        pool_size,
         pooler: Default::default(),
         operation_timeout,
     })

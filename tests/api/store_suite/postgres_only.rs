@@ -1,5 +1,5 @@
-//! What only the PostgreSQL store has: plans that PostgreSQL keeps for a connection's life, and
-//! a lone TryStart's two statements.
+//! What only the PostgreSQL store has: plans that PostgreSQL keeps for a connection's life, a
+//! lone TryStart's two statements, and the connections the store keeps between statements.
 
 use std::time::Duration;
 
@@ -174,4 +174,44 @@ async fn a_lone_try_start_that_waited_on_another_insert_still_claims_within_its_
         store.lookup(lookup("slow")).await.expect("lookup"),
         KeyState::InProgress { attempt: 1, .. }
     ));
+}
+
+/// The store keeps the connection a statement used for its next statement instead of giving it
+/// back to the pool; a statement that waits for the pool meanwhile must still get it. With one
+/// connection and many calls at once, every call is answered, none of them "timed out" waiting
+/// for a connection that a finished statement kept.
+#[tokio::test]
+async fn a_statement_waiting_for_the_pool_gets_the_connection_another_kept() {
+    let operation_timeout = Duration::from_secs(4);
+    let database = TestDatabase::create(Backend::Postgres).await;
+    let store = postgres_store_with_pool(&database, operation_timeout, 1);
+    let (store, _database) = ready(store, database).await;
+    started(store.try_start(claim("kept")).await.expect("claim"));
+
+    let calls: Vec<_> = (0..40)
+        .map(|index| {
+            let store = store.clone();
+            tokio::spawn(async move {
+                if index % 2 == 0 {
+                    store.lookup(lookup("kept")).await.map(drop)
+                } else {
+                    store
+                        .mark_processed(mark("kept", &[&format!("event-{index}")]))
+                        .await
+                        .map(drop)
+                }
+            })
+        })
+        .collect();
+    for call in calls {
+        call.await
+            .expect("the call ran")
+            .expect("answered, not timed out waiting for the pool");
+    }
+    let (in_use, idle) = store.pool_connections();
+    assert_eq!(
+        (in_use, idle),
+        (0, 1),
+        "the one connection, kept between statements, counts as idle"
+    );
 }
