@@ -209,6 +209,28 @@ pub enum Recheck {
     Claimable,
 }
 
+impl Recheck {
+    /// Whether `outcome` is an `in_progress` of the holding this found: the same lease end
+    /// and attempt (a takeover or a new claim since would change at least one).
+    pub fn is_held_as(&self, outcome: &TryStartOutcome) -> bool {
+        match (self, outcome) {
+            (
+                Self::Held {
+                    lease_expires_at,
+                    attempt,
+                    ..
+                },
+                TryStartOutcome::InProgress {
+                    lease_expires_at: answered_lease,
+                    attempt: answered_attempt,
+                    ..
+                },
+            ) => lease_expires_at == answered_lease && attempt == answered_attempt,
+            _ => false,
+        }
+    }
+}
+
 impl KeyState {
     /// Judges the key for a waiting `command` by TryStart's order, without writing: what only
     /// answers (a mismatch, a completion) is answered; whatever would change the key is left

@@ -303,8 +303,10 @@ impl Coordinator {
         let mut seen_lease_end = None;
         let mut lease_recheck = LEASE_RECHECK;
         loop {
+            let mut look_now = false;
             registration.mark_seen();
-            let held = match self.lookup(query.clone()).await?.recheck(&command) {
+            // Watched: the key's next Complete or Release wakes this waiter, on any replica.
+            let held = match self.look(query.clone(), true).await?.recheck(&command) {
                 Recheck::Answer(outcome) => return Ok(outcome),
                 Recheck::Held {
                     lease_expires_at,
@@ -317,19 +319,24 @@ impl Coordinator {
                         holder_attempt_id,
                     })
                 }
-                Recheck::Held { .. } | Recheck::Claimable => match registration.try_claim() {
-                    // One waiter of this replica at a time asks TryStart, which decides; the
-                    // others sleep until it has its answer, then look again.
-                    Some(_claiming) => {
-                        let outcome = self.try_start(command.clone()).await;
-                        registration.tell_others();
-                        match outcome? {
-                            held @ TryStartOutcome::InProgress { .. } => Some(held),
+                looked @ (Recheck::Held { .. } | Recheck::Claimable) => {
+                    match registration.try_claim() {
+                        // One waiter of this replica at a time asks TryStart, which decides;
+                        // the others sleep until it has its answer (its turn given up wakes
+                        // them), then look again.
+                        Some(_claiming) => match self.try_start(command.clone()).await? {
+                            held @ TryStartOutcome::InProgress { .. } => {
+                                // Another caller claimed the key since the look, perhaps as a
+                                // new row that nobody watches yet: look (and watch) again
+                                // before sleeping.
+                                look_now = !looked.is_held_as(&held);
+                                Some(held)
+                            }
                             answer => return Ok(answer),
-                        }
+                        },
+                        None => None,
                     }
-                    None => None,
-                },
+                }
             };
             if held.is_some() {
                 last = held;
@@ -354,6 +361,9 @@ impl Coordinator {
             }
             if now >= answer_at || waiting.shutdown.is_cancelled() {
                 return self.answer_now(command, last).await;
+            }
+            if look_now {
+                continue;
             }
             tokio::select! {
                 () = registration.changed() => {}
@@ -503,18 +513,31 @@ impl Coordinator {
     }
 
     pub async fn lookup(&self, query: LookupQuery) -> Result<KeyState, CoordinatorError> {
+        self.look(query, false).await
+    }
+
+    /// Lookup of a waiter's key, or, `watching`, the store's [`Store::watch`], which also has
+    /// the key's next Complete or Release announced. A completed key the replay cache knows
+    /// needs neither.
+    async fn look(&self, query: LookupQuery, watching: bool) -> Result<KeyState, CoordinatorError> {
+        let in_store = |query: LookupQuery| {
+            let name = if watching { "Watch" } else { "Lookup" };
+            self.run(name, move |store| async move {
+                if watching {
+                    store.watch(query).await
+                } else {
+                    store.lookup(query).await
+                }
+            })
+        };
         let Some(replays) = &self.replays else {
-            return self
-                .run("Lookup", |store| async move { store.lookup(query).await })
-                .await;
+            return in_store(query).await;
         };
         if let Some(state) = replays.lookup(&query.namespace, &query.key) {
             return Ok(state);
         }
         let (namespace, key) = (query.namespace.clone(), query.key.clone());
-        let state = self
-            .run("Lookup", |store| async move { store.lookup(query).await })
-            .await?;
+        let state = in_store(query).await?;
         if let KeyState::Completed {
             response,
             fingerprint,

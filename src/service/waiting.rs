@@ -7,9 +7,10 @@
 //! reconnected), the moment its holder's lease ends by the database clock, a slow safety
 //! re-check, the end of its wait or of its caller's deadline, or shutdown.
 //!
-//! On waking it reads the key once (one Lookup, no write) and judges it by TryStart's order
-//! (`KeyState::recheck`): a completion or a mismatch is answered from the read, exactly as
-//! TryStart would answer it; a lease still held means sleeping again; only a key that TryStart
+//! On waking it reads the key once (`Store::watch`: a Lookup which, on PostgreSQL, also marks an
+//! in-progress key watched, so that its next Complete or Release is announced; it decides
+//! nothing) and judges it by TryStart's order (`KeyState::recheck`): a completion or a mismatch
+//! is answered from the read, exactly as TryStart would answer it; a lease still held means sleeping again; only a key that TryStart
 //! would claim, take over or re-enter is handed to TryStart itself, by one waiter of the key at
 //! a time on this replica (the others sleep until it has its answer), so a thousand waiters on
 //! one key never queue a thousand claims of that key. The database, not this service's clock,
@@ -268,12 +269,19 @@ impl Registration {
     }
 
     /// The right to hand the key to TryStart, if no other waiter of this replica has it now.
-    pub fn try_claim(&self) -> Option<tokio::sync::OwnedMutexGuard<()>> {
-        self.claiming.clone().try_lock_owned().ok()
+    /// The other waiters of the key are woken when it is given up, whatever came of it (even
+    /// when the waiter holding it is dropped half-way): they may have looked at the key last
+    /// while it had no row, and so watch none, and must look again.
+    pub fn try_claim(&self) -> Option<Claiming<'_>> {
+        let lock = self.claiming.clone().try_lock_owned().ok()?;
+        Some(Claiming {
+            registration: self,
+            lock: Some(lock),
+        })
     }
 
-    /// Wakes the other waiters of this key (after a claim attempt, whatever its outcome).
-    pub fn tell_others(&self) {
+    /// Wakes the other waiters of this key.
+    fn tell_others(&self) {
         let keys = self
             .inner
             .keys
@@ -294,6 +302,20 @@ impl Registration {
             _ = self.own.changed() => {}
             _ = self.everyone.changed() => {}
         }
+    }
+}
+
+/// A waiter's turn to hand its key to TryStart (see [`Registration::try_claim`]).
+pub struct Claiming<'a> {
+    registration: &'a Registration,
+    lock: Option<tokio::sync::OwnedMutexGuard<()>>,
+}
+
+impl Drop for Claiming<'_> {
+    fn drop(&mut self) {
+        // Released first, so that a woken waiter may take the turn at once.
+        drop(self.lock.take());
+        self.registration.tell_others();
     }
 }
 
@@ -411,6 +433,23 @@ mod tests {
         tokio::time::timeout(Duration::from_secs(1), a.changed())
             .await
             .expect("woken at once");
+    }
+
+    /// A waiter's turn at TryStart, given up in any way (here: dropped, as when its caller
+    /// hangs up half-way), wakes the key's other waiters, and the turn is free again.
+    #[tokio::test]
+    async fn a_turn_given_up_wakes_the_other_waiters_of_the_key() {
+        let waiters = Waiters::new(settings(10));
+        let claimer = waiters.register(hash("a")).expect("a place");
+        let mut other = waiters.register(hash("a")).expect("a place");
+        other.mark_seen();
+        let turn = claimer.try_claim().expect("the turn is free");
+        assert!(other.try_claim().is_none(), "one turn at a time");
+        drop(turn);
+        tokio::time::timeout(Duration::from_secs(1), other.changed())
+            .await
+            .expect("woken when the turn was given up");
+        assert!(other.try_claim().is_some(), "the turn is free again");
     }
 
     #[test]

@@ -95,6 +95,14 @@ pub trait Store: Clone + Send + Sync + 'static {
         query: LookupQuery,
     ) -> impl Future<Output = Result<KeyState, StoreError>> + Send;
 
+    /// [`Store::lookup`] for a waiting TryStart: when the key answered is in progress, its next
+    /// Complete or Release, by any replica, is announced on every replica's
+    /// [`Store::key_events`], so the waiter may sleep until then.
+    fn watch(
+        &self,
+        query: LookupQuery,
+    ) -> impl Future<Output = Result<KeyState, StoreError>> + Send;
+
     /// One result per requested id, in request order.
     fn mark_processed(
         &self,
@@ -304,6 +312,10 @@ impl Store for AnyStore {
 
     async fn lookup(&self, query: LookupQuery) -> Result<KeyState, StoreError> {
         delegate!(self, store => store.lookup(query))
+    }
+
+    async fn watch(&self, query: LookupQuery) -> Result<KeyState, StoreError> {
+        delegate!(self, store => store.watch(query))
     }
 
     async fn mark_processed(

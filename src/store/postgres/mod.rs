@@ -29,7 +29,10 @@ use tokio_util::sync::CancellationToken;
 
 use self::error::classify;
 use self::kept::{KeptConnections, PING_WHEN_IDLE_FOR};
-use self::rows::{CompleteRow, GuardRow, KeyRow, MarkRow, TryStartBatchRow, TryStartRow};
+use self::rows::{
+    CompleteRow, GuardRow, KeyRow, MarkRow, MarkedKeyRow, TryStartBatchRow, TryStartRow,
+    WatchedKeyRow,
+};
 use self::sql::*;
 use super::schema;
 use super::{KeyEvent, Pooler, Store, StoreError};
@@ -84,6 +87,20 @@ pub struct PgStore {
     begin: Option<SqlStr>,
 }
 
+/// The statement that opens a transaction whose statements may run for `statement_timeout_ms`;
+/// `pooler`: with the settings that a direct connection gets in its startup packet, which a
+/// pooler in transaction mode refuses.
+fn begin_statement(statement_timeout_ms: u128, pooler: bool) -> SqlStr {
+    let settings = if pooler {
+        "; SET LOCAL plan_cache_mode = force_generic_plan; SET LOCAL enable_seqscan = off"
+    } else {
+        ""
+    };
+    SqlSafeStr::into_sql_str(AssertSqlSafe(format!(
+        "BEGIN; SET LOCAL statement_timeout = {statement_timeout_ms}{settings}"
+    )))
+}
+
 impl std::fmt::Debug for PgStore {
     // The URL may carry a password: never print it.
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -112,7 +129,7 @@ impl PgStore {
             .url
             .parse::<PgConnectOptions>()?
             .application_name("idempotency-coordinator");
-        let statement_timeout_ms = budget.statement.as_millis().max(1).to_string();
+        let statement_timeout_ms = budget.statement.as_millis().max(1);
         // Generic plans: every statement here is an index lookup or a walk over unnest()ed
         // arrays, whose best plan does not depend on the values, and re-planning the larger
         // statements for each call costs more than running them. A generic plan is kept for
@@ -124,7 +141,10 @@ impl PgStore {
         let (options, begin) = match settings.pooler {
             Pooler::None => (
                 migration_options.clone().options([
-                    ("statement_timeout", statement_timeout_ms.as_str()),
+                    (
+                        "statement_timeout",
+                        statement_timeout_ms.to_string().as_str(),
+                    ),
                     ("plan_cache_mode", "force_generic_plan"),
                     ("enable_seqscan", "off"),
                 ]),
@@ -136,11 +156,7 @@ impl PgStore {
             // prepared (each is unnamed, parsed again in the transaction that runs it).
             Pooler::Transaction => (
                 migration_options.clone(),
-                Some(SqlSafeStr::into_sql_str(AssertSqlSafe(format!(
-                    "BEGIN; SET LOCAL statement_timeout = {statement_timeout_ms}; \
-                     SET LOCAL plan_cache_mode = force_generic_plan; \
-                     SET LOCAL enable_seqscan = off"
-                )))),
+                Some(begin_statement(statement_timeout_ms, true)),
             ),
         };
         let pool = PgPoolOptions::new()
@@ -218,6 +234,65 @@ impl PgStore {
                 Ok(rows)
             }
         }
+    }
+
+    /// The row `query` answers on `connection`, if any (it answers at most one), as
+    /// [`Self::fetch_all_with`] runs it.
+    async fn fetch_optional_with<O>(
+        &self,
+        connection: &mut PgConnection,
+        query: Statement<'_, O>,
+    ) -> Result<Option<O>, sqlx::Error>
+    where
+        O: Send + Unpin + for<'r> FromRow<'r, PgRow>,
+    {
+        match &self.begin {
+            None => query.fetch_optional(connection).await,
+            Some(_) => Ok(self
+                .fetch_all_with(connection, query)
+                .await?
+                .into_iter()
+                .next()),
+        }
+    }
+
+    /// [`Self::fetch_optional_with`] for one of several statements that an operation, begun at
+    /// `began`, runs on one connection, all of them within the store's share of the budget (a
+    /// connection's wait and one statement's time). While no more than a connection's wait has
+    /// been spent, the statement has its whole time (the session's timeout, as if it had waited
+    /// for its connection only); after that, only what is left, set for a transaction of its
+    /// own. With less than [`MIN_STATEMENT_TIME`] left it is not run, and the operation is
+    /// answered "timed out": nothing was written by this statement.
+    async fn fetch_optional_within<O>(
+        &self,
+        connection: &mut PgConnection,
+        began: std::time::Instant,
+        query: Statement<'_, O>,
+    ) -> Result<Option<O>, StoreError>
+    where
+        O: Send + Unpin + for<'r> FromRow<'r, PgRow>,
+    {
+        let spent = began.elapsed();
+        if spent <= self.budget.connection_wait {
+            return self
+                .fetch_optional_with(connection, query)
+                .await
+                .map_err(classify);
+        }
+        let share = self.budget.connection_wait + self.budget.statement;
+        let left = share.saturating_sub(spent);
+        if left < MIN_STATEMENT_TIME {
+            return Err(StoreError::TimedOut(share));
+        }
+        let begin = begin_statement(left.as_millis(), self.begin.is_some());
+        let mut transaction = connection.begin_with(begin).await.map_err(classify)?;
+        let row = query
+            .persistent(self.begin.is_none())
+            .fetch_optional(&mut *transaction)
+            .await
+            .map_err(classify)?;
+        transaction.commit().await.map_err(classify)?;
+        Ok(row)
     }
 
     /// [`Self::fetch_all_with`] on a connection of the calls' pool, kept for the next
@@ -409,51 +484,75 @@ fn failed<T>(error: StoreError, count: usize) -> Vec<Result<T, StoreError>> {
 
 impl PgStore {
     /// A lone TryStart on a direct connection: [`CLAIM_ABSENT_KEY`], and, only when the key has
-    /// a row, [`TRY_START`] on the same connection, which judges it. Both statements together
-    /// stay within the store's share of the budget (a connection's wait and one statement):
-    /// only a first statement that waited on another's lock, for longer than a connection may
-    /// be waited for, leaves the second less than a statement's whole time, which it is then
-    /// given by hand.
+    /// a row, [`TRY_START`] on the same connection, which judges it; both within the store's
+    /// share of the budget ([`Self::fetch_optional_within`]).
     async fn claim_absent_or_judge(
         &self,
         command: &TryStartCommand,
     ) -> Result<TryStartRow, StoreError> {
         let began = std::time::Instant::now();
         let mut connection = self.connections.lend().await.map_err(classify)?;
-        let claimed: Option<KeyRow> = bind_try_start(CLAIM_ABSENT_KEY, command)
-            .fetch_optional(&mut *connection)
-            .await
-            .map_err(classify)?;
-        if let Some(key) = claimed {
-            connection.keep();
-            return Ok(TryStartRow {
+        let claimed: Option<KeyRow> = self
+            .fetch_optional_within(
+                &mut connection,
+                began,
+                bind_try_start(CLAIM_ABSENT_KEY, command),
+            )
+            .await?;
+        let row = match claimed {
+            Some(key) => TryStartRow {
                 newly_claimed: true,
                 key,
-            });
-        }
-        let spent = began.elapsed();
-        let query = bind_try_start(TRY_START, command);
-        if spent <= self.budget.connection_wait {
-            let row = query.fetch_one(&mut *connection).await.map_err(classify)?;
-            connection.keep();
-            return Ok(row);
-        }
-        let share = self.budget.connection_wait + self.budget.statement;
-        let left = share.saturating_sub(spent);
-        if left < MIN_STATEMENT_TIME {
-            connection.keep();
+            },
             // Nothing was written: the first statement found the key and did nothing.
-            return Err(StoreError::TimedOut(share));
-        }
-        let begin = AssertSqlSafe(format!(
-            "BEGIN; SET LOCAL statement_timeout = {}",
-            left.as_millis()
-        ));
-        let mut transaction = connection.begin_with(begin).await.map_err(classify)?;
-        let row = query.fetch_one(&mut *transaction).await.map_err(classify)?;
-        transaction.commit().await.map_err(classify)?;
+            None => self
+                .fetch_optional_within(&mut connection, began, bind_try_start(TRY_START, command))
+                .await?
+                .ok_or_else(|| classify(sqlx::Error::RowNotFound))?,
+        };
         connection.keep();
         Ok(row)
+    }
+
+    /// The key for a waiter ([`Store::watch`]): [`LOOKUP_WATCHED`], and when the key is in
+    /// progress and nobody watches it yet, [`WATCH_KEY`], whose answer is the row as that
+    /// statement left it, marked: no Complete or Release of it can then commit unannounced.
+    /// Should the key change between the two (another waiter marked it, or its row went), it is
+    /// looked at again, all on one connection within the store's share of the budget.
+    async fn watch_key(&self, query: &LookupQuery) -> Result<KeyState, StoreError> {
+        let began = std::time::Instant::now();
+        let mut connection = self.connections.lend().await.map_err(classify)?;
+        let (namespace, key) = (query.namespace.as_str(), query.key.as_str());
+        loop {
+            let looked: Option<WatchedKeyRow> = self
+                .fetch_optional_within(
+                    &mut connection,
+                    began,
+                    sqlx::query_as(LOOKUP_WATCHED).bind(namespace).bind(key),
+                )
+                .await?;
+            let state = match looked {
+                None => KeyState::Absent,
+                Some(looked) if looked.watched || looked.key.completed_at.is_some() => {
+                    KeyState::of(Some(looked.key.into()))
+                }
+                Some(_) => {
+                    let marked: Option<MarkedKeyRow> = self
+                        .fetch_optional_within(
+                            &mut connection,
+                            began,
+                            sqlx::query_as(WATCH_KEY).bind(namespace).bind(key),
+                        )
+                        .await?;
+                    match marked {
+                        Some(marked) => KeyState::of(marked.live.then(|| marked.key.into())),
+                        None => continue,
+                    }
+                }
+            };
+            connection.keep();
+            return Ok(state);
+        }
     }
 }
 
@@ -649,6 +748,10 @@ impl Store for PgStore {
             .await
             .map_err(classify)?;
         Ok(KeyState::of(row.map(KeyRecord::from)))
+    }
+
+    async fn watch(&self, query: LookupQuery) -> Result<KeyState, StoreError> {
+        self.watch_key(&query).await
     }
 
     async fn mark_processed(

@@ -24,6 +24,23 @@ pub(super) struct KeyRow {
     pub(super) expires_at: Instant,
 }
 
+/// A row of [`super::sql::LOOKUP_WATCHED`]: the key, and whether a waiter watches it already.
+#[derive(FromRow)]
+pub(super) struct WatchedKeyRow {
+    #[sqlx(flatten)]
+    pub(super) key: KeyRow,
+    pub(super) watched: bool,
+}
+
+/// A row of [`super::sql::WATCH_KEY`]: the key as it stands once marked, and whether it is
+/// still live.
+#[derive(FromRow)]
+pub(super) struct MarkedKeyRow {
+    #[sqlx(flatten)]
+    pub(super) key: KeyRow,
+    pub(super) live: bool,
+}
+
 #[derive(FromRow)]
 pub(super) struct TryStartRow {
     pub(super) newly_claimed: bool,

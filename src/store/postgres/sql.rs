@@ -6,16 +6,21 @@
 /// wait on any replica (`LISTEN`).
 pub(super) const KEY_CHANNEL: &str = "idempotency_keys";
 
-/// `pg_notify` of the key of row `$alias`, by its hash (`domain::KeyHash`), never its name: the
-/// notification is sent when the statement's transaction commits, and only then.
-macro_rules! notify_key {
+/// `pg_notify` of the key of row `$alias`, by its hash (`domain::KeyHash`), never its name, when
+/// a waiting TryStart watches the key (`watched`, set by [`WATCH_KEY`]); the notification is
+/// sent when the statement's transaction commits, and only then. A key nobody waits for is not
+/// announced: each notification costs PostgreSQL an entry in its queue at commit, and every
+/// replica's listening session a wake-up and a message.
+macro_rules! notify_watched_key {
     ($alias:literal) => {
         concat!(
-            "pg_notify('idempotency_keys', encode(sha256(convert_to(",
+            "CASE WHEN ",
+            $alias,
+            "watched THEN pg_notify('idempotency_keys', encode(sha256(convert_to(",
             $alias,
             "namespace || chr(31) || ",
             $alias,
-            "key, 'UTF8')), 'hex'))"
+            "key, 'UTF8')), 'hex')) END"
         )
     };
 }
@@ -260,7 +265,7 @@ completed AS (
     RETURNING "#,
             $returned,
             "k.completed_at, k.expires_at, ",
-            notify_key!("k."),
+            notify_watched_key!("k."),
             r#"
 )
 SELECT c.completed_at AS applied_at,
@@ -367,7 +372,7 @@ pub(super) const RELEASE: &str = concat!(
     WHERE k.namespace = l.namespace AND k.key = l.key
       AND l.lease_token = $3 AND l.completed_at IS NULL AND l.expires_at > clock_timestamp()
     RETURNING k.lease_token, "#,
-    notify_key!("k."),
+    notify_watched_key!("k."),
     r#"
 )
 SELECT lease_token FROM released
@@ -398,6 +403,24 @@ pub(super) const LOOKUP: &str = concat!(
     "SELECT ",
     key_columns!(""),
     " FROM idempotency_keys WHERE namespace = $1 AND key = $2 AND expires_at > now()"
+);
+
+/// [`LOOKUP`] for a waiter, which also needs to know whether the key is watched already.
+pub(super) const LOOKUP_WATCHED: &str = concat!(
+    "SELECT ",
+    key_columns!(""),
+    ", watched FROM idempotency_keys WHERE namespace = $1 AND key = $2 AND expires_at > now()"
+);
+
+/// Marks the key watched, so that its next Complete or Release announces it, and answers the
+/// row as it stands under the lock (a Complete committed meanwhile included) and whether it is
+/// still live by the clock read then. Answers no row when the key has none, or is watched
+/// already.
+pub(super) const WATCH_KEY: &str = concat!(
+    "UPDATE idempotency_keys AS k SET watched = true \
+     WHERE k.namespace = $1 AND k.key = $2 AND NOT k.watched RETURNING ",
+    key_columns!("k."),
+    ", k.expires_at > clock_timestamp() AS live"
 );
 
 /// What MarkProcessed does to an id's existing row: a live row is kept as it is, an expired one

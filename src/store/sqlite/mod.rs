@@ -320,6 +320,12 @@ impl Store for SqliteStore {
         Ok(KeyState::of(row.map(KeyRecord::from)))
     }
 
+    /// A plain Lookup: this process is the only writer and announces every Complete and
+    /// Release it commits.
+    async fn watch(&self, query: LookupQuery) -> Result<KeyState, StoreError> {
+        self.lookup(query).await
+    }
+
     async fn mark_processed(
         &self,
         command: MarkProcessedCommand,

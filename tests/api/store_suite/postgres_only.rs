@@ -1,13 +1,16 @@
 //! What only the PostgreSQL store has: plans that PostgreSQL keeps for a connection's life, a
-//! lone TryStart's two statements, and the connections the store keeps between statements.
+//! lone TryStart's two statements, the connections the store keeps between statements, and
+//! announcements (`pg_notify`) only of the keys that waiters watch.
 
 use std::time::Duration;
 
 use idempotency_coordinator::domain::batch::Round;
 use idempotency_coordinator::domain::budget::TimeBudget;
-use idempotency_coordinator::domain::{KeyState, TryStartOutcome};
-use idempotency_coordinator::store::Store;
+use idempotency_coordinator::domain::{KeyHash, KeyState, TryStartOutcome};
+use idempotency_coordinator::store::{KeyEvent, Store};
 use sqlx::{Connection, PgConnection};
+use tokio::sync::broadcast;
+use tokio_util::sync::CancellationToken;
 
 use super::*;
 
@@ -39,6 +42,10 @@ async fn no_statement_reads_a_whole_table_however_small_it_is() {
         store.try_start(claim("a")).await.expect("a again"),
         TryStartOutcome::InProgress { .. }
     ));
+    // A waiter's look: marks the key watched, then finds it marked.
+    for _ in 0..2 {
+        store.watch(lookup("a")).await.expect("watch a");
+    }
     let round = Round::new(vec![claim("b"), claim("c")]).expect("distinct keys");
     let tokens: Vec<_> = store
         .try_start_batch(round)
@@ -214,4 +221,130 @@ async fn a_statement_waiting_for_the_pool_gets_the_connection_another_kept() {
         (0, 1),
         "the one connection, kept between statements, counts as idle"
     );
+}
+
+/// The next key event, within a generous bound.
+async fn next_event(events: &mut broadcast::Receiver<KeyEvent>) -> KeyEvent {
+    tokio::time::timeout(Duration::from_secs(10), events.recv())
+        .await
+        .expect("an event within 10 s")
+        .expect("an event, none missed")
+}
+
+/// A Complete or Release announces its key only when a waiter watches it (an announcement costs
+/// PostgreSQL a queue entry at commit and every replica's listener a wake-up). Keys nobody
+/// watches are completed and released first, then a watched one: the first announcement heard
+/// is the watched key's, since notifications are delivered in commit order. A Release of a
+/// watched key is announced too.
+#[tokio::test]
+async fn only_the_keys_a_waiter_watches_are_announced() {
+    let (store, _database) = postgres().await;
+    let mut events = store.key_events();
+    let shutdown = CancellationToken::new();
+    let listening = tokio::spawn({
+        let (store, shutdown) = (store.clone(), shutdown.clone());
+        async move { store.watch_keys(shutdown).await }
+    });
+    assert_eq!(
+        next_event(&mut events).await,
+        KeyEvent::Missed,
+        "the listener listens"
+    );
+    let announced = |name: &str| KeyEvent::Changed(KeyHash::of(&scope(NAMESPACE), &key(name)));
+
+    let unwatched = started(store.try_start(claim("unwatched")).await.expect("claim"));
+    let released = started(store.try_start(claim("released")).await.expect("claim"));
+    let watched = started(store.try_start(claim("watched")).await.expect("claim"));
+    for look in ["watch", "watch again (marked already)"] {
+        assert!(
+            matches!(
+                store.watch(lookup("watched")).await.expect(look),
+                KeyState::InProgress { .. }
+            ),
+            "{look}: the key is in progress"
+        );
+    }
+    store
+        .complete(complete("unwatched", unwatched.lease_token, b"u"))
+        .await
+        .expect("complete")
+        .expect("completed");
+    store
+        .release(release("released", released.lease_token))
+        .await
+        .expect("release")
+        .expect("released");
+    store
+        .complete(complete("watched", watched.lease_token, b"w"))
+        .await
+        .expect("complete")
+        .expect("completed");
+    assert_eq!(
+        next_event(&mut events).await,
+        announced("watched"),
+        "the first announcement is the watched key's: the others were not announced"
+    );
+
+    let held = started(
+        store
+            .try_start(claim("watched-release"))
+            .await
+            .expect("claim"),
+    );
+    store.watch(lookup("watched-release")).await.expect("watch");
+    store
+        .release(release("watched-release", held.lease_token))
+        .await
+        .expect("release")
+        .expect("released");
+    assert_eq!(next_event(&mut events).await, announced("watched-release"));
+
+    shutdown.cancel();
+    listening.await.expect("the listener ends");
+}
+
+/// A waiter's look marks the key watched with a statement that may wait for the row's lock;
+/// what it answers is the key as that wait left it, never the row it saw before: a key deleted
+/// meanwhile (by a Release or the reaper, whose announcement the waiter could not have asked
+/// for) is absent, and a key completed meanwhile is completed.
+#[tokio::test]
+async fn a_watch_answers_the_key_as_the_lock_it_waited_for_left_it() {
+    let (store, database) = postgres().await;
+    for name in ["deleted", "completed"] {
+        started(store.try_start(claim(name)).await.expect("claim"));
+        let hold = database.hold_key(name).await;
+        let watching = {
+            let store = store.clone();
+            tokio::spawn(async move { store.watch(lookup(name)).await })
+        };
+        crate::support::eventually(
+            Duration::from_secs(10),
+            "the watch waits for the row's lock",
+            || async { database.blocked_postgres_statements().await == 1 },
+        )
+        .await;
+        let state = if name == "deleted" {
+            hold.delete_and_commit(name).await;
+            watching.await.expect("the watch ran").expect("watched")
+        } else {
+            let idempotency_testkit::database::KeyHold::Postgres(mut connection) = hold else {
+                unreachable!("a PostgreSQL hold");
+            };
+            for statement in [
+                "UPDATE idempotency_keys SET response = 'r', completed_at = clock_timestamp()
+                 WHERE key = 'completed'",
+                "COMMIT",
+            ] {
+                sqlx::query(statement)
+                    .execute(&mut connection)
+                    .await
+                    .expect("complete while holding");
+            }
+            watching.await.expect("the watch ran").expect("watched")
+        };
+        match (name, state) {
+            ("deleted", KeyState::Absent) | ("completed", KeyState::Completed { .. }) => {}
+            (name, other) => panic!("{name}: the watch answered {other:?}"),
+        }
+    }
 }
