@@ -2,8 +2,8 @@
 //! TryStart's decision table), so they are put together here with `concat!` rather than read
 //! from separate files.
 
-/// The channel on which a committed Complete or Release announces its key, for TryStarts that
-/// wait on any replica (`LISTEN`).
+/// The channel on which a committed Complete or Release announces its key, when a waiter
+/// watches it, for TryStarts that wait on any replica (`LISTEN`).
 pub(super) const KEY_CHANNEL: &str = "idempotency_keys";
 
 /// `pg_notify` of the key of row `$alias`, by its hash (`domain::KeyHash`), never its name, when
@@ -319,7 +319,7 @@ ORDER BY i.position
 
 /// [`COMPLETE`] for one key (`$1`, `$2`; token, response, retention `$3` … `$5`): the same
 /// judgement, without the arrays, their sort and their joins, which PostgreSQL sets up on every
-/// execution (a lone Complete cost it about a tenth more CPU as a batch of one).
+/// execution (priced in BENCHMARKS.md, fourth pass).
 pub(super) const COMPLETE_ONE: &str = concat!(
     r#"
 WITH locked AS MATERIALIZED (
