@@ -69,6 +69,7 @@ struct Pending<C, R> {
 /// among the calls in flight.
 struct Held {
     _room: OwnedSemaphorePermit,
+    _backlog: OwnedSemaphorePermit,
     _in_flight: InFlightGuard,
 }
 
@@ -85,6 +86,10 @@ pub struct Coalescer<C, R> {
     /// The weight that may still queue (see [`CoalescerSettings::queue_capacity`]).
     room: Arc<Semaphore>,
     queue_capacity: usize,
+    /// The backlog all coalescers share, and how many of its places a unit of this kind's
+    /// weight takes (see [`Backlog`]).
+    backlog: Backlog,
+    places_per_weight: usize,
     wait_budget: Duration,
     timeout: Duration,
     in_flight: InFlight,
@@ -98,6 +103,8 @@ impl<C, R> Clone for Coalescer<C, R> {
             run_alone: self.run_alone.clone(),
             room: self.room.clone(),
             queue_capacity: self.queue_capacity,
+            backlog: self.backlog.clone(),
+            places_per_weight: self.places_per_weight,
             wait_budget: self.wait_budget,
             timeout: self.timeout,
             in_flight: self.in_flight.clone(),
@@ -123,6 +130,29 @@ impl Executors {
     }
 }
 
+/// The work that all of a coordinator's coalescers may hold, queued or running, together. Each
+/// kind's own queue is sized for what the executors can start within the queue budget, and the
+/// executors are shared: without a common bound, an overload of every kind at once would queue
+/// several times the work that can start in time, to be answered "timed out" later instead of
+/// refused at once. Counted in places: a unit of a kind's weight takes
+/// [`CoalescerSettings::places_per_weight`] of them, so that one kind alone can still fill its
+/// own queue.
+#[derive(Debug, Clone)]
+pub struct Backlog {
+    places: Arc<Semaphore>,
+    capacity: usize,
+}
+
+impl Backlog {
+    pub fn new(places: usize) -> Self {
+        let capacity = places.clamp(1, Semaphore::MAX_PERMITS);
+        Self {
+            places: Arc::new(Semaphore::new(capacity)),
+            capacity,
+        }
+    }
+}
+
 /// How a coalescer runs.
 #[derive(Debug, Clone, Copy)]
 pub struct CoalescerSettings {
@@ -131,6 +161,8 @@ pub struct CoalescerSettings {
     pub max_batch: usize,
     /// The most weight queued or running; more is refused at once.
     pub queue_capacity: usize,
+    /// How many places of the shared [`Backlog`] a unit of weight takes.
+    pub places_per_weight: usize,
     /// How long a command may wait before its statement starts; past it, it is answered
     /// "timed out" without being run.
     pub wait_budget: Duration,
@@ -185,7 +217,7 @@ where
         name: &'static str,
         lifecycle: &Lifecycle,
         settings: CoalescerSettings,
-        executors: &Executors,
+        (executors, backlog): (&Executors, &Backlog),
         tasks: TaskTracker,
         in_flight: InFlight,
         execute: F,
@@ -264,6 +296,8 @@ where
             run_alone,
             room: Arc::new(Semaphore::new(queue_capacity)),
             queue_capacity,
+            backlog: backlog.clone(),
+            places_per_weight: settings.places_per_weight.max(1),
             wait_budget: settings.wait_budget,
             timeout,
             in_flight,
@@ -293,12 +327,19 @@ where
         } else {
             None
         };
-        // A command heavier than the whole queue may still queue, alone.
+        // A command heavier than the whole queue (or backlog) may still queue, alone.
         let weight = command.weight().clamp(1, self.queue_capacity);
-        let room = u32::try_from(weight)
-            .ok()
-            .and_then(|weight| self.room.clone().try_acquire_many_owned(weight).ok())
-            .ok_or(CoordinatorError::Busy)?;
+        let places = weight
+            .saturating_mul(self.places_per_weight)
+            .min(self.backlog.capacity);
+        let take = |semaphore: &Arc<Semaphore>, count: usize| {
+            u32::try_from(count)
+                .ok()
+                .and_then(|count| semaphore.clone().try_acquire_many_owned(count).ok())
+                .ok_or(CoordinatorError::Busy)
+        };
+        let room = take(&self.room, weight)?;
+        let backlog = take(&self.backlog.places, places)?;
         let (reply, answer) = oneshot::channel();
         let submitted = Instant::now();
         let pending = Pending {
@@ -308,6 +349,7 @@ where
             reply,
             held: Held {
                 _room: room,
+                _backlog: backlog,
                 _in_flight: self.in_flight.enter(),
             },
             span: if crate::telemetry::traces_on() {
@@ -532,6 +574,7 @@ mod tests {
         CoalescerSettings {
             max_batch,
             queue_capacity: 1000,
+            places_per_weight: 1,
             wait_budget,
             timeout: Duration::from_secs(5),
             db_system: "test",
@@ -556,12 +599,34 @@ mod tests {
 
     /// A coalescer whose executor records each round, then waits for a permit of the gate.
     fn gated(settings: CoalescerSettings) -> (Coalescer<Command, u32>, Seen, Arc<Semaphore>) {
+        gated_sharing(settings, &Executors::new(1), &Backlog::new(1_000_000))
+    }
+
+    /// [`gated`], sharing `executors` and `backlog` with other coalescers.
+    fn gated_sharing(
+        settings: CoalescerSettings,
+        executors: &Executors,
+        backlog: &Backlog,
+    ) -> (Coalescer<Command, u32>, Seen, Arc<Semaphore>) {
         let gate = Arc::new(Semaphore::new(0));
-        let (coalescer, seen) = recording_paced(settings, Pace::Gate(gate.clone()));
+        let (coalescer, seen) =
+            recording_shared(settings, Pace::Gate(gate.clone()), (executors, backlog));
         (coalescer, seen, gate)
     }
 
     fn recording_paced(settings: CoalescerSettings, pace: Pace) -> (Coalescer<Command, u32>, Seen) {
+        recording_shared(
+            settings,
+            pace,
+            (&Executors::new(1), &Backlog::new(1_000_000)),
+        )
+    }
+
+    fn recording_shared(
+        settings: CoalescerSettings,
+        pace: Pace,
+        shared: (&Executors, &Backlog),
+    ) -> (Coalescer<Command, u32>, Seen) {
         let seen = Arc::new(Mutex::new(Vec::new()));
         let recorded = seen.clone();
         let coalescer = Coalescer::start(
@@ -571,7 +636,7 @@ mod tests {
                 shutdown: tokio_util::sync::CancellationToken::new(),
             },
             settings,
-            &Executors::new(1),
+            shared,
             TaskTracker::new(),
             InFlight::default(),
             move |round: Round<Command>| {
@@ -878,5 +943,43 @@ mod tests {
         assert_eq!(overflow.expect("an empty queue takes it again"), 18);
         let ran = seen.lock().expect("rounds").len();
         assert_eq!(ran, 1 + answered + 1, "refused commands never ran");
+    }
+
+    /// Two kinds share the executor and a backlog of 4 places, the second kind's calls taking
+    /// two places each: while the first kind holds 3, a call of the second is refused at once
+    /// although its own queue is empty, and the first kind may still take the last place; once
+    /// the work is answered, the second kind is served.
+    #[tokio::test]
+    async fn kinds_sharing_the_executors_share_one_backlog() {
+        let (executors, backlog) = (Executors::new(1), Backlog::new(4));
+        let (first, first_seen, first_gate) =
+            gated_sharing(settings(1, Duration::from_secs(5)), &executors, &backlog);
+        let (second, _, second_gate) = gated_sharing(
+            CoalescerSettings {
+                places_per_weight: 2,
+                ..settings(1, Duration::from_secs(5))
+            },
+            &executors,
+            &backlog,
+        );
+        let mut first_calls = vec![spawn_submit(&first, Command::keyed(1))];
+        until_rounds(&first_seen, 1).await;
+        first_calls.extend((2..4).map(|key| spawn_submit(&first, Command::keyed(key))));
+        until_holding(&first, 3).await;
+        assert!(
+            matches!(
+                second.submit(Command::keyed(10)).await,
+                Err(CoordinatorError::Busy)
+            ),
+            "the backlog has one place left, the call needs two"
+        );
+        first_calls.push(spawn_submit(&first, Command::keyed(4)));
+        until_holding(&first, 4).await;
+        first_gate.add_permits(100);
+        second_gate.add_permits(100);
+        for call in first_calls {
+            call.await.expect("task").expect("answered");
+        }
+        assert_eq!(second.submit(Command::keyed(10)).await.expect("served"), 20);
     }
 }

@@ -27,7 +27,7 @@ pub mod in_flight;
 pub mod replay_cache;
 pub mod waiting;
 
-use coalesce::{Coalescer, CoalescerSettings, Executors};
+use coalesce::{Backlog, Coalescer, CoalescerSettings, Executors};
 pub use in_flight::InFlight;
 pub use replay_cache::ReplayCache;
 use waiting::{DatabaseClock, Waiters, answer_by};
@@ -117,7 +117,8 @@ struct Coalescers {
 /// ids by default): a call carries up to 1000.
 const MARK_IDS_PER_BATCH_SLOT: usize = 16;
 
-/// How many full batches of one kind may be queued or running, per executor. Past that, the
+/// How many full batches may be queued or running, per executor: of one kind, and of all kinds
+/// together (the coalescers share their executors, and `coalesce::Backlog`). Past that, the
 /// wait would outlast the queue budget anyway: refusing at once is kinder.
 const QUEUED_BATCHES: usize = 16;
 
@@ -182,9 +183,14 @@ impl Coordinator {
                 .saturating_mul(coalescing.max_batch.max(1))
                 .saturating_mul(QUEUED_BATCHES);
             let executors = Executors::new(coalescing.executors);
+            // As much as one kind's queue holds: a call of TryStart or Complete takes as many
+            // places as a MarkProcessed of MARK_IDS_PER_BATCH_SLOT ids.
+            let backlog = Backlog::new(queue_capacity.saturating_mul(MARK_IDS_PER_BATCH_SLOT));
+            let shared = (&executors, &backlog);
             let settings = CoalescerSettings {
                 max_batch: coalescing.max_batch,
                 queue_capacity,
+                places_per_weight: MARK_IDS_PER_BATCH_SLOT,
                 wait_budget: TimeBudget::of(operation_timeout).queue_wait,
                 timeout: operation_timeout,
                 db_system: db_system(&store),
@@ -195,6 +201,7 @@ impl Coordinator {
             let mark_settings = CoalescerSettings {
                 max_batch: coalescing.max_batch.saturating_mul(MARK_IDS_PER_BATCH_SLOT),
                 queue_capacity: queue_capacity.saturating_mul(MARK_IDS_PER_BATCH_SLOT),
+                places_per_weight: 1,
                 ..settings
             };
             Coalescers {
@@ -202,7 +209,7 @@ impl Coordinator {
                     "coalescer dispatcher: TryStart",
                     lifecycle,
                     settings,
-                    &executors,
+                    shared,
                     tasks.clone(),
                     in_flight.clone(),
                     move |commands| {
@@ -214,7 +221,7 @@ impl Coordinator {
                     "coalescer dispatcher: Complete",
                     lifecycle,
                     settings,
-                    &executors,
+                    shared,
                     tasks.clone(),
                     in_flight.clone(),
                     move |commands| {
@@ -226,7 +233,7 @@ impl Coordinator {
                     "coalescer dispatcher: MarkProcessed",
                     lifecycle,
                     mark_settings,
-                    &executors,
+                    shared,
                     tasks.clone(),
                     in_flight.clone(),
                     move |commands| {
