@@ -237,7 +237,7 @@ impl PgStore {
     }
 
     /// The row `query` answers on `connection`, if any (it answers at most one), as
-    /// [`Self::fetch_all_with`] runs it.
+    /// [`Self::fetch_all_with`] runs it: directly, exactly the driver's own `fetch_optional`.
     async fn fetch_optional_with<O>(
         &self,
         connection: &mut PgConnection,
@@ -307,21 +307,16 @@ impl PgStore {
         Ok(rows)
     }
 
-    /// The row `query` answers, if any (it answers at most one). Directly, exactly the driver's
-    /// own `fetch_optional`, as before there was a pooler mode.
+    /// [`Self::fetch_optional_with`] on a connection of the calls' pool, kept for the next
+    /// statement once this one has answered.
     async fn fetch_optional<O>(&self, query: Statement<'_, O>) -> Result<Option<O>, sqlx::Error>
     where
         O: Send + Unpin + for<'r> FromRow<'r, PgRow>,
     {
-        match &self.begin {
-            None => {
-                let mut connection = self.connections.lend().await?;
-                let row = query.fetch_optional(&mut *connection).await?;
-                connection.keep();
-                Ok(row)
-            }
-            Some(_) => Ok(self.fetch_all(query).await?.into_iter().next()),
-        }
+        let mut connection = self.connections.lend().await?;
+        let row = self.fetch_optional_with(&mut connection, query).await?;
+        connection.keep();
+        Ok(row)
     }
 
     /// The one row `query` answers.
@@ -340,10 +335,8 @@ impl PgStore {
         O: Send + Unpin + for<'r> FromRow<'r, PgRow>,
     {
         let mut connection = self.probe_pool.acquire().await?;
-        self.fetch_all_with(&mut connection, query)
+        self.fetch_optional_with(&mut connection, query)
             .await?
-            .into_iter()
-            .next()
             .ok_or(sqlx::Error::RowNotFound)
     }
 }
