@@ -115,11 +115,14 @@ impl KeptConnections {
         }
     }
 
-    /// Gives every kept connection back to the pool, which can then close (it waits for every
-    /// connection it lent).
-    pub(super) fn give_back_all(&self) {
+    /// Closes the pool: marks it closed, gives it every kept connection back (it waits for each
+    /// one it lent), and waits until all are closed. A statement that ends meanwhile sees the
+    /// mark under the same lock as this hand-back, so it never keeps a connection after it.
+    pub(super) async fn close(&self) {
+        let closing = self.pool.close();
         let kept = std::mem::take(&mut *self.lock());
         drop(kept);
+        closing.await;
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Vec<Kept>> {
@@ -138,12 +141,16 @@ impl Lent<'_> {
     /// while go back to the pool too.
     pub(super) fn keep(self) {
         let now = Instant::now();
-        if self.home.pool.is_closed() || now.duration_since(self.taken_at) > KEEP_AT_MOST {
+        if now.duration_since(self.taken_at) > KEEP_AT_MOST {
             return;
         }
         let home = self.home;
         let given_back = {
             let mut kept = home.lock();
+            // Read under the lock that closing takes to hand the kept connections back.
+            if home.pool.is_closed() {
+                return;
+            }
             let stale_count = kept
                 .iter()
                 .take_while(|k| now.duration_since(k.used_at) > PING_WHEN_IDLE_FOR)

@@ -883,8 +883,7 @@ impl Store for PgStore {
     async fn close(&self) {
         self.listen_pool.close().await;
         self.probe_pool.close().await;
-        self.connections.give_back_all();
-        self.connections.pool().close().await;
+        self.connections.close().await;
     }
 
     async fn clock(&self) -> Result<Instant, StoreError> {
