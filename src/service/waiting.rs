@@ -10,10 +10,11 @@
 //! On waking it reads the key once (`Store::watch`: a Lookup which, on PostgreSQL, also marks an
 //! in-progress key watched, so that its next Complete or Release is announced; it decides
 //! nothing) and judges it by TryStart's order (`KeyState::recheck`): a completion or a mismatch
-//! is answered from the read, exactly as TryStart would answer it; a lease still held means sleeping again; only a key that TryStart
-//! would claim, take over or re-enter is handed to TryStart itself, by one waiter of the key at
-//! a time on this replica (the others sleep until it has its answer), so a thousand waiters on
-//! one key never queue a thousand claims of that key. The database, not this service's clock,
+//! is answered from the read, exactly as TryStart would answer it; a lease still held means
+//! sleeping again; only a key that TryStart would claim, take over or re-enter is handed to
+//! TryStart itself, by one waiter of the key at a time on this replica (the others sleep until
+//! it has its answer), so a thousand waiters on one key never queue a thousand claims of that
+//! key. The database, not this service's clock,
 //! decides when a lease has ended. Waiting holds no connection and no place in a coalescer's
 //! queue, and at most `max_waiters` calls wait at once.
 

@@ -399,18 +399,22 @@ RETURNING k.lease_expires_at
 "#
 );
 
-pub(super) const LOOKUP: &str = concat!(
-    "SELECT ",
-    key_columns!(""),
-    " FROM idempotency_keys WHERE namespace = $1 AND key = $2 AND expires_at > now()"
-);
+/// The live row of key `$1`, `$2` (none when expired), with [`key_columns!`] and `$extra`.
+macro_rules! lookup {
+    ($extra:literal) => {
+        concat!(
+            "SELECT ",
+            key_columns!(""),
+            $extra,
+            " FROM idempotency_keys WHERE namespace = $1 AND key = $2 AND expires_at > now()"
+        )
+    };
+}
+
+pub(super) const LOOKUP: &str = lookup!("");
 
 /// [`LOOKUP`] for a waiter, which also needs to know whether the key is watched already.
-pub(super) const LOOKUP_WATCHED: &str = concat!(
-    "SELECT ",
-    key_columns!(""),
-    ", watched FROM idempotency_keys WHERE namespace = $1 AND key = $2 AND expires_at > now()"
-);
+pub(super) const LOOKUP_WATCHED: &str = lookup!(", watched");
 
 /// Marks the key watched, so that its next Complete or Release announces it, and answers the
 /// row as it stands under the lock (a Complete committed meanwhile included) and whether it is
@@ -497,7 +501,8 @@ SELECT $1, $2, now(), now() + $3 * interval '1 microsecond', batch.id
 FROM batch
 "#,
     mark_on_conflict!(),
-    r#"RETURNING e.event_id, e.processed_at, e.mark_batch <> (SELECT id FROM batch) AS already_processed
+    r#"RETURNING e.event_id, e.processed_at,
+          e.mark_batch <> (SELECT id FROM batch) AS already_processed
 "#
 );
 
