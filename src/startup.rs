@@ -18,7 +18,7 @@ use tokio_util::task::TaskTracker;
 use crate::auth::{Authenticator, TokensFileError};
 use crate::config::{SecuritySettings, Settings};
 use crate::grpc::{self, Security, TlsMaterial};
-use crate::health::HealthState;
+use crate::health::{HealthState, ServingStatus};
 use crate::readiness;
 use crate::reaper;
 use crate::service::waiting::{DatabaseClock, Waiters};
@@ -176,11 +176,20 @@ impl Application {
             clock: clock.clone(),
             shutdown: shutdown.clone(),
         });
-        // Changes committed by any replica wake this replica's waiters.
+        // Changes committed by any replica wake this replica's waiters. Listening needs the
+        // database, which a first start creates in its migration: the watcher starts once the
+        // store is first ready (no waiter is served before that), not with a warning each retry.
         let key_watch = supervisor.spawn("key watcher", &shutdown, {
             let store = store.clone();
             let shutdown = shutdown.clone();
-            async move { store.watch_keys(shutdown).await }
+            let mut status = health.subscribe();
+            async move {
+                tokio::select! {
+                    () = shutdown.cancelled() => return,
+                    _ = status.wait_for(|status| *status == ServingStatus::Serving) => {}
+                }
+                store.watch_keys(shutdown).await
+            }
         });
         let waking = waiting.as_ref().map(|waiting| {
             supervisor.spawn(

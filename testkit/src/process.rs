@@ -137,7 +137,7 @@ pub fn libfaketime() -> anyhow::Result<PathBuf> {
         .iter()
         .flat_map(|name| folders.iter().map(move |folder| folder.join(name)))
         .find(|library| library.is_file())
-        .context("libfaketime.so.1 not found: install Debian's libfaketime (scripts/test does), or set LIBFAKETIME")
+        .context("libfaketime.so.1 not found: install Debian's libfaketime (scripts/services does), or set LIBFAKETIME")
 }
 
 /// One of the child's output streams.

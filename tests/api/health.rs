@@ -5,6 +5,7 @@ use tonic::Code;
 use tonic_health::pb::HealthCheckRequest;
 use tonic_health::pb::health_check_response::ServingStatus;
 
+use crate::support::process::ServerProcess;
 use crate::support::proxy::TcpProxy;
 use crate::support::*;
 
@@ -80,6 +81,39 @@ async fn the_service_creates_its_database_when_it_does_not_exist(backend: Backen
     app.wait_for_status(ServingStatus::Serving).await;
     let mut client = app.client().await;
     claim(&mut client, try_start("k")).await;
+}
+
+/// PostgreSQL only: a first start on a database that does not exist yet says nothing alarming.
+/// It creates the database, and only then listens for other replicas' changes, instead of
+/// warning that it cannot listen because the database does not exist.
+#[tokio::test]
+async fn a_first_start_on_a_new_postgres_database_warns_of_nothing() {
+    let database = TestDatabase::planned(Backend::Postgres);
+    let server = ServerProcess::start(&database.url, &[]).await;
+    let mut client = server.client_when_serving().await;
+    claim(&mut client, try_start("k")).await;
+    let admin = sqlx::PgPool::connect(&database::admin_url())
+        .await
+        .expect("connect as the administrator");
+    eventually(Duration::from_secs(20), "the service listens", || async {
+        let (listening,): (i64,) = sqlx::query_as(
+            "SELECT count(*) FROM pg_stat_activity
+             WHERE datname = $1 AND application_name = 'idempotency-coordinator listener'",
+        )
+        .bind(database.postgres_name())
+        .fetch_one(&admin)
+        .await
+        .expect("read pg_stat_activity");
+        listening == 1
+    })
+    .await;
+    admin.close().await;
+    let output = server.output();
+    assert!(output.contains("created the database"), "{output}");
+    assert!(
+        !output.contains("WARN"),
+        "a warning on a first start:\n{output}"
+    );
 }
 
 /// PostgreSQL only, like the next test: the database is cut off by a proxy on its network

@@ -308,7 +308,7 @@ async fn a_known_sequence_of_calls_is_counted_exactly(backend: Backend) {
     }
 }
 
-/// promtool, from `PROMTOOL` or the PATH (`scripts/test` installs Debian's `prometheus`).
+/// promtool, from `PROMTOOL` or the PATH (`scripts/services` installs Debian's `prometheus`).
 fn promtool() -> Option<std::path::PathBuf> {
     if let Some(path) = std::env::var_os("PROMTOOL") {
         return Some(path.into());
@@ -321,12 +321,9 @@ fn promtool() -> Option<std::path::PathBuf> {
 }
 
 async fn the_exposition_passes_promtool(backend: Backend) {
-    let Some(promtool) = promtool() else {
-        eprintln!(
-            "SKIPPED: promtool is not installed (scripts/test installs it: apt-get install prometheus)"
-        );
-        return;
-    };
+    let promtool = promtool().expect(
+        "promtool is not installed: run scripts/services (Debian's prometheus), or set PROMTOOL",
+    );
     let app = TestApp::spawn_with(
         backend,
         &[

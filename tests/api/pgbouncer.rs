@@ -16,21 +16,13 @@ use tonic_health::pb::health_check_response::ServingStatus;
 use crate::support::process::{ServerProcess, coordinator};
 use crate::support::*;
 
-/// The PgBouncer binary, installed from Debian when missing (`scripts/test` installs it first
-/// on a fresh machine, so this is the fallback for a test run on its own).
-async fn pgbouncer_binary() -> PathBuf {
+/// Debian's PgBouncer binary, which `scripts/services` installs (no test installs anything).
+fn pgbouncer_binary() -> PathBuf {
     let installed = PathBuf::from("/usr/sbin/pgbouncer");
-    if !installed.exists() {
-        let status = Command::new("sh")
-            .args([
-                "-c",
-                "apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq pgbouncer",
-            ])
-            .status()
-            .await
-            .expect("run apt-get");
-        assert!(status.success(), "installing pgbouncer failed");
-    }
+    assert!(
+        installed.exists(),
+        "/usr/sbin/pgbouncer is missing: run scripts/services (as root) to install Debian's pgbouncer"
+    );
     installed
 }
 
@@ -43,7 +35,7 @@ struct PgBouncer {
 
 impl PgBouncer {
     async fn start() -> Self {
-        let binary = pgbouncer_binary().await;
+        let binary = pgbouncer_binary();
         let dir = tempfile::tempdir().expect("a folder for pgbouncer");
         let port = std::net::TcpListener::bind("127.0.0.1:0")
             .and_then(|l| l.local_addr())

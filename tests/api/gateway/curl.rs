@@ -19,7 +19,7 @@ async fn curl(url: &str, key: &str, body: &str) -> String {
         .args(["-H", "Content-Type: application/json", "--data", body])
         .output()
         .await
-        .expect("curl runs (scripts/test installs it)");
+        .expect("curl runs (scripts/services installs it)");
     assert!(
         status.success(),
         "curl failed: {}",

@@ -3,7 +3,7 @@
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!("cargo:rerun-if-changed=../proto");
-    let descriptors = protox::compile(["idempotency/v1/idempotency.proto"], ["../proto"])?;
+    let descriptors = protox::compile(["idempotency/v1/idempotency.proto"], ["../../proto"])?;
     tonic_prost_build::configure()
         .build_client(true)
         .build_server(false)
