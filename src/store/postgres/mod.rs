@@ -476,37 +476,6 @@ fn failed<T>(error: StoreError, count: usize) -> Vec<Result<T, StoreError>> {
 }
 
 impl PgStore {
-    /// A lone TryStart on a direct connection: [`CLAIM_ABSENT_KEY`], and, only when the key has
-    /// a row, [`TRY_START`] on the same connection, which judges it; both within the store's
-    /// share of the budget ([`Self::fetch_optional_within`]).
-    async fn claim_absent_or_judge(
-        &self,
-        command: &TryStartCommand,
-    ) -> Result<TryStartRow, StoreError> {
-        let began = std::time::Instant::now();
-        let mut connection = self.connections.lend().await.map_err(classify)?;
-        let claimed: Option<KeyRow> = self
-            .fetch_optional_within(
-                &mut connection,
-                began,
-                bind_try_start(CLAIM_ABSENT_KEY, command),
-            )
-            .await?;
-        let row = match claimed {
-            Some(key) => TryStartRow {
-                newly_claimed: true,
-                key,
-            },
-            // Nothing was written: the first statement found the key and did nothing.
-            None => self
-                .fetch_optional_within(&mut connection, began, bind_try_start(TRY_START, command))
-                .await?
-                .ok_or_else(|| classify(sqlx::Error::RowNotFound))?,
-        };
-        connection.keep();
-        Ok(row)
-    }
-
     /// The key for a waiter ([`Store::watch`]): [`LOOKUP_WATCHED`], and when the key is in
     /// progress and nobody watches it yet, [`WATCH_KEY`], whose answer is the row as that
     /// statement left it, marked: no Complete or Release of it can then commit unannounced.
@@ -551,15 +520,12 @@ impl PgStore {
 
 impl Store for PgStore {
     async fn try_start(&self, command: TryStartCommand) -> Result<TryStartOutcome, StoreError> {
-        let row = match self.begin {
-            // Behind a pooler every statement is a transaction of its own, with its settings
-            // made first: one statement costs less than two there.
-            Some(_) => self
-                .fetch_one(bind_try_start(TRY_START, &command))
-                .await
-                .map_err(classify)?,
-            None => self.claim_absent_or_judge(&command).await?,
-        };
+        // One call for a key with or without a row: one round trip, directly or behind a
+        // pooler (where each statement is a transaction of its own).
+        let row: TryStartRow = self
+            .fetch_one(bind_try_start(TRY_START, &command))
+            .await
+            .map_err(classify)?;
         Ok(TryStartOutcome::from_record(
             row.key.into(),
             row.newly_claimed,

@@ -49,6 +49,25 @@ impl TestDatabase {
         }
     }
 
+    /// PostgreSQL only: the process id of a backend of the service's that waits for a lock in
+    /// this database, if one does.
+    pub async fn waiting_service_backend(&self) -> Option<i32> {
+        let Inspector::Postgres(pool) = &self.inspector else {
+            panic!("only PostgreSQL shows its waiting backends");
+        };
+        sqlx::query_as::<_, (i32,)>(
+            "SELECT pid FROM pg_stat_activity
+             WHERE datname = current_database()
+               AND application_name = 'idempotency-coordinator'
+               AND wait_event_type = 'Lock'
+             LIMIT 1",
+        )
+        .fetch_optional(pool)
+        .await
+        .expect("read pg_stat_activity")
+        .map(|(pid,)| pid)
+    }
+
     /// PostgreSQL statements of the service that are waiting for a lock.
     pub async fn blocked_postgres_statements(&self) -> i64 {
         let Inspector::Postgres(pool) = &self.inspector else {
@@ -107,6 +126,32 @@ impl KeyHold {
             .await
             .expect("commit");
         u64::try_from(token).expect("tokens are positive")
+    }
+
+    /// SQLite only: within the held write transaction, claims `key` as another process would
+    /// (a token drawn from the store's sequence), releases it again (the row deleted), and
+    /// commits. Answers the token it drew.
+    pub async fn claim_released_meanwhile_and_commit(self, key: &str) -> i64 {
+        let Self::Sqlite(mut connection) = self else {
+            panic!("only the SQLite hold claims through the write lock");
+        };
+        let (token,): (i64,) = sqlx::query_as(
+            "UPDATE lease_token_seq SET last_value = last_value + 1 WHERE only_row = 1
+             RETURNING last_value",
+        )
+        .fetch_one(&mut connection)
+        .await
+        .expect("draw a token");
+        sqlx::query("DELETE FROM idempotency_keys WHERE key = ?1")
+            .bind(key)
+            .execute(&mut connection)
+            .await
+            .expect("release the key");
+        sqlx::query("COMMIT")
+            .execute(&mut connection)
+            .await
+            .expect("commit");
+        token
     }
 
     async fn finish(self, end: &'static str, delete: Option<&str>) {

@@ -258,6 +258,25 @@ where
     }
 }
 
+/// Polls `look` every 20 ms until it finds something, and answers it; fails after `limit`.
+pub async fn eventually_some<T, F, Fut>(limit: Duration, what: &str, mut look: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let deadline = tokio::time::Instant::now() + limit;
+    loop {
+        if let Some(found) = look().await {
+            return found;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out waiting until {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 /// Waits until the lease of `key` has run out by the database clock.
 pub async fn wait_for_lease_expiry(app: &TestApp, client: &Client, key: &str) {
     let expires = match key_state(client, key).await {

@@ -1,0 +1,334 @@
+//! Fencing: a claim's token is greater than every token its key had before, however long the
+//! claim's statement waited or its backend was paused. The PostgreSQL cases stop the claim's
+//! own backend (SIGSTOP) while it waits for another transaction's hold on the key; meanwhile
+//! that key gets a newer token, which its holder Releases, and only then does the backend go
+//! on. A claim that had drawn its token before the wait would insert the key again with that
+//! older token; the contract wants a token above the released one.
+
+use std::time::Duration;
+
+use idempotency_coordinator::domain::batch::Round;
+use idempotency_coordinator::domain::{
+    AttemptId, Fingerprint, Key, KeyRetention, LeaseTtl, Scope, TryStartCommand, TryStartOutcome,
+};
+use idempotency_coordinator::proto::idempotency::v1::TryStartRequest;
+use idempotency_coordinator::store::Store;
+use sqlx::{Connection, PgConnection};
+
+use crate::support::*;
+
+/// A PostgreSQL backend stopped with SIGSTOP, continued (SIGCONT) when dropped, whatever
+/// happens: a backend left stopped would keep the test's database from being dropped.
+struct StoppedBackend(i32);
+
+impl StoppedBackend {
+    fn stop(pid: i32) -> Self {
+        assert!(signal("STOP", pid), "SIGSTOP to backend {pid}");
+        Self(pid)
+    }
+}
+
+impl Drop for StoppedBackend {
+    fn drop(&mut self) {
+        if !signal("CONT", self.0) {
+            eprintln!("could not SIGCONT backend {}", self.0);
+        }
+    }
+}
+
+/// Sends SIG`name` to `pid` (the backend runs as another user; the tests run as root).
+fn signal(name: &str, pid: i32) -> bool {
+    std::process::Command::new("kill")
+        .arg(format!("-{name}"))
+        .arg(pid.to_string())
+        .status()
+        .is_ok_and(|status| status.success())
+}
+
+/// How another transaction holds the key while the claim waits for it.
+#[derive(Clone, Copy, Debug)]
+enum Hold {
+    /// It inserts the key (a claim of another replica, not yet committed): the claim's insert
+    /// waits for it. Meanwhile the row gets a newer token and commits.
+    UncommittedInsert,
+    /// It locks the key's expired row, as the reaper does, so the claim that would reclaim the
+    /// key waits; meanwhile it deletes the row and inserts a new claim of the key, with a newer
+    /// token, and commits.
+    ReaperOfAnExpiredRow,
+}
+
+/// How the service makes the claim.
+#[derive(Clone, Copy, Debug)]
+enum Path {
+    /// A lone TryStart on a direct connection.
+    Lone,
+    /// A lone TryStart as it runs behind a pooler in transaction mode (`--pooler transaction`:
+    /// each statement a transaction of its own).
+    Pooler,
+    /// A shared statement of two keys, the held one first in key order.
+    Batch,
+}
+
+const RAW_ATTEMPT: &str = "another-replica";
+
+/// A raw session's claim of `key`: in progress for 30 s (or already expired), for an hour.
+async fn insert_raw_claim(session: &mut PgConnection, key: &str, expired: bool) -> i64 {
+    let (lease, retention) = if expired {
+        ("-2 hours", "-1 hour")
+    } else {
+        ("30 seconds", "1 hour")
+    };
+    let (token,): (i64,) = sqlx::query_as(
+        "INSERT INTO idempotency_keys
+             (namespace, key, fingerprint, lease_token, attempt, attempt_id, lease_expires_at,
+              retention_us, expires_at)
+         VALUES ($1, $2, $3, nextval('lease_token_seq'), 1, $4, now() + $5::interval,
+                 3600000000, now() + $6::interval)
+         RETURNING lease_token",
+    )
+    .bind(NAMESPACE)
+    .bind(key)
+    .bind(FINGERPRINT)
+    .bind(RAW_ATTEMPT)
+    .bind(lease)
+    .bind(retention)
+    .fetch_one(&mut *session)
+    .await
+    .expect("insert the raw claim");
+    token
+}
+
+fn command(key: &str) -> TryStartCommand {
+    TryStartCommand {
+        namespace: Scope::parse(NAMESPACE.into()).expect("namespace"),
+        key: Key::parse(key.into()).expect("key"),
+        fingerprint: Fingerprint::parse(FINGERPRINT.to_vec()).expect("fingerprint"),
+        lease_ttl: LeaseTtl::parse(Duration::from_secs(30)).expect("lease"),
+        retention: KeyRetention::parse(Duration::from_secs(3600)).expect("retention"),
+        attempt_id: AttemptId::parse("the-paused-claim".into()).expect("attempt id"),
+    }
+}
+
+/// The token of a `started` outcome, or a panic naming what came instead.
+fn started_token(name: &str, outcome: TryStartOutcome) -> i64 {
+    match outcome {
+        TryStartOutcome::Started(started) => started.lease_token.get(),
+        other => panic!("{name}: expected started, got {other:?}"),
+    }
+}
+
+async fn a_claim_paused_while_it_waits_gets_a_token_above_the_released_one(path: Path, hold: Hold) {
+    // The steps take a moment each; the claim must not time out meanwhile.
+    let database = TestDatabase::create(Backend::Postgres).await;
+    let direct = database.url.clone();
+    let mut flags = vec!["--operation-timeout", "60s"];
+    if let Path::Pooler = path {
+        // The statements as a pooler needs them, on PostgreSQL directly (the SIGSTOP reaches
+        // the backend either way); the listener's connection must be direct.
+        let migrated = crate::support::process::coordinator()
+            .command()
+            .args(["migrate", "--database-url", &direct])
+            .output()
+            .await
+            .expect("run migrate");
+        assert!(migrated.status.success(), "migrate: {migrated:?}");
+        flags.extend([
+            "--pooler",
+            "transaction",
+            "--no-migrate",
+            "--notify-database-url",
+            &direct,
+        ]);
+    }
+    let app = TestApp::start_on(database, None, &flags).await;
+    app.wait_for_status(tonic_health::pb::health_check_response::ServingStatus::Serving)
+        .await;
+    let mut client = app.client().await;
+    let suffix = unique_key("fence");
+    let (key, other) = (format!("a-{suffix}"), format!("b-{suffix}"));
+
+    let mut session = PgConnection::connect(&app.database.url)
+        .await
+        .expect("a raw session");
+    if let Hold::ReaperOfAnExpiredRow = hold {
+        insert_raw_claim(&mut session, &key, true).await;
+    }
+    sqlx::query("BEGIN")
+        .execute(&mut session)
+        .await
+        .expect("begin");
+    match hold {
+        Hold::UncommittedInsert => {
+            insert_raw_claim(&mut session, &key, false).await;
+        }
+        Hold::ReaperOfAnExpiredRow => {
+            sqlx::query("SELECT 1 FROM idempotency_keys WHERE key = $1 FOR UPDATE")
+                .bind(&key)
+                .execute(&mut session)
+                .await
+                .expect("lock the expired row");
+        }
+    }
+
+    let claim = {
+        let store = app.store.clone();
+        let mut client = client.clone();
+        let (key, other) = (key.clone(), other.clone());
+        tokio::spawn(async move {
+            match path {
+                Path::Lone | Path::Pooler => {
+                    let request = TryStartRequest {
+                        attempt_id: "the-paused-claim".into(),
+                        ..try_start(&key)
+                    };
+                    let answer = client.try_start(request).await.expect("TryStart");
+                    vec![expect_started(answer.into_inner()).lease_token as i64]
+                }
+                Path::Batch => {
+                    let round =
+                        Round::new(vec![command(&key), command(&other)]).expect("distinct keys");
+                    let mut tokens = Vec::new();
+                    for (name, outcome) in ["held key", "other key"]
+                        .into_iter()
+                        .zip(store.try_start_batch(round).await)
+                    {
+                        tokens.push(started_token(name, outcome.expect("a batched claim")));
+                    }
+                    tokens
+                }
+            }
+        })
+    };
+
+    // The claim's backend, waiting for the key: stopped until the key has come and gone again.
+    let pid = eventually_some(
+        Duration::from_secs(10),
+        "the claim waits for the key",
+        || app.database.waiting_service_backend(),
+    )
+    .await;
+    let released = {
+        let _stopped = StoppedBackend::stop(pid);
+        if let Hold::ReaperOfAnExpiredRow = hold {
+            sqlx::query("DELETE FROM idempotency_keys WHERE key = $1")
+                .bind(&key)
+                .execute(&mut session)
+                .await
+                .expect("reap the expired row");
+            insert_raw_claim(&mut session, &key, false).await;
+        }
+        let (newer,): (i64,) = sqlx::query_as(
+            "UPDATE idempotency_keys SET lease_token = nextval('lease_token_seq')
+             WHERE key = $1 RETURNING lease_token",
+        )
+        .bind(&key)
+        .fetch_one(&mut session)
+        .await
+        .expect("a newer token");
+        sqlx::query("COMMIT")
+            .execute(&mut session)
+            .await
+            .expect("commit");
+        client
+            .release(release(&key, newer as u64))
+            .await
+            .expect("the holder of the newer token releases the key");
+        newer
+    };
+
+    let tokens = tokio::time::timeout(Duration::from_secs(30), claim)
+        .await
+        .expect("the claim is answered once its backend goes on")
+        .expect("task");
+    assert!(
+        tokens[0] > released,
+        "{path:?}, {hold:?}: the claim answered after the Release of token {released} carries \
+         {}",
+        tokens[0]
+    );
+    assert_eq!(
+        app.database.key_lease_token(&key).await as i64,
+        tokens[0],
+        "the stored token is the one answered"
+    );
+}
+
+#[tokio::test]
+async fn a_lone_claim_paused_behind_an_uncommitted_insert_gets_a_newer_token() {
+    a_claim_paused_while_it_waits_gets_a_token_above_the_released_one(
+        Path::Lone,
+        Hold::UncommittedInsert,
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn a_lone_claim_paused_behind_the_reaper_gets_a_newer_token() {
+    a_claim_paused_while_it_waits_gets_a_token_above_the_released_one(
+        Path::Lone,
+        Hold::ReaperOfAnExpiredRow,
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn a_pooled_claim_paused_behind_an_uncommitted_insert_gets_a_newer_token() {
+    a_claim_paused_while_it_waits_gets_a_token_above_the_released_one(
+        Path::Pooler,
+        Hold::UncommittedInsert,
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn a_pooled_claim_paused_behind_the_reaper_gets_a_newer_token() {
+    a_claim_paused_while_it_waits_gets_a_token_above_the_released_one(
+        Path::Pooler,
+        Hold::ReaperOfAnExpiredRow,
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn a_batched_claim_paused_behind_an_uncommitted_insert_gets_a_newer_token() {
+    a_claim_paused_while_it_waits_gets_a_token_above_the_released_one(
+        Path::Batch,
+        Hold::UncommittedInsert,
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn a_batched_claim_paused_behind_the_reaper_gets_a_newer_token() {
+    a_claim_paused_while_it_waits_gets_a_token_above_the_released_one(
+        Path::Batch,
+        Hold::ReaperOfAnExpiredRow,
+    )
+    .await;
+}
+
+/// SQLite has one writer: a claim takes the write lock before it reads the key or draws a
+/// token. A claim that waited for another writer, which claimed the key with a newer token and
+/// released it, gets a token above that one.
+#[tokio::test]
+async fn a_sqlite_claim_that_waited_for_the_writer_gets_a_newer_token() {
+    let app = TestApp::spawn_with(Backend::Sqlite, &["--operation-timeout", "60s"]).await;
+    let client = app.client().await;
+    let key = unique_key("fence");
+    let hold = app.database.hold_key(&key).await;
+    let claim = {
+        let mut client = client.clone();
+        let key = key.clone();
+        tokio::spawn(async move {
+            let answer = client.try_start(try_start(&key)).await.expect("TryStart");
+            expect_started(answer.into_inner()).lease_token
+        })
+    };
+    app.wait_for_blocked(1).await;
+    let meanwhile = hold.claim_released_meanwhile_and_commit(&key).await;
+    let token = claim.await.expect("task") as i64;
+    assert!(
+        token > meanwhile,
+        "the claim answered after token {meanwhile} was released carries {token}"
+    );
+}
