@@ -95,7 +95,7 @@ async fn run(command: Command) -> anyhow::Result<()> {
             app.run_until_stopped(shutdown).await?;
         }
         Command::Migrate(args) => {
-            let store = AnyStore::open_lazy(&args.store_settings()?)?;
+            let store = AnyStore::open_lazy_for_tool(&args.store_settings()?)?;
             store.migrate().await.context("migrating")?;
             tracing::info!("schema migrations applied");
             store.close().await;

@@ -40,6 +40,7 @@ LANGUAGE plpgsql AS $$
 #variable_conflict use_column
 DECLARE
     ticket bigint := nextval('lease_token_seq');
+    judged bigint;
 BEGIN
     RETURN QUERY
     WITH input AS (
@@ -112,10 +113,30 @@ BEGIN
     FROM claimed AS c
     WHERE c.lease_token <> 0;
 
-    -- The keys inserted above, now rows of this transaction: their tokens are drawn last.
+    -- Every key answered already: none was inserted, nothing is left to draw.
+    GET DIAGNOSTICS judged = ROW_COUNT;
+    IF judged = cardinality(p_keys) THEN
+        RETURN;
+    END IF;
+
+    -- The keys inserted above, now rows of this transaction: their tokens are drawn last. An
+    -- insert that waited (for another transaction's insert of its key) counts its lease and
+    -- retention from now, when the key became its own, like a claim that waited for a row's
+    -- lock; one that did not keeps them, so that the update changes no indexed column and
+    -- stays a heap-only one.
     RETURN QUERY
-    UPDATE idempotency_keys AS k SET lease_token = nextval('lease_token_seq')
-    FROM unnest(p_namespaces, p_keys) AS i(namespace, key)
+    UPDATE idempotency_keys AS k
+    SET (lease_token, lease_expires_at, expires_at) =
+        (SELECT nextval('lease_token_seq'),
+                CASE WHEN n.waited THEN n.at + i.lease_us * interval '1 microsecond'
+                     ELSE k.lease_expires_at END,
+                CASE WHEN n.waited
+                     THEN n.at + greatest(i.lease_us, k.retention_us) * interval '1 microsecond'
+                     ELSE k.expires_at END
+         FROM (SELECT c.at, c.at - (k.lease_expires_at - i.lease_us * interval '1 microsecond')
+                                > interval '1 millisecond' AS waited
+               FROM (SELECT clock_timestamp() AS at) AS c) AS n)
+    FROM unnest(p_namespaces, p_keys, p_leases_us) AS i(namespace, key, lease_us)
     WHERE k.namespace = i.namespace AND k.key = i.key AND k.lease_token = 0
     RETURNING k.namespace::text, k.key::text, true, k.lease_token, k.attempt,
               k.attempt_id::text, k.lease_expires_at, k.fingerprint, k.checkpoint, k.response,
@@ -147,10 +168,20 @@ BEGIN
             claimed_at + greatest(p_lease_us, p_retention_us) * interval '1 microsecond')
     ON CONFLICT (namespace, key) DO NOTHING;
     IF FOUND THEN
-        -- The row is this transaction's: its token is drawn last (see above).
+        -- The row is this transaction's: its token is drawn last, and an insert that waited
+        -- counts its lease from now (see the batch function).
         RETURN QUERY
-        UPDATE idempotency_keys AS k SET lease_token = n.token, claim_ticket = n.token
-        FROM (SELECT nextval('lease_token_seq') AS token) AS n
+        UPDATE idempotency_keys AS k
+        SET (lease_token, claim_ticket, lease_expires_at, expires_at) =
+            (n.token, n.token,
+             CASE WHEN n.waited THEN n.at + p_lease_us * interval '1 microsecond'
+                  ELSE k.lease_expires_at END,
+             CASE WHEN n.waited
+                  THEN n.at + greatest(p_lease_us, p_retention_us) * interval '1 microsecond'
+                  ELSE k.expires_at END)
+        FROM (SELECT nextval('lease_token_seq') AS token, c.at,
+                     c.at - claimed_at > interval '1 millisecond' AS waited
+              FROM (SELECT clock_timestamp() AS at) AS c) AS n
         WHERE k.namespace = p_namespace AND k.key = p_key
         RETURNING true, k.lease_token, k.attempt, k.attempt_id::text, k.lease_expires_at,
                   k.fingerprint, k.checkpoint, k.response, k.completed_at, k.retention_us,

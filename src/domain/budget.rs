@@ -8,6 +8,10 @@
 //!   `statement_timeout`, SQLite's `busy_timeout` and a deadline checked before commit);
 //! - the last 5% for the answer to come back before the coordinator's own deadline at 100%.
 //!
+//! Within the statement's share, 20% of the operation is the most a PostgreSQL statement waits
+//! for one row lock (`lock_timeout`): a key that another transaction holds longer fails only its
+//! own callers, and the other calls of a shared statement are run again without it.
+//!
 //! That last deadline then only fires when the connection itself has stopped answering; every
 //! other timeout is reported by the database, with nothing written.
 
@@ -23,6 +27,9 @@ pub struct TimeBudget {
     pub connection_wait: Duration,
     /// How long the database lets a statement run.
     pub statement: Duration,
+    /// How long a statement may wait for a lock another transaction holds (PostgreSQL's
+    /// `lock_timeout`), well within the statement's time.
+    pub lock: Duration,
 }
 
 impl TimeBudget {
@@ -32,6 +39,7 @@ impl TimeBudget {
             queue_wait: operation / 10,
             connection_wait: operation * 7 / 20,
             statement: operation / 2,
+            lock: operation / 5,
         }
     }
 }
@@ -46,6 +54,8 @@ mod tests {
         assert_eq!(budget.queue_wait, Duration::from_millis(500));
         assert_eq!(budget.connection_wait, Duration::from_millis(1750));
         assert_eq!(budget.statement, Duration::from_millis(2500));
+        assert_eq!(budget.lock, Duration::from_millis(1000));
+        assert!(budget.lock < budget.statement);
         assert!(budget.queue_wait + budget.connection_wait + budget.statement < budget.operation);
     }
 }

@@ -204,8 +204,8 @@ pub enum Pooler {
 pub enum OpenError {
     #[error("the database URL is not valid")]
     Postgres(#[source] sqlx::Error),
-    #[error("could not create the folder for the SQLite file")]
-    SqliteFolder(#[source] std::io::Error),
+    #[error(transparent)]
+    Sqlite(#[from] sqlite::SqliteOpenError),
 }
 
 /// The store a deployment runs on, chosen by its settings.
@@ -216,8 +216,19 @@ pub enum AnyStore {
 }
 
 impl AnyStore {
-    /// Prepares the store without connecting to it.
+    /// Prepares the store that serves calls, without connecting to it (on SQLite, this
+    /// process becomes the file's only server).
     pub fn open_lazy(settings: &StoreSettings) -> Result<Self, OpenError> {
+        Self::open(settings, true)
+    }
+
+    /// Prepares the store for a one-shot tool (`migrate`), which may run beside the process
+    /// that serves the file.
+    pub fn open_lazy_for_tool(settings: &StoreSettings) -> Result<Self, OpenError> {
+        Self::open(settings, false)
+    }
+
+    fn open(settings: &StoreSettings, serves: bool) -> Result<Self, OpenError> {
         match &settings.location {
             StoreLocation::Postgres { url } => PgStore::connect_lazy(&postgres::PgSettings {
                 url: url.clone(),
@@ -232,9 +243,10 @@ impl AnyStore {
                 path: path.clone(),
                 pool_size: settings.pool_size,
                 operation_timeout: settings.operation_timeout,
+                serves,
             })
             .map(Self::Sqlite)
-            .map_err(OpenError::SqliteFolder),
+            .map_err(OpenError::Sqlite),
         }
     }
 

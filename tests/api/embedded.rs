@@ -68,3 +68,44 @@ async fn a_database_url_of_another_kind_is_refused_at_start() {
         "the error names the flag and what it accepts: {printed}"
     );
 }
+
+/// SQLite only: a second process on a file that one already serves is refused at start, with
+/// the reason, and the first one goes on serving; once the first one is gone (even killed), the
+/// file can be served again.
+#[tokio::test]
+async fn a_second_process_on_the_same_file_is_refused_and_the_first_serves_on() {
+    let directory = tempfile::tempdir().expect("a temporary folder");
+    let mut first = ServerProcess::start_embedded_in(directory.path()).await;
+    let mut client = first.client_when_serving().await;
+    let key = unique_key("one-process");
+    let started = claim(&mut client, try_start(&key)).await;
+
+    let second = tokio::process::Command::new(env!("CARGO_BIN_EXE_idempotency-coordinator"))
+        .args(["--listen", "127.0.0.1:0"])
+        .current_dir(directory.path())
+        .output();
+    let second = tokio::time::timeout(Duration::from_secs(20), second)
+        .await
+        .expect("the second process stops by itself")
+        .expect("run the binary");
+    assert!(!second.status.success(), "{second:?}");
+    let printed = String::from_utf8_lossy(&second.stdout).into_owned()
+        + &String::from_utf8_lossy(&second.stderr);
+    assert!(
+        printed.contains("another process already serves the SQLite file")
+            && printed.contains("coordinator.db.lock")
+            && printed.contains("PostgreSQL"),
+        "the refusal says why and what to do: {printed}"
+    );
+
+    client
+        .complete(complete(&key, started.lease_token, b"still served"))
+        .await
+        .expect("the first process serves on");
+    first.signal("KILL");
+    first.wait(Duration::from_secs(20)).await;
+    let third = ServerProcess::start_embedded_in(directory.path()).await;
+    let client = third.client_when_serving().await;
+    let replay = expect_completed(try_start_response(&client, try_start(&key)).await);
+    assert_eq!(replay.response, b"still served");
+}

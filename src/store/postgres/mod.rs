@@ -90,15 +90,26 @@ pub struct PgStore {
 /// The statement that opens a transaction whose statements may run for `statement_timeout_ms`;
 /// `pooler`: with the settings that a direct connection gets in its startup packet, which a
 /// pooler in transaction mode refuses.
-fn begin_statement(statement_timeout_ms: u128, pooler: bool) -> SqlStr {
+fn begin_statement(budget: &TimeBudget, statement_timeout_ms: u128, pooler: bool) -> SqlStr {
     let settings = if pooler {
         "; SET LOCAL plan_cache_mode = force_generic_plan; SET LOCAL enable_seqscan = off"
     } else {
         ""
     };
+    let lock_timeout_ms = budget
+        .lock
+        .as_millis()
+        .clamp(1, statement_timeout_ms.max(1));
     SqlSafeStr::into_sql_str(AssertSqlSafe(format!(
-        "BEGIN; SET LOCAL statement_timeout = {statement_timeout_ms}{settings}"
+        "BEGIN; SET LOCAL statement_timeout = {statement_timeout_ms}; \
+         SET LOCAL lock_timeout = {lock_timeout_ms}{settings}"
     )))
+}
+
+/// SQLSTATE lock_not_available: the statement met a key that another transaction held (its row
+/// locked, or its insert not yet committed) for longer than the session's `lock_timeout`.
+fn is_lock_timeout(error: &sqlx::Error) -> bool {
+    matches!(error, sqlx::Error::Database(db) if db.code().as_deref() == Some("55P03"))
 }
 
 impl std::fmt::Debug for PgStore {
@@ -130,6 +141,11 @@ impl PgStore {
             .parse::<PgConnectOptions>()?
             .application_name("idempotency-coordinator");
         let statement_timeout_ms = budget.statement.as_millis().max(1);
+        let lock_timeout_ms = budget.lock.as_millis().max(1).to_string();
+        // A transaction this service abandons (its connection cut off between statements) is
+        // ended by the server within a statement's time, and a session whose peer vanished is
+        // found by TCP keepalives, so neither holds a key's row for long.
+        let idle_in_transaction_ms = statement_timeout_ms.to_string();
         // Generic plans: every statement here is an index lookup or a walk over unnest()ed
         // arrays, whose best plan does not depend on the values, and re-planning the larger
         // statements for each call costs more than running them. A generic plan is kept for
@@ -147,6 +163,14 @@ impl PgStore {
                     ),
                     ("plan_cache_mode", "force_generic_plan"),
                     ("enable_seqscan", "off"),
+                    ("lock_timeout", lock_timeout_ms.as_str()),
+                    (
+                        "idle_in_transaction_session_timeout",
+                        idle_in_transaction_ms.as_str(),
+                    ),
+                    ("tcp_keepalives_idle", "10"),
+                    ("tcp_keepalives_interval", "5"),
+                    ("tcp_keepalives_count", "3"),
                 ]),
                 None,
             ),
@@ -156,7 +180,7 @@ impl PgStore {
             // prepared (each is unnamed, parsed again in the transaction that runs it).
             Pooler::Transaction => (
                 migration_options.clone(),
-                Some(begin_statement(statement_timeout_ms, true)),
+                Some(begin_statement(&budget, statement_timeout_ms, true)),
             ),
         };
         let pool = PgPoolOptions::new()
@@ -284,7 +308,7 @@ impl PgStore {
         if left < MIN_STATEMENT_TIME {
             return Err(StoreError::TimedOut(share));
         }
-        let begin = begin_statement(left.as_millis(), self.begin.is_some());
+        let begin = begin_statement(&self.budget, left.as_millis(), self.begin.is_some());
         let mut transaction = connection.begin_with(begin).await.map_err(classify)?;
         let row = query
             .persistent(self.begin.is_none())
@@ -470,6 +494,19 @@ where
         .bind(command.attempt_id.as_ref().map(|a| a.as_str()))
 }
 
+/// [`COMPLETE_ONE`] with `command`'s values.
+fn bind_complete<'q, O>(command: &'q CompleteCommand) -> Statement<'q, O>
+where
+    O: for<'r> FromRow<'r, PgRow>,
+{
+    sqlx::query_as(COMPLETE_ONE)
+        .bind(command.namespace.as_str())
+        .bind(command.key.as_str())
+        .bind(command.lease_token.get())
+        .bind(command.response.as_bytes())
+        .bind(command.retention.map(|r| r.as_micros()))
+}
+
 /// `error` as the answer of each of `count` commands.
 fn failed<T>(error: StoreError, count: usize) -> Vec<Result<T, StoreError>> {
     error.for_each_of(count).into_iter().map(Err).collect()
@@ -518,6 +555,66 @@ impl PgStore {
     }
 }
 
+impl PgStore {
+    /// One statement alone on a connection of the calls' pool, within what is left of the
+    /// store's share of an operation begun at `began` ([`Self::fetch_optional_within`]).
+    async fn alone_within<O>(
+        &self,
+        began: std::time::Instant,
+        query: Statement<'_, O>,
+    ) -> Result<O, StoreError>
+    where
+        O: Send + Unpin + for<'r> FromRow<'r, PgRow>,
+    {
+        let mut connection = self.connections.lend().await.map_err(classify)?;
+        let row = self
+            .fetch_optional_within(&mut connection, began, query)
+            .await?;
+        connection.keep();
+        row.ok_or_else(|| classify(sqlx::Error::RowNotFound))
+    }
+
+    /// After a shared statement begun at `began` met a key held longer than the lock budget
+    /// (`lock_timeout`; the statement wrote nothing): every call of it runs again alone, all at
+    /// once, so a held key fails only its own callers (at their own lock timeout), and the
+    /// others are answered without waiting for it. The answers come back in call order.
+    async fn each_alone<C, T, F, Fut>(
+        &self,
+        commands: Vec<C>,
+        began: std::time::Instant,
+        run: F,
+    ) -> Vec<Result<T, StoreError>>
+    where
+        C: Send + 'static,
+        T: Send + 'static,
+        F: Fn(Self, C, std::time::Instant) -> Fut,
+        Fut: std::future::Future<Output = Result<T, StoreError>> + Send + 'static,
+    {
+        let count = commands.len();
+        let mut runs = tokio::task::JoinSet::new();
+        for (position, command) in commands.into_iter().enumerate() {
+            let run = run(self.clone(), command, began);
+            runs.spawn(async move { (position, run.await) });
+        }
+        let mut answers: Vec<Option<Result<T, StoreError>>> = (0..count).map(|_| None).collect();
+        while let Some(joined) = runs.join_next().await {
+            if let Ok((position, answer)) = joined
+                && let Some(slot) = answers.get_mut(position)
+            {
+                *slot = Some(answer);
+            }
+        }
+        answers
+            .into_iter()
+            .map(|answer| {
+                answer.unwrap_or(Err(StoreError::Inconsistent(
+                    "a call run again alone did not finish",
+                )))
+            })
+            .collect()
+    }
+}
+
 impl Store for PgStore {
     async fn try_start(&self, command: TryStartCommand) -> Result<TryStartOutcome, StoreError> {
         // One call for a key with or without a row: one round trip, directly or behind a
@@ -538,14 +635,7 @@ impl Store for PgStore {
         command: CompleteCommand,
     ) -> Result<Result<Completion, Rejection>, StoreError> {
         let row: CompleteRow = self
-            .fetch_one(
-                sqlx::query_as(COMPLETE_ONE)
-                    .bind(command.namespace.as_str())
-                    .bind(command.key.as_str())
-                    .bind(command.lease_token.get())
-                    .bind(command.response.as_bytes())
-                    .bind(command.retention.map(|r| r.as_micros())),
-            )
+            .fetch_one(bind_complete(&command))
             .await
             .map_err(classify)?;
         row.answer(command.lease_token)
@@ -573,6 +663,7 @@ impl Store for PgStore {
             .iter()
             .map(|c| c.attempt_id.as_ref().map(|a| a.as_str()))
             .collect();
+        let began = std::time::Instant::now();
         let rows: Vec<TryStartBatchRow> = match self
             .fetch_all(
                 sqlx::query_as(TRY_START_BATCH)
@@ -586,6 +677,24 @@ impl Store for PgStore {
             .await
         {
             Ok(rows) => rows,
+            Err(error) if is_lock_timeout(&error) => {
+                return self
+                    .each_alone(
+                        round.into_commands(),
+                        began,
+                        |store, command, began| async move {
+                            let row: TryStartRow = store
+                                .alone_within(began, bind_try_start(TRY_START, &command))
+                                .await?;
+                            Ok(TryStartOutcome::from_record(
+                                row.key.into(),
+                                row.newly_claimed,
+                                &command,
+                            ))
+                        },
+                    )
+                    .await;
+            }
             Err(error) => return failed(classify(error), round.len()),
         };
         let mut by_key: HashMap<(String, String), TryStartBatchRow> = rows
@@ -629,6 +738,7 @@ impl Store for PgStore {
             .iter()
             .map(|c| c.retention.map(|r| r.as_micros()))
             .collect();
+        let began = std::time::Instant::now();
         let rows: Vec<CompleteRow> = match self
             .fetch_all(
                 sqlx::query_as(COMPLETE)
@@ -641,6 +751,19 @@ impl Store for PgStore {
             .await
         {
             Ok(rows) => rows,
+            Err(error) if is_lock_timeout(&error) => {
+                return self
+                    .each_alone(
+                        round.into_commands(),
+                        began,
+                        |store, command, began| async move {
+                            let row: CompleteRow =
+                                store.alone_within(began, bind_complete(&command)).await?;
+                            row.answer(command.lease_token)
+                        },
+                    )
+                    .await;
+            }
             Err(error) => return failed(classify(error), round.len()),
         };
         if rows.len() != round.len() {

@@ -14,8 +14,12 @@
 //!   then `busy_timeout`; a write whose operation has used up both by its commit is rolled back
 //!   instead, so a timeout leaves nothing written.
 //!
-//! Several processes on one file would each believe they are the only writer of their own
-//! pool; the store is for one instance only (PostgreSQL is the store for replicas).
+//! - **One process.** Several processes on one file would keep their claims atomic through
+//!   SQLite's own file lock, but share nothing else: a waiter would be woken only by its own
+//!   process, and the replay caches and reapers would be apart. So the store takes an exclusive
+//!   lock on a file beside the database (`<file>.lock`) for as long as it lives, and a second
+//!   process on the same file is refused at start ([`SqliteOpenError::InUse`]). PostgreSQL is
+//!   the store for replicas.
 
 mod error;
 mod ops;
@@ -62,10 +66,33 @@ pub struct SqliteSettings {
     pub pool_size: u32,
     /// The budget of one operation, shared out by [`TimeBudget`].
     pub operation_timeout: Duration,
+    /// Whether this store serves the file, and so must be its only server (the lock beside
+    /// it). A one-shot tool (`migrate`) does not serve: SQLite's own lock keeps its writes apart.
+    pub serves: bool,
+}
+
+/// Why the embedded store could not be opened.
+#[derive(Debug, thiserror::Error)]
+pub enum SqliteOpenError {
+    #[error("could not create the folder for the SQLite file")]
+    Folder(#[source] std::io::Error),
+    #[error("could not open or lock {}", .0.display())]
+    Lock(PathBuf, #[source] std::io::Error),
+    #[error(
+        "another process already serves the SQLite file {} (it holds the lock on {}): the \
+         embedded store is for one process only; stop the other one, or use PostgreSQL to run \
+         several replicas",
+        .database.display(),
+        .lock.display()
+    )]
+    InUse { database: PathBuf, lock: PathBuf },
 }
 
 #[derive(Clone)]
 pub struct SqliteStore {
+    /// The exclusive lock on `<file>.lock`, held while any clone of the store lives: the file
+    /// is served by this process only. Released by the kernel when the process dies.
+    _only_process: Option<Arc<std::fs::File>>,
     writer: SqlitePool,
     readers: SqlitePool,
     /// One reader of its own for health probes, so that reads keeping the pool busy do not look
@@ -99,13 +126,19 @@ impl SqliteStore {
     }
 
     /// Prepares the pools without opening the file; the folder is created if missing, the file
-    /// when the writer first connects.
-    pub fn open_lazy(settings: &SqliteSettings) -> Result<Self, std::io::Error> {
+    /// when the writer first connects. The lock beside the file is taken now: a second process
+    /// on the same file is refused here.
+    pub fn open_lazy(settings: &SqliteSettings) -> Result<Self, SqliteOpenError> {
         if let Some(folder) = settings.path.parent()
             && !folder.as_os_str().is_empty()
         {
-            std::fs::create_dir_all(folder)?;
+            std::fs::create_dir_all(folder).map_err(SqliteOpenError::Folder)?;
         }
+        let only_process = if settings.serves {
+            Some(Arc::new(Self::lock_beside(&settings.path)?))
+        } else {
+            None
+        };
         let budget = TimeBudget::of(settings.operation_timeout);
         let options = SqliteConnectOptions::new()
             .filename(&settings.path)
@@ -125,6 +158,7 @@ impl SqliteStore {
             .acquire_timeout(budget.connection_wait)
             .connect_lazy_with(options);
         Ok(Self {
+            _only_process: only_process,
             writer,
             readers,
             probe_reader,
@@ -132,6 +166,29 @@ impl SqliteStore {
             schema_ready: Arc::new(AtomicBool::new(false)),
             events: broadcast::channel(EVENTS_QUEUED).0,
         })
+    }
+
+    /// Takes the exclusive lock on `<database>.lock` (created if missing), or says who has it.
+    /// An advisory lock (`flock`): it binds only processes that ask for it, which every
+    /// coordinator does, and the kernel drops it when its holder dies, however it dies.
+    fn lock_beside(database: &std::path::Path) -> Result<std::fs::File, SqliteOpenError> {
+        let mut name = database.as_os_str().to_owned();
+        name.push(".lock");
+        let lock = PathBuf::from(name);
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&lock)
+            .map_err(|error| SqliteOpenError::Lock(lock.clone(), error))?;
+        match file.try_lock() {
+            Ok(()) => Ok(file),
+            Err(std::fs::TryLockError::WouldBlock) => Err(SqliteOpenError::InUse {
+                database: database.to_owned(),
+                lock,
+            }),
+            Err(std::fs::TryLockError::Error(error)) => Err(SqliteOpenError::Lock(lock, error)),
+        }
     }
 
     /// The file a `sqlite://` URL names (`sqlite://./data/x.db`, `sqlite:///var/lib/x.db`).

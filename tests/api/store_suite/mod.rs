@@ -82,6 +82,7 @@ pub async fn sqlite() -> (SqliteStore, TestDatabase) {
         path: database.sqlite_path().to_owned(),
         pool_size: 4,
         operation_timeout: OPERATION_TIMEOUT,
+        serves: true,
     })
     .expect("the folder exists");
     ready(store, database).await

@@ -5,10 +5,8 @@
 use std::time::Duration;
 
 use idempotency_coordinator::domain::batch::Round;
-use idempotency_coordinator::domain::budget::TimeBudget;
 use idempotency_coordinator::domain::{KeyHash, KeyState, TryStartOutcome};
 use idempotency_coordinator::store::{KeyEvent, Store};
-use sqlx::{Connection, PgConnection};
 use tokio::sync::broadcast;
 use tokio_util::sync::CancellationToken;
 
@@ -116,77 +114,6 @@ async fn no_statement_reads_a_whole_table_however_small_it_is() {
     );
 }
 
-/// A lone TryStart first tries to insert its key, a statement that does nothing when the key
-/// has a row, and then judges the row with a second one. When the first waited for another
-/// transaction's insert of the key for longer than a connection may be waited for, the second
-/// runs in a transaction of its own, with only what is left of the store's share of the budget;
-/// its claim is committed like any other.
-#[tokio::test]
-async fn a_lone_try_start_that_waited_on_another_insert_still_claims_within_its_budget() {
-    let operation_timeout = Duration::from_secs(4);
-    let budget = TimeBudget::of(operation_timeout);
-    let database = TestDatabase::create(Backend::Postgres).await;
-    let store = postgres_store_on(&database, operation_timeout);
-    let (store, database) = ready(store, database).await;
-
-    // Another transaction inserts the key, its retention already over, and does not commit yet.
-    let mut other = PgConnection::connect(&database.url).await.expect("connect");
-    sqlx::query("BEGIN")
-        .execute(&mut other)
-        .await
-        .expect("begin");
-    sqlx::query(
-        "INSERT INTO idempotency_keys (namespace, key, fingerprint, lease_token, attempt,
-                 lease_expires_at, retention_us, expires_at)
-             VALUES ($1, 'slow', 'f0', nextval('lease_token_seq'), 1,
-                     clock_timestamp() - interval '2 seconds', 1000000,
-                     clock_timestamp() - interval '1 second')",
-    )
-    .bind(NAMESPACE)
-    .execute(&mut other)
-    .await
-    .expect("insert the key");
-
-    let claiming = {
-        let store = store.clone();
-        tokio::spawn(async move { store.try_start(claim("slow")).await })
-    };
-    crate::support::eventually(
-        Duration::from_secs(10),
-        "the TryStart waits for the other insert",
-        || async { database.blocked_postgres_statements().await == 1 },
-    )
-    .await;
-    // The subject of the test: the first statement waits longer than a connection's share
-    // (but less than a statement may run), so the second gets what is left.
-    tokio::time::sleep(budget.connection_wait + Duration::from_millis(200)).await;
-    sqlx::query("COMMIT")
-        .execute(&mut other)
-        .await
-        .expect("commit");
-
-    let claim = started(
-        claiming
-            .await
-            .expect("the task ran")
-            .expect("answered within the budget"),
-    );
-    assert_eq!(claim.attempt, 1, "a key past its retention is claimed anew");
-    assert_eq!(
-        i64::try_from(database.key_lease_token("slow").await).expect("a token in range"),
-        claim.lease_token.get(),
-        "the claim was committed"
-    );
-    assert!(matches!(
-        store.lookup(lookup("slow")).await.expect("lookup"),
-        KeyState::InProgress { attempt: 1, .. }
-    ));
-}
-
-/// The store keeps the connection a statement used for its next statement instead of giving it
-/// back to the pool; a statement that waits for the pool meanwhile must still get it. With one
-/// connection and many calls at once, every call is answered, none of them "timed out" waiting
-/// for a connection that a finished statement kept.
 #[tokio::test]
 async fn a_statement_waiting_for_the_pool_gets_the_connection_another_kept() {
     let operation_timeout = Duration::from_secs(4);

@@ -109,10 +109,16 @@ fn command(key: &str) -> TryStartCommand {
     }
 }
 
-/// The token of a `started` outcome, or a panic naming what came instead.
-fn started_token(name: &str, outcome: TryStartOutcome) -> i64 {
+/// A claim's token and the instant its lease began (its 30 s lease before its end).
+type Claimed = (i64, chrono::DateTime<chrono::Utc>);
+
+/// The token and lease of a `started` outcome, or a panic naming what came instead.
+fn started(name: &str, outcome: TryStartOutcome) -> Claimed {
     match outcome {
-        TryStartOutcome::Started(started) => started.lease_token.get(),
+        TryStartOutcome::Started(started) => (
+            started.lease_token.get(),
+            started.lease_expires_at - chrono::Duration::seconds(30),
+        ),
         other => panic!("{name}: expected started, got {other:?}"),
     }
 }
@@ -182,19 +188,23 @@ async fn a_claim_paused_while_it_waits_gets_a_token_above_the_released_one(path:
                         ..try_start(&key)
                     };
                     let answer = client.try_start(request).await.expect("TryStart");
-                    vec![expect_started(answer.into_inner()).lease_token as i64]
+                    let started = expect_started(answer.into_inner());
+                    vec![(
+                        started.lease_token as i64,
+                        instant(&started.lease_expires_at) - chrono::Duration::seconds(30),
+                    )]
                 }
                 Path::Batch => {
                     let round =
                         Round::new(vec![command(&key), command(&other)]).expect("distinct keys");
-                    let mut tokens = Vec::new();
+                    let mut claims = Vec::new();
                     for (name, outcome) in ["held key", "other key"]
                         .into_iter()
                         .zip(store.try_start_batch(round).await)
                     {
-                        tokens.push(started_token(name, outcome.expect("a batched claim")));
+                        claims.push(started(name, outcome.expect("a batched claim")));
                     }
-                    tokens
+                    claims
                 }
             }
         })
@@ -233,24 +243,33 @@ async fn a_claim_paused_while_it_waits_gets_a_token_above_the_released_one(path:
             .release(release(&key, newer as u64))
             .await
             .expect("the holder of the newer token releases the key");
-        newer
+        (newer, app.db_now().await)
     };
+    let (released, released_at) = released;
 
-    let tokens = tokio::time::timeout(Duration::from_secs(30), claim)
+    let claims = tokio::time::timeout(Duration::from_secs(30), claim)
         .await
         .expect("the claim is answered once its backend goes on")
         .expect("task");
+    let (token, _) = claims[0];
     assert!(
-        tokens[0] > released,
+        token > released,
         "{path:?}, {hold:?}: the claim answered after the Release of token {released} carries \
-         {}",
-        tokens[0]
+         {token}"
     );
     assert_eq!(
         app.database.key_lease_token(&key).await as i64,
-        tokens[0],
+        token,
         "the stored token is the one answered"
     );
+    // The lease counts from when the key became the claim's own, not from before its wait.
+    for (token, lease_began) in claims {
+        assert!(
+            lease_began >= released_at,
+            "{path:?}, {hold:?}: the lease of token {token} began at {lease_began}, before the \
+             key was released at {released_at}"
+        );
+    }
 }
 
 #[tokio::test]

@@ -2,6 +2,7 @@
 //! expired lease is taken over, and what concurrent and waiting claims end up with.
 
 mod fencing;
+mod held;
 mod outcomes;
 mod races;
 mod reentry;

@@ -124,7 +124,9 @@ async fn concurrent_takeovers_of_an_expired_lease_have_exactly_one_winner(backen
 }
 
 async fn a_claim_that_waited_while_the_key_expired_claims_it_afresh(backend: Backend) {
-    let app = TestApp::spawn(backend).await;
+    // The row stays locked for the key's whole retention (2 s): the claim must be let wait for
+    // it (a fifth of the operation timeout) rather than be told to retry.
+    let app = TestApp::spawn_with(backend, &["--operation-timeout", "20s"]).await;
     let mut client = app.client().await;
     let key = unique_key("expired-while-waiting");
     let request = TryStartRequest {

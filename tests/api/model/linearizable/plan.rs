@@ -117,7 +117,7 @@ fn phase() -> impl Strategy<Value = Phase> {
         prop_oneof![
             1 => Just(Pause::None),
             2 => Just(Pause::Leases),
-            1 => Just(Pause::Retentions),
+            2 => Just(Pause::Retentions),
         ],
     )
         .prop_map(|(callers, pause)| Phase { callers, pause })
