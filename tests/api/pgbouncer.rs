@@ -27,14 +27,14 @@ fn pgbouncer_binary() -> PathBuf {
 }
 
 /// A PgBouncer in transaction mode on a free port, in front of the test PostgreSQL.
-struct PgBouncer {
+pub(crate) struct PgBouncer {
     port: u16,
     _child: Child,
     _dir: tempfile::TempDir,
 }
 
 impl PgBouncer {
-    async fn start() -> Self {
+    pub(crate) async fn start() -> Self {
         let binary = pgbouncer_binary();
         let dir = tempfile::tempdir().expect("a folder for pgbouncer");
         let port = std::net::TcpListener::bind("127.0.0.1:0")
@@ -86,7 +86,7 @@ impl PgBouncer {
     }
 
     /// `direct` (a URL of the test PostgreSQL) through this PgBouncer.
-    fn url(&self, direct: &str) -> String {
+    pub(crate) fn url(&self, direct: &str) -> String {
         direct.replacen("127.0.0.1:5432", &format!("127.0.0.1:{}", self.port), 1)
     }
 }

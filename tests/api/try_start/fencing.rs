@@ -63,8 +63,10 @@ enum Path {
     /// A lone TryStart on a direct connection.
     Lone,
     /// A lone TryStart as it runs behind a pooler in transaction mode (`--pooler transaction`:
-    /// each statement a transaction of its own).
+    /// each statement a transaction of its own), on PostgreSQL directly.
     Pooler,
+    /// The same through a real PgBouncer in transaction mode.
+    PgBouncer,
     /// A shared statement of two keys, the held one first in key order.
     Batch,
 }
@@ -128,7 +130,12 @@ async fn a_claim_paused_while_it_waits_gets_a_token_above_the_released_one(path:
     let database = TestDatabase::create(Backend::Postgres).await;
     let direct = database.url.clone();
     let mut flags = vec!["--operation-timeout", "60s"];
-    if let Path::Pooler = path {
+    let bouncer = match path {
+        Path::PgBouncer => Some(crate::pgbouncer::PgBouncer::start().await),
+        _ => None,
+    };
+    let pooled = bouncer.as_ref().map(|bouncer| bouncer.url(&direct));
+    if let Path::Pooler | Path::PgBouncer = path {
         // The statements as a pooler needs them, on PostgreSQL directly (the SIGSTOP reaches
         // the backend either way); the listener's connection must be direct.
         let migrated = crate::support::process::coordinator()
@@ -146,7 +153,7 @@ async fn a_claim_paused_while_it_waits_gets_a_token_above_the_released_one(path:
             &direct,
         ]);
     }
-    let app = TestApp::start_on(database, None, &flags).await;
+    let app = TestApp::start_on(database, pooled.as_deref(), &flags).await;
     app.wait_for_status(tonic_health::pb::health_check_response::ServingStatus::Serving)
         .await;
     let mut client = app.client().await;
@@ -182,7 +189,7 @@ async fn a_claim_paused_while_it_waits_gets_a_token_above_the_released_one(path:
         let (key, other) = (key.clone(), other.clone());
         tokio::spawn(async move {
             match path {
-                Path::Lone | Path::Pooler => {
+                Path::Lone | Path::Pooler | Path::PgBouncer => {
                     let request = TryStartRequest {
                         attempt_id: "the-paused-claim".into(),
                         ..try_start(&key)
@@ -303,6 +310,24 @@ async fn a_pooled_claim_paused_behind_an_uncommitted_insert_gets_a_newer_token()
 async fn a_pooled_claim_paused_behind_the_reaper_gets_a_newer_token() {
     a_claim_paused_while_it_waits_gets_a_token_above_the_released_one(
         Path::Pooler,
+        Hold::ReaperOfAnExpiredRow,
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn a_claim_through_pgbouncer_paused_behind_an_uncommitted_insert_gets_a_newer_token() {
+    a_claim_paused_while_it_waits_gets_a_token_above_the_released_one(
+        Path::PgBouncer,
+        Hold::UncommittedInsert,
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn a_claim_through_pgbouncer_paused_behind_the_reaper_gets_a_newer_token() {
+    a_claim_paused_while_it_waits_gets_a_token_above_the_released_one(
+        Path::PgBouncer,
         Hold::ReaperOfAnExpiredRow,
     )
     .await;
