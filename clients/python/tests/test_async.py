@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from typing import Any
 
 import pytest
 from support import Coordinator, LogWatch, RawService, unique_key
@@ -86,3 +87,46 @@ def test_async_lost_lease_cancels_the_work_task(coordinator: Coordinator, raw: R
     asyncio.run(main())
     assert work_was_cancelled == [True]
     assert raw.lookup("orders", key).completed.response == b'"second"'
+
+
+def test_async_a_plain_function_s_value_is_the_result_and_the_key_completes(
+    coordinator: Coordinator, raw: RawService
+) -> None:
+    key = unique_key()
+    runs: list[int] = []
+
+    def charge(lease: AsyncLease) -> dict[str, str]:
+        runs.append(lease.attempt)
+        return {"charge": "ch_sync"}
+
+    async def main() -> None:
+        async with AsyncIdempotencyClient(coordinator.address) as client:
+            # Typed for coroutine functions; a plain function, passed by untyped code, is still
+            # run once and its value completed.
+            untyped: Any = charge
+            first = await client.run_once("orders", key, untyped, request=ORDER)
+            again = await client.run_once("orders", key, untyped, request=ORDER)
+        assert first.value == again.value == {"charge": "ch_sync"}
+        assert (first.replayed, again.replayed) == (False, True)
+
+    asyncio.run(main())
+    assert runs == [1]
+    assert raw.state("orders", key) == "completed"
+
+
+def test_async_work_that_can_never_give_a_result_is_refused_before_claiming(
+    coordinator: Coordinator, raw: RawService
+) -> None:
+    key = unique_key()
+
+    async def generator(lease: AsyncLease) -> AsyncIterator[int]:
+        yield lease.attempt
+
+    async def main() -> None:
+        async with AsyncIdempotencyClient(coordinator.address) as client:
+            for work in (generator, "not callable"):
+                with pytest.raises(TypeError, match="work must be a coroutine function"):
+                    await client.run_once("orders", key, work, request=ORDER)  # type: ignore[arg-type]
+
+    asyncio.run(main())
+    assert raw.state("orders", key) == "absent"

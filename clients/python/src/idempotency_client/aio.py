@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import logging
 import uuid
 from collections.abc import Awaitable, Callable, Iterable, Sequence
@@ -194,6 +195,7 @@ class AsyncIdempotencyClient:
     ) -> Outcome[T]:
         """Runs `work` at most once for `key` in `namespace`, or returns the result of the run
         that did (`Outcome.replayed`). See the README for every parameter and error."""
+        _refuse_what_cannot_be_work(work)
         spec = RunSpec.build(
             namespace,
             key,
@@ -297,7 +299,7 @@ class AsyncIdempotencyClient:
     async def _run_holding(
         self, spec: RunSpec, lease: AsyncLease, work: Callable[[AsyncLease], Awaitable[T]]
     ) -> Outcome[T]:
-        work_task: asyncio.Future[T] = asyncio.ensure_future(work(lease))
+        work_task: asyncio.Future[T] = asyncio.ensure_future(_result_of(work, lease))
         lease._work = work_task
         interval = spec.heartbeat_interval
         heartbeat = (
@@ -390,3 +392,24 @@ class AsyncIdempotencyClient:
                     raise error from rpc_error
             log.info("%s failed (%s); retrying in %.2fs", name, error, pause)
             await asyncio.sleep(pause)
+
+
+def _refuse_what_cannot_be_work(work: object) -> None:
+    """Refuses, before anything is claimed, a `work` that can never give a result: not callable,
+    or a generator function of either kind. A plain function is accepted: it may return an
+    awaitable (`lambda lease: charge(order)`), which cannot be told before it is called."""
+    if not callable(work) or inspect.isgeneratorfunction(work) or inspect.isasyncgenfunction(work):
+        raise TypeError(
+            "work must be a coroutine function, or a function that returns an awaitable or "
+            f"the result, taking the lease: got {work!r}"
+        )
+
+
+async def _result_of(work: Callable[[AsyncLease], Awaitable[T]], lease: AsyncLease) -> T:
+    """The work's result: what its awaitable gives, or, when a plain function (typed wrongly, or
+    untyped) returned a value instead, that value: the work has run already, so releasing the
+    key would allow a second effect."""
+    produced: object = work(lease)
+    if inspect.isawaitable(produced):
+        return cast(T, await produced)
+    return cast(T, produced)
