@@ -8,11 +8,10 @@ use tokio::time::Instant;
 use tonic::metadata::{Ascii, MetadataValue};
 use tonic::transport::{Channel, ClientTlsConfig, Endpoint};
 
+use crate::duration_message;
 use crate::error::{CallError, Error};
 use crate::proto::idempotency_service_client::IdempotencyServiceClient;
 use crate::proto::{MarkProcessedRequest, MarkProcessedResponse};
-use crate::run::RunOnce;
-use crate::{Json, duration_message};
 
 /// The generated client over the channel.
 pub(crate) type Grpc = IdempotencyServiceClient<Channel>;
@@ -231,26 +230,6 @@ impl Client {
             retry: RetryPolicy::default(),
             max_decoding_message_size: None,
         }
-    }
-
-    /// Runs an operation at most once for `key` in `namespace`: set the options on the builder,
-    /// then [`RunOnce::run`] the work.
-    pub fn run_once<T, E>(
-        &self,
-        namespace: impl Into<String>,
-        key: impl Into<String>,
-    ) -> RunOnce<'_, T, E, Json> {
-        RunOnce::new(self, namespace.into(), key.into())
-    }
-
-    /// [`Client::run_once`] with the consumer as namespace and the event id as key: handles an
-    /// event's effect exactly once.
-    pub fn process_once<T, E>(
-        &self,
-        consumer: impl Into<String>,
-        event_id: impl Into<String>,
-    ) -> RunOnce<'_, T, E, Json> {
-        self.run_once(consumer, event_id)
     }
 
     /// Records (atomically, 1–1000 ids) that `consumer` handled the events; [`MarkProcessed::send`]

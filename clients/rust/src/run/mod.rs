@@ -17,7 +17,7 @@ use crate::proto::{
     CompleteRequest, ExtendLeaseRequest, LookupRequest, ReleaseRequest, TryStartRequest,
     lookup_response, try_start_response,
 };
-use crate::{duration_message, system_time};
+use crate::{Json, duration_message, system_time};
 
 /// What `run` returns: the result, and whether it was replayed from an earlier run (`true`) or
 /// produced by this call's own work (`false`).
@@ -397,6 +397,30 @@ fn holder_poll_delays() -> crate::client::Backoff {
         total: Duration::MAX,
     }
     .delays()
+}
+
+/// The run's entry points on [`Client`]: they live with the run, so that the client's module
+/// does not depend on this one (which depends on it).
+impl Client {
+    /// Runs an operation at most once for `key` in `namespace`: set the options on the builder,
+    /// then [`RunOnce::run`] the work.
+    pub fn run_once<T, E>(
+        &self,
+        namespace: impl Into<String>,
+        key: impl Into<String>,
+    ) -> RunOnce<'_, T, E, Json> {
+        RunOnce::new(self, namespace.into(), key.into())
+    }
+
+    /// [`Client::run_once`] with the consumer as namespace and the event id as key: handles an
+    /// event's effect exactly once.
+    pub fn process_once<T, E>(
+        &self,
+        consumer: impl Into<String>,
+        event_id: impl Into<String>,
+    ) -> RunOnce<'_, T, E, Json> {
+        self.run_once(consumer, event_id)
+    }
 }
 
 mod lease;
