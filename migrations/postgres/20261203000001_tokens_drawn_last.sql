@@ -1,21 +1,26 @@
--- TryStart as two functions, so that no claim carries a fencing token drawn before the row that
--- carries it was written.
+-- TryStart as two functions, so that no claim keeps a fencing token that another claim of the
+-- same key could have overtaken.
 --
--- Why functions: a new claim of an absent key is an INSERT, and an INSERT computes its values
--- (a token drawn with nextval among them) before it checks the primary key, where it may wait
--- for another transaction's uncommitted insert of the same key, or its backend may simply be
--- paused. If that row is then committed, its holder's token drawn, and the row deleted again
--- (Release, the reaper) before the insert goes on, the insert would store a token lower than
--- one the key already had. So a fresh row is inserted with the placeholder token 0 (tokens
--- start at 1), and its token is drawn by the UPDATE that follows, in the same call: the row is
--- then this transaction's own, uncommitted and locked, and every earlier claim of the key drew
--- its token before its row was written, so before that row was deleted, so before this insert.
--- A claim that finds the key's row takes the ON CONFLICT branch, which draws a new token only
--- once it holds that row's lock. Two statements in one call: one round trip, as before.
+-- Why: a new claim of an absent key is an INSERT, and an INSERT computes its values (a token
+-- drawn with nextval among them) before it checks the primary key, where it may wait for another
+-- transaction's uncommitted insert of the same key, or its backend may simply be paused. If that
+-- key is meanwhile claimed with a newer token and its row deleted again (Release, the reaper)
+-- before the insert goes on, the insert would store a token lower than one the key already had.
 --
--- The placeholder is never seen: the row is invisible to others until the call's transaction
--- commits, and the call never ends before its UPDATE. The decision table lives here, once; the
--- lone function hands a key that has a row to the batch function.
+-- The rule: a claim of an absent key inserts its row with a token drawn as it goes, and then, in
+-- the same call, looks at the sequence. Another claim can overtake a token T only by drawing a
+-- greater one after T was drawn and before T's row was inserted (it draws before it writes its
+-- row, and its row must be gone before this insert succeeds). So if no token was drawn anywhere
+-- but this call's own since T (the sequence's last value is this call's last draw, its draws
+-- being counted), T stands; the common case, and it costs one read of the sequence. Otherwise
+-- the rows this call inserted draw their tokens again by an UPDATE: each row is then this
+-- transaction's own, uncommitted and locked, so every earlier claim of its key drew before it.
+-- A claim of a key that has a row takes the ON CONFLICT branch, which draws a new token only
+-- once it holds that row's lock. One round trip, as before.
+--
+-- The decision table lives here, once; the lone function hands a key that has a row to the
+-- batch function. A row this call inserted carries the negated ticket (`claim_ticket`), a row it
+-- claimed in the conflict branch the ticket itself: either way the call recognises its claims.
 
 -- TryStart for many keys (distinct within a call) in one call. Row by row it is the contract's
 -- TryStart order on the key's row as it stands once its lock is held, by the clock read then:
@@ -40,23 +45,23 @@ LANGUAGE plpgsql AS $$
 #variable_conflict use_column
 DECLARE
     ticket bigint := nextval('lease_token_seq');
-    judged bigint;
+    claimed idempotency_keys[];
+    claimed_by_conflict bigint;
 BEGIN
-    RETURN QUERY
     WITH input AS (
         SELECT * FROM unnest(p_namespaces, p_keys, p_fingerprints, p_leases_us,
                              p_retentions_us, p_attempt_ids)
             AS i(namespace, key, fingerprint, lease_us, retention_us, attempt_id)
     ),
-    claimed AS (
+    written AS (
         INSERT INTO idempotency_keys AS k
             (namespace, key, fingerprint, lease_token, claim_ticket, attempt, attempt_id,
              lease_expires_at, checkpoint, response, completed_at, retention_us, expires_at)
-        SELECT r.namespace, r.key, r.fingerprint, 0, ticket, 1, r.attempt_id,
+        SELECT r.namespace, r.key, r.fingerprint, r.token, -ticket, 1, r.attempt_id,
                r.at + r.lease_us * interval '1 microsecond', NULL, NULL, NULL, r.retention_us,
                r.at + greatest(r.lease_us, r.retention_us) * interval '1 microsecond'
         FROM (
-            SELECT i.*, clock_timestamp() AS at
+            SELECT i.*, nextval('lease_token_seq') AS token, clock_timestamp() AS at
             FROM input AS i
             ORDER BY i.namespace COLLATE "C", i.key COLLATE "C"
         ) AS r
@@ -68,7 +73,7 @@ BEGIN
                 -- Drawn under the row's lock: above the token of whoever held the key before.
                 CASE WHEN t.action IN ('fresh', 'takeover') THEN nextval('lease_token_seq')
                      ELSE k.lease_token END,
-                CASE WHEN t.action IN ('fresh', 'takeover') THEN excluded.claim_ticket
+                CASE WHEN t.action IN ('fresh', 'takeover') THEN ticket
                      ELSE k.claim_ticket END,
                 CASE t.action WHEN 'fresh' THEN 1 WHEN 'takeover' THEN k.attempt + 1
                      ELSE k.attempt END,
@@ -103,27 +108,39 @@ BEGIN
                     WHEN k.lease_expires_at > locked.at THEN 'none'
                     ELSE 'takeover'
                 END AS action) AS t)
-        RETURNING k.namespace, k.key, k.claim_ticket, k.lease_token, k.attempt, k.attempt_id,
-                  k.lease_expires_at, k.fingerprint, k.checkpoint, k.response, k.completed_at,
-                  k.retention_us, k.expires_at
+        RETURNING k.*
     )
-    SELECT c.namespace::text, c.key::text, coalesce(c.claim_ticket = ticket, false),
-           c.lease_token, c.attempt, c.attempt_id::text, c.lease_expires_at, c.fingerprint,
-           c.checkpoint, c.response, c.completed_at, c.retention_us, c.expires_at
-    FROM claimed AS c
-    WHERE c.lease_token <> 0;
+    SELECT array_agg(w) INTO claimed FROM written AS w;
 
-    -- Every key answered already: none was inserted, nothing is left to draw.
-    GET DIAGNOSTICS judged = ROW_COUNT;
-    IF judged = cardinality(p_keys) THEN
+    -- This call drew the ticket, one token per key as it inserted it, and one per key it
+    -- claimed in the conflict branch. If the sequence has gone no further, nobody else drew a
+    -- token meanwhile, and no token this call drew can have been overtaken. (The sequence is
+    -- read by pg_sequence_last_value, not as a table: a scan, which the sessions' enable_seqscan
+    -- = off prices past jit_above_cost, would be compiled on every call, some 30 ms.)
+    SELECT count(*) INTO claimed_by_conflict FROM unnest(claimed) AS c WHERE c.claim_ticket = ticket;
+    IF pg_sequence_last_value('lease_token_seq')
+       = ticket + cardinality(p_keys) + claimed_by_conflict THEN
+        RETURN QUERY
+        SELECT c.namespace::text, c.key::text, coalesce(c.claim_ticket IN (ticket, -ticket), false),
+               c.lease_token, c.attempt, c.attempt_id::text, c.lease_expires_at, c.fingerprint,
+               c.checkpoint, c.response, c.completed_at, c.retention_us, c.expires_at
+        FROM unnest(claimed) AS c;
         RETURN;
     END IF;
 
-    -- The keys inserted above, now rows of this transaction: their tokens are drawn last. An
-    -- insert that waited (for another transaction's insert of its key) counts its lease and
-    -- retention from now, when the key became its own, like a claim that waited for a row's
-    -- lock; one that did not keeps them, so that the update changes no indexed column and
-    -- stays a heap-only one.
+    -- Another token was drawn while this call ran. The keys judged in the conflict branch are
+    -- answered as they stand; the keys inserted, now rows of this transaction, draw their
+    -- tokens again. An insert that waited (for another transaction's insert of its key) counts
+    -- its lease and retention from now, when the key became its own, like a claim that waited
+    -- for a row's lock; one that did not keeps them, so that the update changes no indexed
+    -- column and stays a heap-only one.
+    RETURN QUERY
+    SELECT c.namespace::text, c.key::text, coalesce(c.claim_ticket = ticket, false),
+           c.lease_token, c.attempt, c.attempt_id::text, c.lease_expires_at, c.fingerprint,
+           c.checkpoint, c.response, c.completed_at, c.retention_us, c.expires_at
+    FROM unnest(claimed) AS c
+    WHERE c.claim_ticket IS DISTINCT FROM -ticket;
+
     RETURN QUERY
     UPDATE idempotency_keys AS k
     SET (lease_token, lease_expires_at, expires_at) =
@@ -137,7 +154,7 @@ BEGIN
                                 > interval '1 millisecond' AS waited
                FROM (SELECT clock_timestamp() AS at) AS c) AS n)
     FROM unnest(p_namespaces, p_keys, p_leases_us) AS i(namespace, key, lease_us)
-    WHERE k.namespace = i.namespace AND k.key = i.key AND k.lease_token = 0
+    WHERE k.namespace = i.namespace AND k.key = i.key AND k.claim_ticket = -ticket
     RETURNING k.namespace::text, k.key::text, true, k.lease_token, k.attempt,
               k.attempt_id::text, k.lease_expires_at, k.fingerprint, k.checkpoint, k.response,
               k.completed_at, k.retention_us, k.expires_at;
@@ -158,18 +175,29 @@ LANGUAGE plpgsql AS $$
 #variable_conflict use_column
 DECLARE
     claimed_at timestamptz := clock_timestamp();
+    claimed idempotency_keys;
 BEGIN
     INSERT INTO idempotency_keys AS k
         (namespace, key, fingerprint, lease_token, claim_ticket, attempt, attempt_id,
          lease_expires_at, checkpoint, response, completed_at, retention_us, expires_at)
-    VALUES (p_namespace, p_key, p_fingerprint, 0, NULL, 1, p_attempt_id,
+    VALUES (p_namespace, p_key, p_fingerprint, nextval('lease_token_seq'), NULL, 1, p_attempt_id,
             claimed_at + p_lease_us * interval '1 microsecond', NULL, NULL, NULL,
             p_retention_us,
             claimed_at + greatest(p_lease_us, p_retention_us) * interval '1 microsecond')
-    ON CONFLICT (namespace, key) DO NOTHING;
+    ON CONFLICT (namespace, key) DO NOTHING
+    RETURNING k.* INTO claimed;
     IF FOUND THEN
-        -- The row is this transaction's: its token is drawn last, and an insert that waited
-        -- counts its lease from now (see the batch function).
+        -- Nobody drew a token since this one: it stands (see above).
+        IF pg_sequence_last_value('lease_token_seq') = claimed.lease_token THEN
+            RETURN QUERY
+            SELECT true, claimed.lease_token, claimed.attempt, claimed.attempt_id::text,
+                   claimed.lease_expires_at, claimed.fingerprint, claimed.checkpoint,
+                   claimed.response, claimed.completed_at, claimed.retention_us,
+                   claimed.expires_at;
+            RETURN;
+        END IF;
+        -- Another token was drawn meanwhile: the row, now this transaction's, draws its token
+        -- again, and an insert that waited counts its lease from now (see the batch function).
         RETURN QUERY
         UPDATE idempotency_keys AS k
         SET (lease_token, claim_ticket, lease_expires_at, expires_at) =
