@@ -107,8 +107,8 @@ fn holders_call(kind: &str, client: &Client, key: &str, token: u64) -> Call {
 
 async fn a_write_that_waited_while_the_key_expired_is_key_not_found(backend: Backend) {
     // The calls wait while the keys' 2 s retention runs out: a longer operation timeout than
-    // the default keeps that wait within their budget.
-    let app = TestApp::spawn_with(backend, &["--operation-timeout", "10s"]).await;
+    // the default keeps that wait within their budget, and within the lock budget (a fifth).
+    let app = TestApp::spawn_with(backend, &["--operation-timeout", "20s"]).await;
     let mut client = app.client().await;
     let mut claimed = Vec::new();
     for kind in ["Complete", "Release", "ExtendLease"] {

@@ -101,11 +101,15 @@ async fn insert_raw_claim(session: &mut PgConnection, key: &str, expired: bool) 
 }
 
 fn command(key: &str) -> TryStartCommand {
+    command_with_lease(key, Duration::from_secs(30))
+}
+
+fn command_with_lease(key: &str, lease: Duration) -> TryStartCommand {
     TryStartCommand {
         namespace: Scope::parse(NAMESPACE.into()).expect("namespace"),
         key: Key::parse(key.into()).expect("key"),
         fingerprint: Fingerprint::parse(FINGERPRINT.to_vec()).expect("fingerprint"),
-        lease_ttl: LeaseTtl::parse(Duration::from_secs(30)).expect("lease"),
+        lease_ttl: LeaseTtl::parse(lease).expect("lease"),
         retention: KeyRetention::parse(Duration::from_secs(3600)).expect("retention"),
         attempt_id: AttemptId::parse("the-paused-claim".into()).expect("attempt id"),
     }
@@ -375,4 +379,98 @@ async fn a_sqlite_claim_that_waited_for_the_writer_gets_a_newer_token() {
         token > meanwhile,
         "the claim answered after token {meanwhile} was released carries {token}"
     );
+}
+
+/// A claim that waited for the reaper's delete of its key's expired row, a wait in which nobody
+/// draws a token, counts its lease from when the key became its own: had it kept the instant it
+/// began, a lease shorter than the wait would be answered as already over.
+async fn a_claim_that_waited_behind_the_reapers_delete_counts_its_lease_from_then(path: Path) {
+    const LEASE: Duration = Duration::from_millis(200);
+    let app = TestApp::spawn_with(Backend::Postgres, &["--operation-timeout", "60s"]).await;
+    let client = app.client().await;
+    let key = format!("a-{}", unique_key("reaped"));
+    let mut session = PgConnection::connect(&app.database.url)
+        .await
+        .expect("a raw session");
+    insert_raw_claim(&mut session, &key, true).await;
+    sqlx::query("BEGIN")
+        .execute(&mut session)
+        .await
+        .expect("begin");
+    sqlx::query("DELETE FROM idempotency_keys WHERE key = $1")
+        .bind(&key)
+        .execute(&mut session)
+        .await
+        .expect("the reaper's delete, not committed yet");
+
+    let claim = {
+        let store = app.store.clone();
+        let mut client = client.clone();
+        let key = key.clone();
+        tokio::spawn(async move {
+            match path {
+                Path::Batch => {
+                    let other = format!("b-{key}");
+                    let round = Round::new(vec![
+                        command_with_lease(&key, LEASE),
+                        command_with_lease(&other, LEASE),
+                    ])
+                    .expect("distinct keys");
+                    let mut answers = store.try_start_batch(round).await.into_iter();
+                    match answers.next().expect("an answer per call") {
+                        Ok(TryStartOutcome::Started(started)) => started.lease_expires_at,
+                        other => panic!("expected started, got {other:?}"),
+                    }
+                }
+                _ => {
+                    let request = TryStartRequest {
+                        lease_ttl: Some(duration(LEASE)),
+                        ..try_start(&key)
+                    };
+                    let answer = client.try_start(request).await.expect("TryStart");
+                    instant(&expect_started(answer.into_inner()).lease_expires_at)
+                }
+            }
+        })
+    };
+    eventually_some(
+        Duration::from_secs(10),
+        "the claim waits for the key",
+        || app.database.waiting_service_backend(),
+    )
+    .await;
+    // The wait outlasts the lease asked for.
+    let waiting_since = app.db_now().await;
+    eventually(
+        Duration::from_secs(10),
+        "the lease's length passes",
+        || async { app.db_now().await > waiting_since + chrono::Duration::milliseconds(300) },
+    )
+    .await;
+    let released_at = app.db_now().await;
+    sqlx::query("COMMIT")
+        .execute(&mut session)
+        .await
+        .expect("commit");
+
+    let lease_expires_at = tokio::time::timeout(Duration::from_secs(30), claim)
+        .await
+        .expect("answered")
+        .expect("task");
+    let lease = chrono::Duration::from_std(LEASE).expect("a lease");
+    assert!(
+        lease_expires_at - lease >= released_at,
+        "{path:?}: the lease ends at {lease_expires_at}, counted from before the key was free at \
+         {released_at}"
+    );
+}
+
+#[tokio::test]
+async fn a_lone_claim_that_waited_behind_the_reapers_delete_counts_its_lease_from_then() {
+    a_claim_that_waited_behind_the_reapers_delete_counts_its_lease_from_then(Path::Lone).await;
+}
+
+#[tokio::test]
+async fn a_batched_claim_that_waited_behind_the_reapers_delete_counts_its_lease_from_then() {
+    a_claim_that_waited_behind_the_reapers_delete_counts_its_lease_from_then(Path::Batch).await;
 }
