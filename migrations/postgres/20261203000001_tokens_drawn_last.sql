@@ -48,9 +48,9 @@ LANGUAGE plpgsql AS $$
 #variable_conflict use_column
 DECLARE
     ticket bigint := nextval('lease_token_seq');
-    claimed idempotency_keys[];
-    claimed_by_conflict bigint;
+    answered bigint;
 BEGIN
+    RETURN QUERY
     WITH input AS (
         SELECT * FROM unnest(p_namespaces, p_keys, p_fingerprints, p_leases_us,
                              p_retentions_us, p_attempt_ids)
@@ -111,49 +111,58 @@ BEGIN
                     WHEN k.lease_expires_at > locked.at THEN 'none'
                     ELSE 'takeover'
                 END AS action) AS t)
-        RETURNING k.*
+        RETURNING k.namespace, k.key, k.claim_ticket, k.lease_token, k.attempt, k.attempt_id,
+                  k.lease_expires_at, k.fingerprint, k.checkpoint, k.response, k.completed_at,
+                  k.retention_us, k.expires_at
+    ),
+    -- What the check needs of every row written: a window over all of them, so that nothing is
+    -- answered before the last key is written. This call drew the ticket, one token per key as
+    -- it inserted it, and one per key it claimed in the conflict branch.
+    checked AS (
+        SELECT w.*,
+               count(*) FILTER (WHERE w.claim_ticket = ticket) OVER () AS claimed_by_conflict,
+               coalesce(bool_or(w.claim_ticket = -ticket AND clock_timestamp()
+                       - (w.lease_expires_at - i.lease_us * interval '1 microsecond')
+                       > interval '10 milliseconds') OVER (), false) AS waited
+        FROM written AS w
+        JOIN input AS i ON i.namespace = w.namespace AND i.key = w.key
     )
-    SELECT array_agg(w) INTO claimed FROM written AS w;
-
-    -- This call drew the ticket, one token per key as it inserted it, and one per key it
-    -- claimed in the conflict branch. If the sequence has gone no further, nobody else drew a
-    -- token meanwhile, and no token this call drew can have been overtaken. (The sequence is
-    -- read by pg_sequence_last_value, not as a table: a scan, which the sessions' enable_seqscan
-    -- = off prices past jit_above_cost, would be compiled on every call, some 30 ms.)
-    SELECT count(*) INTO claimed_by_conflict FROM unnest(claimed) AS c WHERE c.claim_ticket = ticket;
-    -- And no key it inserted waited for another transaction (its lease and retention, counted
-    -- from before the wait, would be short): within 10 ms a batch inserts its rows unhindered.
-    IF pg_sequence_last_value('lease_token_seq')
-       = ticket + cardinality(p_keys) + claimed_by_conflict
-       AND NOT EXISTS (
-           SELECT 1
-           FROM unnest(claimed) AS c
-           JOIN unnest(p_namespaces, p_keys, p_leases_us) AS i(namespace, key, lease_us)
-             ON c.namespace = i.namespace AND c.key = i.key
-           WHERE c.claim_ticket = -ticket
-             AND clock_timestamp() - (c.lease_expires_at - i.lease_us * interval '1 microsecond')
-                 > interval '10 milliseconds') THEN
-        RETURN QUERY
-        SELECT c.namespace::text, c.key::text, coalesce(c.claim_ticket IN (ticket, -ticket), false),
-               c.lease_token, c.attempt, c.attempt_id::text, c.lease_expires_at, c.fingerprint,
-               c.checkpoint, c.response, c.completed_at, c.retention_us, c.expires_at
-        FROM unnest(claimed) AS c;
+    -- If the sequence has gone no further than this call's draws, nobody else drew a token
+    -- meanwhile, and no token this call drew can have been overtaken; and if no key it inserted
+    -- waited for another transaction (within 10 ms a batch inserts its rows unhindered), no
+    -- lease was counted from before a wait. Then every row is answered as written; else none is
+    -- (the check is the same for every row: the sequence is read once, after the last write).
+    -- (It is read by pg_sequence_last_value, not as a table: a scan, which the sessions'
+    -- enable_seqscan = off prices past jit_above_cost, would be compiled on every call: 30 ms.)
+    SELECT c.namespace::text, c.key::text, coalesce(c.claim_ticket IN (ticket, -ticket), false),
+           c.lease_token, c.attempt, c.attempt_id::text, c.lease_expires_at, c.fingerprint,
+           c.checkpoint, c.response, c.completed_at, c.retention_us, c.expires_at
+    FROM checked AS c
+    WHERE NOT c.waited
+      AND (SELECT pg_sequence_last_value('lease_token_seq'))
+          = ticket + cardinality(p_keys) + c.claimed_by_conflict;
+    GET DIAGNOSTICS answered = ROW_COUNT;
+    IF answered = cardinality(p_keys) THEN
         RETURN;
+    ELSIF answered <> 0 THEN
+        RAISE EXCEPTION 'idempotency_try_start_batch answered % of % keys', answered,
+            cardinality(p_keys);
     END IF;
 
     -- Another token was drawn while this call ran, or a key waited. The keys judged in the
-    -- conflict branch are
-    -- answered as they stand; the keys inserted, now rows of this transaction, draw their
-    -- tokens again. An insert that waited (for another transaction's insert of its key) counts
-    -- its lease and retention from now, when the key became its own, like a claim that waited
-    -- for a row's lock; one that did not keeps them, so that the update changes no indexed
-    -- column and stays a heap-only one.
+    -- conflict branch are answered as they stand now; the keys inserted, rows of this
+    -- transaction, draw their tokens again. An insert that waited (for another transaction's
+    -- insert or delete of its key) counts its lease and retention from now, when the key became
+    -- its own, like a claim that waited for a row's lock; one that did not keeps them, so that
+    -- the update changes no indexed column and stays a heap-only one.
     RETURN QUERY
-    SELECT c.namespace::text, c.key::text, coalesce(c.claim_ticket = ticket, false),
-           c.lease_token, c.attempt, c.attempt_id::text, c.lease_expires_at, c.fingerprint,
-           c.checkpoint, c.response, c.completed_at, c.retention_us, c.expires_at
-    FROM unnest(claimed) AS c
-    WHERE c.claim_ticket IS DISTINCT FROM -ticket;
+    SELECT k.namespace::text, k.key::text, coalesce(k.claim_ticket = ticket, false),
+           k.lease_token, k.attempt, k.attempt_id::text, k.lease_expires_at, k.fingerprint,
+           k.checkpoint, k.response, k.completed_at, k.retention_us, k.expires_at
+    FROM idempotency_keys AS k
+    JOIN unnest(p_namespaces, p_keys) AS i(namespace, key)
+      ON k.namespace = i.namespace AND k.key = i.key
+    WHERE k.claim_ticket IS DISTINCT FROM -ticket;
 
     RETURN QUERY
     UPDATE idempotency_keys AS k
@@ -205,11 +214,18 @@ BEGIN
         -- (see the batch function).
         IF pg_sequence_last_value('lease_token_seq') = claimed.lease_token
            AND clock_timestamp() - claimed_at <= interval '10 milliseconds' THEN
-            RETURN QUERY
-            SELECT true, claimed.lease_token, claimed.attempt, claimed.attempt_id::text,
-                   claimed.lease_expires_at, claimed.fingerprint, claimed.checkpoint,
-                   claimed.response, claimed.completed_at, claimed.retention_us,
-                   claimed.expires_at;
+            newly_claimed := true;
+            lease_token := claimed.lease_token;
+            attempt := claimed.attempt;
+            attempt_id := claimed.attempt_id;
+            lease_expires_at := claimed.lease_expires_at;
+            fingerprint := claimed.fingerprint;
+            checkpoint := claimed.checkpoint;
+            response := claimed.response;
+            completed_at := claimed.completed_at;
+            retention_us := claimed.retention_us;
+            expires_at := claimed.expires_at;
+            RETURN NEXT;
             RETURN;
         END IF;
         -- Another token was drawn meanwhile, or the insert waited: the row, now this
