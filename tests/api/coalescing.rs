@@ -3,10 +3,8 @@
 
 use std::collections::HashMap;
 
+use idempotency_coordinator::domain::TryStartOutcome;
 use idempotency_coordinator::domain::batch::Round;
-use idempotency_coordinator::domain::{
-    AttemptId, Fingerprint, Key, KeyRetention, LeaseTtl, Scope, TryStartCommand, TryStartOutcome,
-};
 use idempotency_coordinator::proto::idempotency::v1::{
     TryStartRequest, lookup_response::State, try_start_response::Outcome,
 };
@@ -290,21 +288,6 @@ async fn shared_claims_do_not_deadlock_when_a_key_appears_while_they_wait() {
         matches!(single.outcome, Some(Outcome::InProgress(_))),
         "{single:?}"
     );
-}
-
-fn store_try_start(key: &str, attempt_id: &str) -> TryStartCommand {
-    TryStartCommand {
-        namespace: Scope::parse(NAMESPACE.into()).expect("namespace"),
-        key: Key::parse(key.into()).expect("key"),
-        fingerprint: Fingerprint::parse(FINGERPRINT.to_vec()).expect("fingerprint"),
-        lease_ttl: LeaseTtl::parse(std::time::Duration::from_secs(30)).expect("lease"),
-        retention: KeyRetention::parse(std::time::Duration::from_secs(3600)).expect("retention"),
-        attempt_id: Some(
-            AttemptId::parse(attempt_id.into())
-                .expect("attempt id")
-                .expect("non-empty"),
-        ),
-    }
 }
 
 for_each_backend!(

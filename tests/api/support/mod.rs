@@ -3,6 +3,7 @@
 
 pub mod app;
 pub mod process;
+pub mod raw;
 pub mod security;
 
 pub use idempotency_testkit::health::{health_client, is_serving};
@@ -11,6 +12,7 @@ pub use idempotency_testkit::{database, proxy};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
+use idempotency_coordinator::domain;
 use idempotency_coordinator::proto::idempotency::v1::{
     self as pb, lookup_response::State, try_start_response::Outcome,
 };
@@ -360,4 +362,21 @@ pub async fn raw_unary(
     grpc.unary(request, PathAndQuery::from_static(path), RawCodec)
         .await
         .map(tonic::Response::into_inner)
+}
+
+/// A TryStart as the store takes it: the test namespace and fingerprint, a 30 s lease, an hour
+/// of retention, and `attempt_id`.
+pub fn store_try_start(key: &str, attempt_id: &str) -> domain::TryStartCommand {
+    domain::TryStartCommand {
+        namespace: domain::Scope::parse(NAMESPACE.into()).expect("namespace"),
+        key: domain::Key::parse(key.into()).expect("key"),
+        fingerprint: domain::Fingerprint::parse(FINGERPRINT.to_vec()).expect("fingerprint"),
+        lease_ttl: domain::LeaseTtl::parse(Duration::from_secs(30)).expect("lease"),
+        retention: domain::KeyRetention::parse(Duration::from_secs(3600)).expect("retention"),
+        attempt_id: Some(
+            domain::AttemptId::parse(attempt_id.into())
+                .expect("attempt id")
+                .expect("non-empty"),
+        ),
+    }
 }

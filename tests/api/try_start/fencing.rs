@@ -8,12 +8,9 @@
 use std::time::Duration;
 
 use idempotency_coordinator::domain::batch::Round;
-use idempotency_coordinator::domain::{
-    AttemptId, Fingerprint, Key, KeyRetention, LeaseTtl, Scope, TryStartCommand, TryStartOutcome,
-};
+use idempotency_coordinator::domain::{LeaseTtl, TryStartCommand, TryStartOutcome};
 use idempotency_coordinator::proto::idempotency::v1::TryStartRequest;
 use idempotency_coordinator::store::Store;
-use sqlx::{Connection, PgConnection};
 
 use crate::support::*;
 
@@ -71,48 +68,16 @@ enum Path {
     Batch,
 }
 
-const RAW_ATTEMPT: &str = "another-replica";
-
-/// A raw session's claim of `key`: in progress for 30 s (or already expired), for an hour.
-async fn insert_raw_claim(session: &mut PgConnection, key: &str, expired: bool) -> i64 {
-    let (lease, retention) = if expired {
-        ("-2 hours", "-1 hour")
-    } else {
-        ("30 seconds", "1 hour")
-    };
-    let (token,): (i64,) = sqlx::query_as(
-        "INSERT INTO idempotency_keys
-             (namespace, key, fingerprint, lease_token, attempt, attempt_id, lease_expires_at,
-              retention_us, expires_at)
-         VALUES ($1, $2, $3, nextval('lease_token_seq'), 1, $4, now() + $5::interval,
-                 3600000000, now() + $6::interval)
-         RETURNING lease_token",
-    )
-    .bind(NAMESPACE)
-    .bind(key)
-    .bind(FINGERPRINT)
-    .bind(RAW_ATTEMPT)
-    .bind(lease)
-    .bind(retention)
-    .fetch_one(&mut *session)
-    .await
-    .expect("insert the raw claim");
-    token
+/// A claim as the store takes it, with `lease`.
+fn command_with_lease(key: &str, lease: Duration) -> TryStartCommand {
+    TryStartCommand {
+        lease_ttl: LeaseTtl::parse(lease).expect("lease"),
+        ..store_try_start(key, "the-paused-claim")
+    }
 }
 
 fn command(key: &str) -> TryStartCommand {
-    command_with_lease(key, Duration::from_secs(30))
-}
-
-fn command_with_lease(key: &str, lease: Duration) -> TryStartCommand {
-    TryStartCommand {
-        namespace: Scope::parse(NAMESPACE.into()).expect("namespace"),
-        key: Key::parse(key.into()).expect("key"),
-        fingerprint: Fingerprint::parse(FINGERPRINT.to_vec()).expect("fingerprint"),
-        lease_ttl: LeaseTtl::parse(lease).expect("lease"),
-        retention: KeyRetention::parse(Duration::from_secs(3600)).expect("retention"),
-        attempt_id: AttemptId::parse("the-paused-claim".into()).expect("attempt id"),
-    }
+    store_try_start(key, "the-paused-claim")
 }
 
 /// A claim's token and the instant its lease began (its 30 s lease before its end).
@@ -164,26 +129,17 @@ async fn a_claim_paused_while_it_waits_gets_a_token_above_the_released_one(path:
     let suffix = unique_key("fence");
     let (key, other) = (format!("a-{suffix}"), format!("b-{suffix}"));
 
-    let mut session = PgConnection::connect(&app.database.url)
-        .await
-        .expect("a raw session");
+    let mut session = raw::session(&app.database.url).await;
     if let Hold::ReaperOfAnExpiredRow = hold {
-        insert_raw_claim(&mut session, &key, true).await;
+        raw::insert_claim(&mut session, &key, true).await;
     }
-    sqlx::query("BEGIN")
-        .execute(&mut session)
-        .await
-        .expect("begin");
+    raw::run(&mut session, "BEGIN").await;
     match hold {
         Hold::UncommittedInsert => {
-            insert_raw_claim(&mut session, &key, false).await;
+            raw::insert_claim(&mut session, &key, false).await;
         }
         Hold::ReaperOfAnExpiredRow => {
-            sqlx::query("SELECT 1 FROM idempotency_keys WHERE key = $1 FOR UPDATE")
-                .bind(&key)
-                .execute(&mut session)
-                .await
-                .expect("lock the expired row");
+            raw::lock_key(&mut session, &key).await;
         }
     }
 
@@ -231,12 +187,8 @@ async fn a_claim_paused_while_it_waits_gets_a_token_above_the_released_one(path:
     let released = {
         let _stopped = StoppedBackend::stop(pid);
         if let Hold::ReaperOfAnExpiredRow = hold {
-            sqlx::query("DELETE FROM idempotency_keys WHERE key = $1")
-                .bind(&key)
-                .execute(&mut session)
-                .await
-                .expect("reap the expired row");
-            insert_raw_claim(&mut session, &key, false).await;
+            raw::delete_key(&mut session, &key).await;
+            raw::insert_claim(&mut session, &key, false).await;
         }
         let (newer,): (i64,) = sqlx::query_as(
             "UPDATE idempotency_keys SET lease_token = nextval('lease_token_seq')
@@ -246,10 +198,7 @@ async fn a_claim_paused_while_it_waits_gets_a_token_above_the_released_one(path:
         .fetch_one(&mut session)
         .await
         .expect("a newer token");
-        sqlx::query("COMMIT")
-            .execute(&mut session)
-            .await
-            .expect("commit");
+        raw::run(&mut session, "COMMIT").await;
         client
             .release(release(&key, newer as u64))
             .await
@@ -389,19 +338,10 @@ async fn a_claim_that_waited_behind_the_reapers_delete_counts_its_lease_from_the
     let app = TestApp::spawn_with(Backend::Postgres, &["--operation-timeout", "60s"]).await;
     let client = app.client().await;
     let key = format!("a-{}", unique_key("reaped"));
-    let mut session = PgConnection::connect(&app.database.url)
-        .await
-        .expect("a raw session");
-    insert_raw_claim(&mut session, &key, true).await;
-    sqlx::query("BEGIN")
-        .execute(&mut session)
-        .await
-        .expect("begin");
-    sqlx::query("DELETE FROM idempotency_keys WHERE key = $1")
-        .bind(&key)
-        .execute(&mut session)
-        .await
-        .expect("the reaper's delete, not committed yet");
+    let mut session = raw::session(&app.database.url).await;
+    raw::insert_claim(&mut session, &key, true).await;
+    raw::run(&mut session, "BEGIN").await;
+    raw::delete_key(&mut session, &key).await;
 
     let claim = {
         let store = app.store.clone();
@@ -448,10 +388,7 @@ async fn a_claim_that_waited_behind_the_reapers_delete_counts_its_lease_from_the
     )
     .await;
     let released_at = app.db_now().await;
-    sqlx::query("COMMIT")
-        .execute(&mut session)
-        .await
-        .expect("commit");
+    raw::run(&mut session, "COMMIT").await;
 
     let lease_expires_at = tokio::time::timeout(Duration::from_secs(30), claim)
         .await

@@ -3,28 +3,21 @@
 //! fails only its own callers: the shared statement that met it is run again without it, and
 //! every other call of the batch is answered while the key is still held.
 
-use std::time::Duration;
-
 use idempotency_coordinator::domain::batch::Round;
 use idempotency_coordinator::domain::{
-    AttemptId, CompleteCommand, Fingerprint, Key, KeyRetention, LeaseToken, LeaseTtl, ResponseBody,
-    Scope, TryStartCommand, TryStartOutcome,
+    CompleteCommand, Key, LeaseToken, ResponseBody, Scope, TryStartOutcome,
 };
 use idempotency_coordinator::store::Store;
-use sqlx::{Connection, PgConnection};
 use tonic::Code;
 
 use crate::support::*;
 
-fn claim_command(key: &str) -> TryStartCommand {
-    TryStartCommand {
-        namespace: Scope::parse(NAMESPACE.into()).expect("namespace"),
-        key: Key::parse(key.into()).expect("key"),
-        fingerprint: Fingerprint::parse(FINGERPRINT.to_vec()).expect("fingerprint"),
-        lease_ttl: LeaseTtl::parse(Duration::from_secs(30)).expect("lease"),
-        retention: KeyRetention::parse(Duration::from_secs(3600)).expect("retention"),
-        attempt_id: AttemptId::parse("batch-attempt".into()).expect("attempt id"),
-    }
+/// Keys of one test, in key order: a prefix each, then `suffix`.
+fn keys(prefixes: &[&str], suffix: &str) -> Vec<String> {
+    prefixes
+        .iter()
+        .map(|prefix| format!("{prefix}-{suffix}"))
+        .collect()
 }
 
 /// How the key is held.
@@ -47,50 +40,28 @@ async fn a_held_key_fails_only_its_own_callers_in_a_shared_claim(hold: Hold) {
     .await;
     let mut client = app.client().await;
     let suffix = unique_key("held");
-    let keys: Vec<String> = ["a", "b", "c", "d", "e"]
-        .iter()
-        .map(|prefix| format!("{prefix}-{suffix}"))
-        .collect();
+    let keys = keys(&["a", "b", "c", "d", "e"], &suffix);
     let held = keys[1].clone();
 
-    let mut session = PgConnection::connect(&app.database.url)
-        .await
-        .expect("a raw session");
+    let mut session = raw::session(&app.database.url).await;
     if let Hold::RowLock = hold {
         claim(&mut client, try_start(&held)).await;
     }
-    sqlx::query("BEGIN")
-        .execute(&mut session)
-        .await
-        .expect("begin");
+    raw::run(&mut session, "BEGIN").await;
     match hold {
-        Hold::RowLock => {
-            sqlx::query("SELECT 1 FROM idempotency_keys WHERE key = $1 FOR UPDATE")
-                .bind(&held)
-                .execute(&mut session)
-                .await
-                .expect("lock the row");
-        }
+        Hold::RowLock => raw::lock_key(&mut session, &held).await,
         Hold::UncommittedInsert => {
-            sqlx::query(
-                "INSERT INTO idempotency_keys
-                     (namespace, key, fingerprint, lease_token, attempt, lease_expires_at,
-                      retention_us, expires_at)
-                 VALUES ($1, $2, $3, nextval('lease_token_seq'), 1, now() + interval '30 s',
-                         3600000000, now() + interval '1 hour')",
-            )
-            .bind(NAMESPACE)
-            .bind(&held)
-            .bind(FINGERPRINT)
-            .execute(&mut session)
-            .await
-            .expect("insert the key");
+            raw::insert_claim(&mut session, &held, false).await;
         }
     }
 
     // Every call of the batch is answered while the key is still held.
-    let round =
-        Round::new(keys.iter().map(|key| claim_command(key)).collect()).expect("distinct keys");
+    let round = Round::new(
+        keys.iter()
+            .map(|key| store_try_start(key, "batch-attempt"))
+            .collect(),
+    )
+    .expect("distinct keys");
     let answers = app.store.try_start_batch(round).await;
     for (key, answer) in keys.iter().zip(answers) {
         if *key == held {
@@ -111,10 +82,7 @@ async fn a_held_key_fails_only_its_own_callers_in_a_shared_claim(hold: Hold) {
         .expect_err("the key is still held");
     assert_error(&status, Code::Unavailable, "STORE_UNAVAILABLE");
 
-    sqlx::query("ROLLBACK")
-        .execute(&mut session)
-        .await
-        .expect("let the key go");
+    raw::run(&mut session, "ROLLBACK").await;
     let answer = try_start_response(&client, try_start(&held)).await;
     assert!(
         answer.outcome.is_some(),
@@ -142,10 +110,7 @@ async fn a_row_locked_past_the_operation_timeout_fails_only_its_own_completion()
     .await;
     let mut client = app.client().await;
     let suffix = unique_key("held");
-    let keys: Vec<String> = ["a", "b", "c"]
-        .iter()
-        .map(|prefix| format!("{prefix}-{suffix}"))
-        .collect();
+    let keys = keys(&["a", "b", "c"], &suffix);
     let mut commands = Vec::new();
     for key in &keys {
         let started = claim(&mut client, try_start(key)).await;
