@@ -480,12 +480,12 @@ impl PgStore {
 /// The least time worth giving a statement: below it, a call is answered "timed out" at once.
 const MIN_STATEMENT_TIME: Duration = Duration::from_millis(10);
 
-/// `statement` (one of TryStart's one-key statements) with `command`'s values.
-fn bind_try_start<'q, O>(statement: &'static str, command: &'q TryStartCommand) -> Statement<'q, O>
+/// [`TRY_START`] with `command`'s values.
+fn bind_try_start<'q, O>(command: &'q TryStartCommand) -> Statement<'q, O>
 where
     O: for<'r> FromRow<'r, PgRow>,
 {
-    sqlx::query_as(statement)
+    sqlx::query_as(TRY_START)
         .bind(command.namespace.as_str())
         .bind(command.key.as_str())
         .bind(command.fingerprint.as_bytes())
@@ -620,7 +620,7 @@ impl Store for PgStore {
         // One call for a key with or without a row: one round trip, directly or behind a
         // pooler (where each statement is a transaction of its own).
         let row: TryStartRow = self
-            .fetch_one(bind_try_start(TRY_START, &command))
+            .fetch_one(bind_try_start(&command))
             .await
             .map_err(classify)?;
         Ok(TryStartOutcome::from_record(
@@ -683,9 +683,8 @@ impl Store for PgStore {
                         round.into_commands(),
                         began,
                         |store, command, began| async move {
-                            let row: TryStartRow = store
-                                .alone_within(began, bind_try_start(TRY_START, &command))
-                                .await?;
+                            let row: TryStartRow =
+                                store.alone_within(began, bind_try_start(&command)).await?;
                             Ok(TryStartOutcome::from_record(
                                 row.key.into(),
                                 row.newly_claimed,
