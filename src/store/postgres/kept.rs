@@ -49,8 +49,8 @@ struct Kept {
     used_at: Instant,
 }
 
-/// A connection lent to one statement (or to the few of one operation: a lone TryStart's pair,
-/// a waiter's look and mark). Dropped, it goes back to the pool through the driver;
+/// A connection lent to one statement (or to the few of one operation: a waiter's look and
+/// mark). Dropped, it goes back to the pool through the driver;
 /// [`Lent::keep`] keeps it instead.
 #[derive(Debug)]
 pub(super) struct Lent<'a> {
