@@ -28,7 +28,8 @@ use idempotency_client::{Certificate, Client, ClientTlsConfig, RetryPolicy};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
-pub use config::{Args, InvalidSetting, MAX_KEY_LENGTH, Settings, Upstream};
+pub use config::{Args, MAX_KEY_LENGTH, Settings, Upstream};
+pub use idempotency_settings::SettingError;
 pub use problem::TYPE_PREFIX as PROBLEM_TYPE_PREFIX;
 pub use proxy::{LEASE_TOKEN_HEADER, REPLAYED_HEADER, WARNING_HEADER, is_final};
 

@@ -1,4 +1,7 @@
 use super::*;
+use crate::store::{Pooler, StoreLocation};
+
+const MIB: u64 = 1024 * 1024;
 
 fn parse(args: &[&str]) -> Result<Cli, clap::Error> {
     Cli::try_parse_from(

@@ -55,43 +55,43 @@ fn check_identifier(raw: &str, min_bytes: usize, max_bytes: usize) -> Result<(),
     Ok(())
 }
 
-/// An idempotency key: 1-255 bytes of UTF-8 without control characters.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct Key(String);
+/// A string that names something a caller chose: 1 to `MAX_BYTES` bytes of UTF-8 without
+/// control characters ([`check_identifier`]).
+macro_rules! identifier {
+    ($(#[$doc:meta])* $name:ident, $max_bytes:expr) => {
+        $(#[$doc])*
+        #[derive(Debug, Clone, PartialEq, Eq, Hash)]
+        pub struct $name(String);
 
-impl Key {
-    pub const MAX_BYTES: usize = 255;
+        impl $name {
+            pub const MAX_BYTES: usize = $max_bytes;
 
-    pub fn parse(raw: String) -> Result<Self, Invalid> {
-        check_identifier(&raw, 1, Self::MAX_BYTES)?;
-        Ok(Self(raw))
-    }
+            pub fn parse(raw: String) -> Result<Self, Invalid> {
+                check_identifier(&raw, 1, Self::MAX_BYTES)?;
+                Ok(Self(raw))
+            }
 
-    pub fn as_str(&self) -> &str {
-        &self.0
-    }
+            pub fn as_str(&self) -> &str {
+                &self.0
+            }
+
+            pub fn into_string(self) -> String {
+                self.0
+            }
+        }
+    };
 }
 
-/// An event id: the same rule as a key.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct EventId(String);
-
-impl EventId {
-    pub const MAX_BYTES: usize = 255;
-
-    pub fn parse(raw: String) -> Result<Self, Invalid> {
-        check_identifier(&raw, 1, Self::MAX_BYTES)?;
-        Ok(Self(raw))
-    }
-
-    pub fn as_str(&self) -> &str {
-        &self.0
-    }
-
-    pub fn into_string(self) -> String {
-        self.0
-    }
-}
+identifier!(
+    /// An idempotency key: 1-255 bytes of UTF-8 without control characters.
+    Key,
+    255
+);
+identifier!(
+    /// An event id: the same rule as a key.
+    EventId,
+    255
+);
 
 /// The caller's id for one attempt, which makes TryStart itself safe to retry. At most 128
 /// bytes without control characters; the empty string means "none" and never matches.
@@ -168,70 +168,26 @@ impl LeaseToken {
     }
 }
 
-/// A duration inside the contract's bounds for one kind of field.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-pub struct Bounds {
-    pub min: Duration,
-    pub max: Duration,
+pub use idempotency_settings::{Bounds, human_duration};
+
+/// The problem with a duration out of `bounds` (or not a duration at all), as a field violation.
+pub fn out_of_range(bounds: Bounds) -> Invalid {
+    Invalid(bounds.range())
 }
-
-/// A duration as people write it in flags and docs: `100ms`, `30s`, `24h`, `30d`.
-pub fn human_duration(value: Duration) -> String {
-    let secs = value.as_secs();
-    if value.subsec_nanos() != 0 || secs == 0 {
-        return humantime::format_duration(value).to_string();
-    }
-    if secs.is_multiple_of(DAY_SECS) && secs >= 2 * DAY_SECS {
-        format!("{}d", secs / DAY_SECS)
-    } else if secs.is_multiple_of(HOUR_SECS) {
-        format!("{}h", secs / HOUR_SECS)
-    } else if secs.is_multiple_of(60) {
-        format!("{}m", secs / 60)
-    } else {
-        format!("{secs}s")
-    }
-}
-
-impl Bounds {
-    fn check(self, value: Duration) -> Result<Duration, Invalid> {
-        if value < self.min || value > self.max {
-            return Err(Invalid(format!(
-                "must be between {} and {} (got {})",
-                human_duration(self.min),
-                human_duration(self.max),
-                human_duration(value)
-            )));
-        }
-        Ok(value)
-    }
-
-    /// The message for a duration that is negative or not a valid duration at all.
-    pub fn out_of_range(self) -> Invalid {
-        Invalid(format!(
-            "must be between {} and {}",
-            human_duration(self.min),
-            human_duration(self.max)
-        ))
-    }
-}
-
-const SECOND: Duration = Duration::from_secs(1);
-const HOUR_SECS: u64 = 3600;
-const DAY_SECS: u64 = 24 * HOUR_SECS;
 
 macro_rules! bounded_duration {
-    ($(#[$doc:meta])* $name:ident, $min:expr, $max:expr) => {
+    ($(#[$doc:meta])* $name:ident, $bounds:expr) => {
         $(#[$doc])*
         #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
         pub struct $name(Duration);
 
         impl $name {
-            pub const BOUNDS: Bounds = Bounds { min: $min, max: $max };
+            pub const BOUNDS: Bounds = $bounds;
 
             /// Checks the bounds, then keeps whole microseconds: both stores count time in
             /// microseconds, so that what a call answers is exactly what is stored.
             pub fn parse(value: Duration) -> Result<Self, Invalid> {
-                let checked = Self::BOUNDS.check(value)?;
+                let checked = Self::BOUNDS.check(value).map_err(Invalid)?;
                 let micros = u64::try_from(checked.as_micros()).unwrap_or(u64::MAX);
                 Ok(Self(Duration::from_micros(micros)))
             }
@@ -252,26 +208,22 @@ macro_rules! bounded_duration {
 bounded_duration!(
     /// How long a TryStart may wait for the key's holder: 0 (answer at once) to 60 s.
     WaitTime,
-    Duration::ZERO,
-    Duration::from_secs(60)
+    idempotency_settings::WAIT
 );
 bounded_duration!(
     /// How long a claim holds a key: 100 ms to 24 h.
     LeaseTtl,
-    Duration::from_millis(100),
-    Duration::from_secs(24 * HOUR_SECS)
+    idempotency_settings::LEASE_TTL
 );
 bounded_duration!(
     /// How long a key is kept: 1 s to 30 d.
     KeyRetention,
-    SECOND,
-    Duration::from_secs(30 * DAY_SECS)
+    idempotency_settings::KEY_RETENTION
 );
 bounded_duration!(
     /// How long a processed event is remembered: 1 s to 30 d.
     EventRetention,
-    SECOND,
-    Duration::from_secs(30 * DAY_SECS)
+    idempotency_settings::EVENT_RETENTION
 );
 
 /// A stored response, at most the server's configured limit (1 MiB by default).
@@ -376,22 +328,13 @@ mod tests {
     }
 
     #[test]
-    fn durations_read_as_people_write_them() {
-        assert_eq!(human_duration(Duration::from_millis(100)), "100ms");
-        assert_eq!(human_duration(Duration::from_secs(1)), "1s");
-        assert_eq!(human_duration(Duration::from_secs(DAY_SECS)), "24h");
-        assert_eq!(human_duration(Duration::from_secs(30 * DAY_SECS)), "30d");
-        assert_eq!(human_duration(Duration::ZERO), "0s");
-    }
-
-    #[test]
     fn durations_are_checked_against_inclusive_bounds() {
         assert!(LeaseTtl::parse(Duration::from_millis(100)).is_ok());
         assert!(LeaseTtl::parse(Duration::from_millis(99)).is_err());
-        let day = Duration::from_secs(DAY_SECS);
+        let day = Duration::from_secs(24 * 3600);
         assert!(LeaseTtl::parse(day).is_ok());
         assert!(LeaseTtl::parse(day + Duration::from_nanos(1)).is_err());
         assert!(KeyRetention::parse(30 * day).is_ok());
-        assert!(EventRetention::parse(SECOND - Duration::from_nanos(1)).is_err());
+        assert!(EventRetention::parse(Duration::from_secs(1) - Duration::from_nanos(1)).is_err());
     }
 }

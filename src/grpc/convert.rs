@@ -6,7 +6,7 @@ use std::time::Duration;
 use tonic::Status;
 
 use super::status::invalid_argument;
-use crate::domain::values::Bounds;
+use crate::domain::values::{Bounds, out_of_range};
 use crate::domain::{
     AttemptId, Checkpoint, Claim, CompleteCommand, Completion, EventId, EventRetention,
     ExtendLeaseCommand, Fingerprint, Instant, Invalid, Key, KeyRetention, KeyState, LeaseToken,
@@ -30,6 +30,35 @@ impl Violations {
         }
     }
 
+    /// The key a call names: its namespace and key, each checked.
+    fn named_key(&mut self, namespace: String, key: String) -> Option<(Scope, Key)> {
+        let namespace = self.check("namespace", Scope::parse(namespace));
+        let key = self.check("key", Key::parse(key));
+        Some((namespace?, key?))
+    }
+
+    /// The key a holder's call names, with the holder's lease token.
+    fn held_key(
+        &mut self,
+        namespace: String,
+        key: String,
+        lease_token: u64,
+    ) -> Option<(Scope, Key, LeaseToken)> {
+        let named = self.named_key(namespace, key);
+        let lease_token = self.check("lease_token", LeaseToken::parse(lease_token));
+        let (namespace, key) = named?;
+        Some((namespace, key, lease_token?))
+    }
+
+    /// What `build` makes of the checked fields when none was refused; else every refusal,
+    /// at once. `build` answers `None` exactly when a field was refused.
+    fn finish<T>(self, build: impl FnOnce() -> Option<T>) -> Result<T, Status> {
+        match build() {
+            Some(value) if self.0.is_empty() => Ok(value),
+            _ => Err(self.into_status()),
+        }
+    }
+
     fn into_status(self) -> Status {
         invalid_argument(self.0)
     }
@@ -39,7 +68,7 @@ impl Violations {
 /// Negative and malformed durations (nanos out of range, mixed signs) are refused.
 fn std_duration(raw: prost_types::Duration, bounds: Bounds) -> Result<Duration, Invalid> {
     if raw.seconds < 0 || raw.nanos < 0 {
-        return Err(bounds.out_of_range());
+        return Err(out_of_range(bounds));
     }
     let seconds = raw.seconds.unsigned_abs();
     let nanos = raw.nanos.unsigned_abs();
@@ -85,8 +114,7 @@ pub fn try_start_call(
     limits: &Limits,
 ) -> Result<TryStartCall, Status> {
     let mut v = Violations::default();
-    let namespace = v.check("namespace", Scope::parse(request.namespace));
-    let key = v.check("key", Key::parse(request.key));
+    let named = v.named_key(request.namespace, request.key);
     let fingerprint = v.check("fingerprint", Fingerprint::parse(request.fingerprint));
     let lease_ttl = v.check(
         "lease_ttl",
@@ -105,36 +133,20 @@ pub fn try_start_call(
             WaitTime::parse(std_duration(raw, WaitTime::BOUNDS)?)
         }),
     );
-    match (
-        namespace,
-        key,
-        fingerprint,
-        lease_ttl,
-        retention,
-        attempt_id,
-        wait,
-    ) {
-        (
-            Some(namespace),
-            Some(key),
-            Some(fingerprint),
-            Some(lease_ttl),
-            Some(retention),
-            Some(attempt_id),
-            Some(wait),
-        ) => Ok(TryStartCall {
+    v.finish(|| {
+        let (namespace, key) = named?;
+        Some(TryStartCall {
             command: TryStartCommand {
                 namespace,
                 key,
-                fingerprint,
-                lease_ttl,
-                retention,
-                attempt_id,
+                fingerprint: fingerprint?,
+                lease_ttl: lease_ttl?,
+                retention: retention?,
+                attempt_id: attempt_id?,
             },
-            wait,
-        }),
-        _ => Err(v.into_status()),
-    }
+            wait: wait?,
+        })
+    })
 }
 
 pub fn complete_command(
@@ -142,9 +154,7 @@ pub fn complete_command(
     limits: &Limits,
 ) -> Result<CompleteCommand, Status> {
     let mut v = Violations::default();
-    let namespace = v.check("namespace", Scope::parse(request.namespace));
-    let key = v.check("key", Key::parse(request.key));
-    let lease_token = v.check("lease_token", LeaseToken::parse(request.lease_token));
+    let held = v.held_key(request.namespace, request.key, request.lease_token);
     let response = v.check(
         "response",
         ResponseBody::parse(request.response, limits.max_response_bytes),
@@ -153,33 +163,29 @@ pub fn complete_command(
         "retention",
         request.retention.map(key_retention).transpose(),
     );
-    match (namespace, key, lease_token, response, retention) {
-        (Some(namespace), Some(key), Some(lease_token), Some(response), Some(retention)) => {
-            Ok(CompleteCommand {
-                namespace,
-                key,
-                lease_token,
-                response,
-                retention,
-            })
-        }
-        _ => Err(v.into_status()),
-    }
+    v.finish(|| {
+        let (namespace, key, lease_token) = held?;
+        Some(CompleteCommand {
+            namespace,
+            key,
+            lease_token,
+            response: response?,
+            retention: retention?,
+        })
+    })
 }
 
 pub fn release_command(request: pb::ReleaseRequest) -> Result<ReleaseCommand, Status> {
     let mut v = Violations::default();
-    let namespace = v.check("namespace", Scope::parse(request.namespace));
-    let key = v.check("key", Key::parse(request.key));
-    let lease_token = v.check("lease_token", LeaseToken::parse(request.lease_token));
-    match (namespace, key, lease_token) {
-        (Some(namespace), Some(key), Some(lease_token)) => Ok(ReleaseCommand {
+    let held = v.held_key(request.namespace, request.key, request.lease_token);
+    v.finish(|| {
+        let (namespace, key, lease_token) = held?;
+        Some(ReleaseCommand {
             namespace,
             key,
             lease_token,
-        }),
-        _ => Err(v.into_status()),
-    }
+        })
+    })
 }
 
 pub fn extend_lease_command(
@@ -187,9 +193,7 @@ pub fn extend_lease_command(
     limits: &Limits,
 ) -> Result<ExtendLeaseCommand, Status> {
     let mut v = Violations::default();
-    let namespace = v.check("namespace", Scope::parse(request.namespace));
-    let key = v.check("key", Key::parse(request.key));
-    let lease_token = v.check("lease_token", LeaseToken::parse(request.lease_token));
+    let held = v.held_key(request.namespace, request.key, request.lease_token);
     let lease_ttl = v.check(
         "lease_ttl",
         lease_ttl(request.lease_ttl, limits.default_lease_ttl),
@@ -198,28 +202,25 @@ pub fn extend_lease_command(
         "checkpoint",
         request.checkpoint.map(Checkpoint::parse).transpose(),
     );
-    match (namespace, key, lease_token, lease_ttl, checkpoint) {
-        (Some(namespace), Some(key), Some(lease_token), Some(lease_ttl), Some(checkpoint)) => {
-            Ok(ExtendLeaseCommand {
-                namespace,
-                key,
-                lease_token,
-                lease_ttl,
-                checkpoint,
-            })
-        }
-        _ => Err(v.into_status()),
-    }
+    v.finish(|| {
+        let (namespace, key, lease_token) = held?;
+        Some(ExtendLeaseCommand {
+            namespace,
+            key,
+            lease_token,
+            lease_ttl: lease_ttl?,
+            checkpoint: checkpoint?,
+        })
+    })
 }
 
 pub fn lookup_query(request: pb::LookupRequest) -> Result<LookupQuery, Status> {
     let mut v = Violations::default();
-    let namespace = v.check("namespace", Scope::parse(request.namespace));
-    let key = v.check("key", Key::parse(request.key));
-    match (namespace, key) {
-        (Some(namespace), Some(key)) => Ok(LookupQuery { namespace, key }),
-        _ => Err(v.into_status()),
-    }
+    let named = v.named_key(request.namespace, request.key);
+    v.finish(|| {
+        let (namespace, key) = named?;
+        Some(LookupQuery { namespace, key })
+    })
 }
 
 pub fn mark_processed_command(
@@ -252,14 +253,13 @@ pub fn mark_processed_command(
             .retention
             .map_or(Ok(limits.default_event_retention), event_retention),
     );
-    match (consumer, event_ids, retention) {
-        (Some(consumer), Some(event_ids), Some(retention)) => Ok(MarkProcessedCommand {
-            consumer,
-            event_ids,
-            retention,
-        }),
-        _ => Err(v.into_status()),
-    }
+    v.finish(|| {
+        Some(MarkProcessedCommand {
+            consumer: consumer?,
+            event_ids: event_ids?,
+            retention: retention?,
+        })
+    })
 }
 
 fn started(claim: Claim) -> pb::ClaimStarted {

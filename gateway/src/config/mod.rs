@@ -10,6 +10,7 @@ use clap::Args as ClapArgs;
 use hyper::Method;
 use hyper::Uri;
 use hyper::header::HeaderName;
+use idempotency_settings::{Bounds, SettingError, parse_duration};
 
 /// `idempotency-coordinator gateway`'s flags.
 #[derive(Debug, Clone, ClapArgs)]
@@ -151,10 +152,6 @@ pub struct Args {
     pub log_format: String,
 }
 
-fn parse_duration(text: &str) -> Result<Duration, String> {
-    humantime::parse_duration(text).map_err(|error| format!("{error} (e.g. 500ms, 5s, 1h)"))
-}
-
 /// The checked settings.
 #[derive(Debug, Clone)]
 pub struct Settings {
@@ -189,40 +186,17 @@ pub struct Upstream {
     pub path_prefix: String,
 }
 
-/// A setting out of bounds: the flag and what is wrong with it.
-#[derive(Debug)]
-pub struct InvalidSetting {
-    pub flag: &'static str,
-    pub problem: String,
+fn invalid(flag: &'static str, problem: impl Into<String>) -> SettingError {
+    SettingError::new(flag, problem)
 }
 
-impl std::fmt::Display for InvalidSetting {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "invalid --{}: {}", self.flag, self.problem)
-    }
-}
-
-impl std::error::Error for InvalidSetting {}
-
-fn invalid(flag: &'static str, problem: impl Into<String>) -> InvalidSetting {
-    InvalidSetting {
-        flag,
-        problem: problem.into(),
-    }
-}
-
-fn within(
-    flag: &'static str,
-    value: Duration,
-    min: Duration,
-    max: Duration,
-    bounds: &str,
-) -> Result<Duration, InvalidSetting> {
-    if value < min || value > max {
-        return Err(invalid(flag, format!("must be between {bounds}")));
-    }
-    Ok(value)
-}
+/// The bounds of the gateway's own durations (the lease, retention and wait the gateway asks
+/// the coordinator for are held to the contract's bounds, `idempotency_settings::LEASE_TTL` etc.).
+const UPSTREAM_TIMEOUT: Bounds = Bounds::new(Duration::from_millis(100), Duration::from_secs(3600));
+const COORDINATOR_TIMEOUT: Bounds =
+    Bounds::new(Duration::from_millis(100), Duration::from_secs(60));
+const COORDINATOR_RETRY: Bounds = Bounds::new(Duration::ZERO, Duration::from_secs(60));
+const SHUTDOWN_GRACE: Bounds = Bounds::new(Duration::ZERO, Duration::from_secs(600));
 
 const KIB: usize = 1024;
 const MIB: usize = 1024 * 1024;
@@ -234,7 +208,7 @@ pub const MAX_KEY_LENGTH: usize = 190;
 impl Args {
     /// Checks every setting, reads the token and CA files, and answers the settings the
     /// gateway runs with.
-    pub fn settings(&self) -> Result<Settings, InvalidSetting> {
+    pub fn settings(&self) -> Result<Settings, SettingError> {
         let methods = self.methods()?;
         let header = header_name("header", &self.header)?;
         let identity_header = match &self.identity_header {
@@ -289,62 +263,24 @@ impl Args {
             require_key: self.require_key()?,
             max_key_length: self.max_key_length,
             identity_header,
-            wait: within(
-                "wait",
-                self.wait,
-                Duration::ZERO,
-                Duration::from_secs(60),
-                "0s and 60s",
-            )?,
-            lease: within(
-                "lease",
-                self.lease,
-                Duration::from_millis(100),
-                Duration::from_secs(24 * 3600),
-                "100ms and 24h",
-            )?,
-            retention: within(
-                "retention",
-                self.retention,
-                Duration::from_secs(1),
-                Duration::from_secs(30 * 24 * 3600),
-                "1s and 30d",
-            )?,
+            wait: idempotency_settings::WAIT.check_setting("wait", self.wait)?,
+            lease: idempotency_settings::LEASE_TTL.check_setting("lease", self.lease)?,
+            retention: idempotency_settings::KEY_RETENTION
+                .check_setting("retention", self.retention)?,
             max_request_bytes: self.max_request_bytes,
             max_stored_response_bytes: self.max_stored_response_bytes,
-            upstream_timeout: within(
-                "upstream-timeout",
-                self.upstream_timeout,
-                Duration::from_millis(100),
-                Duration::from_secs(3600),
-                "100ms and 1h",
-            )?,
-            coordinator_timeout: within(
-                "coordinator-timeout",
-                self.coordinator_timeout,
-                Duration::from_millis(100),
-                Duration::from_secs(60),
-                "100ms and 60s",
-            )?,
-            coordinator_retry: within(
-                "coordinator-retry",
-                self.coordinator_retry,
-                Duration::ZERO,
-                Duration::from_secs(60),
-                "0s and 60s",
-            )?,
+            upstream_timeout: UPSTREAM_TIMEOUT
+                .check_setting("upstream-timeout", self.upstream_timeout)?,
+            coordinator_timeout: COORDINATOR_TIMEOUT
+                .check_setting("coordinator-timeout", self.coordinator_timeout)?,
+            coordinator_retry: COORDINATOR_RETRY
+                .check_setting("coordinator-retry", self.coordinator_retry)?,
             fail_open: self.fail_open,
-            shutdown_grace: within(
-                "shutdown-grace",
-                self.shutdown_grace,
-                Duration::ZERO,
-                Duration::from_secs(600),
-                "0s and 10m",
-            )?,
+            shutdown_grace: SHUTDOWN_GRACE.check_setting("shutdown-grace", self.shutdown_grace)?,
         })
     }
 
-    fn methods(&self) -> Result<Vec<Method>, InvalidSetting> {
+    fn methods(&self) -> Result<Vec<Method>, SettingError> {
         if self.methods.is_empty() || self.methods.len() > 16 {
             return Err(invalid("methods", "must list 1 to 16 methods"));
         }
@@ -367,7 +303,7 @@ impl Args {
             .collect()
     }
 
-    fn require_key(&self) -> Result<Vec<String>, InvalidSetting> {
+    fn require_key(&self) -> Result<Vec<String>, SettingError> {
         if self.require_key.len() > 64 {
             return Err(invalid("require-key", "must list at most 64 path prefixes"));
         }
@@ -394,7 +330,7 @@ impl Args {
     }
 }
 
-fn header_name(flag: &'static str, name: &str) -> Result<HeaderName, InvalidSetting> {
+fn header_name(flag: &'static str, name: &str) -> Result<HeaderName, SettingError> {
     if name.is_empty() || name.len() > 64 {
         return Err(invalid(flag, "must be a header name of 1 to 64 characters"));
     }
@@ -402,7 +338,7 @@ fn header_name(flag: &'static str, name: &str) -> Result<HeaderName, InvalidSett
         .map_err(|_| invalid(flag, format!("{name:?} is not a valid header name")))
 }
 
-fn upstream(text: &str) -> Result<Upstream, InvalidSetting> {
+fn upstream(text: &str) -> Result<Upstream, SettingError> {
     let uri: Uri = text
         .parse()
         .map_err(|_| invalid("upstream", format!("{text:?} is not a URL")))?;
@@ -425,7 +361,7 @@ fn upstream(text: &str) -> Result<Upstream, InvalidSetting> {
     })
 }
 
-fn coordinator(text: &str) -> Result<String, InvalidSetting> {
+fn coordinator(text: &str) -> Result<String, SettingError> {
     let uri: Uri = text
         .parse()
         .map_err(|_| invalid("coordinator", format!("{text:?} is not a URL")))?;
@@ -438,7 +374,7 @@ fn coordinator(text: &str) -> Result<String, InvalidSetting> {
     }
 }
 
-fn namespace(text: &str) -> Result<String, InvalidSetting> {
+fn namespace(text: &str) -> Result<String, SettingError> {
     let valid = (1..=64).contains(&text.len())
         && text
             .bytes()
@@ -453,7 +389,7 @@ fn namespace(text: &str) -> Result<String, InvalidSetting> {
     }
 }
 
-fn token(path: &std::path::Path) -> Result<String, InvalidSetting> {
+fn token(path: &std::path::Path) -> Result<String, SettingError> {
     let text = std::fs::read_to_string(path).map_err(|error| {
         invalid(
             "token-file",

@@ -21,7 +21,7 @@ fn parse(extra: &[&str]) -> Result<Args, clap::Error> {
     Cli::try_parse_from(REQUIRED.iter().chain(extra)).map(|cli| cli.args)
 }
 
-fn settings(extra: &[&str]) -> Result<Settings, InvalidSetting> {
+fn settings(extra: &[&str]) -> Result<Settings, SettingError> {
     parse(extra).expect("flags parse").settings()
 }
 
