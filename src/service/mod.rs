@@ -25,24 +25,23 @@ use tokio_util::task::TaskTracker;
 pub mod coalesce;
 pub mod in_flight;
 pub mod replay_cache;
+mod wait_for_holder;
 pub mod waiting;
 
-use coalesce::{Backlog, Coalescer, CoalescerSettings, Executors};
+use coalesce::{Backlog, Coalescer, CoalescerSettings, Executors, FollowsEarlier};
 pub use in_flight::InFlight;
 pub use replay_cache::ReplayCache;
-use waiting::{DatabaseClock, Waiters, answer_by};
+pub use wait_for_holder::Waiting;
 
-use crate::domain::Recheck;
-
+use crate::domain::batch::{Batchable, Round};
 use crate::domain::budget::TimeBudget;
 use crate::domain::{
-    CompleteCommand, Completion, ExtendLeaseCommand, Instant, KeyHash, KeyState, LookupQuery,
+    CompleteCommand, Completion, ExtendLeaseCommand, Instant, KeyState, LookupQuery,
     MarkProcessedCommand, ProcessedEvent, Rejection, ReleaseCommand, TryStartCommand,
-    TryStartOutcome, WaitTime,
+    TryStartOutcome,
 };
 use crate::store::{AnyStore, Store, StoreError};
 use crate::supervise::Lifecycle;
-use tokio_util::sync::CancellationToken;
 
 /// Why an operation did not produce its answer.
 #[derive(Debug, thiserror::Error)]
@@ -113,6 +112,52 @@ struct Coalescers {
     mark_processed: Coalescer<MarkProcessedCommand, Vec<ProcessedEvent>>,
 }
 
+/// What every coalescer of a coordinator is started with.
+struct Dispatch<'a> {
+    lifecycle: &'a Lifecycle,
+    shared: (&'a Executors, &'a Backlog),
+    tasks: &'a TaskTracker,
+    in_flight: &'a InFlight,
+    store: &'a AnyStore,
+}
+
+impl Dispatch<'_> {
+    /// The coalescer of one kind of command, whose rounds `run` sends to the store.
+    fn start<C, R, F, Fut>(
+        &self,
+        name: &'static str,
+        settings: CoalescerSettings,
+        run: F,
+    ) -> Coalescer<C, R>
+    where
+        C: Batchable + FollowsEarlier<R> + Clone + Send + 'static,
+        R: Send + 'static,
+        F: Fn(AnyStore, Round<C>) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Vec<Result<R, StoreError>>> + Send + 'static,
+    {
+        let store = self.store.clone();
+        Coalescer::start(
+            name,
+            self.lifecycle,
+            settings,
+            self.shared,
+            self.tasks.clone(),
+            self.in_flight.clone(),
+            move |round| run(store.clone(), round),
+        )
+    }
+}
+
+/// A coalescer's queue for the metrics: its name, the weight queued or running, the most it
+/// takes.
+fn queue_of<C, R>(name: &'static str, coalescer: &Coalescer<C, R>) -> (&'static str, usize, usize)
+where
+    C: Batchable + FollowsEarlier<R> + Clone + Send + 'static,
+    R: Send + 'static,
+{
+    (name, coalescer.queued(), coalescer.capacity())
+}
+
 /// A MarkProcessed batch is bounded by its ids, this many per call of a TryStart batch (4096
 /// ids by default): a call carries up to 1000.
 const MARK_IDS_PER_BATCH_SLOT: usize = 16;
@@ -132,19 +177,6 @@ impl CoordinatorError {
         }
     }
 }
-
-/// What TryStarts that wait need: who waits, the database clock, and the signal to stop
-/// waiting.
-#[derive(Clone)]
-pub struct Waiting {
-    pub waiters: Waiters,
-    pub clock: DatabaseClock,
-    pub shutdown: CancellationToken,
-}
-
-/// A waiter whose holder's lease the database still calls running, although it should have
-/// ended by our estimate of the database clock, looks again after this, then twice as long.
-const LEASE_RECHECK: Duration = Duration::from_millis(5);
 
 #[derive(Clone)]
 pub struct Coordinator {
@@ -195,51 +227,34 @@ impl Coordinator {
                 timeout: operation_timeout,
                 db_system: db_system(&store),
             };
-            let for_try_start = store.clone();
-            let for_complete = store.clone();
-            let for_marks = store.clone();
             let mark_settings = CoalescerSettings {
                 max_batch: coalescing.max_batch.saturating_mul(MARK_IDS_PER_BATCH_SLOT),
                 queue_capacity: queue_capacity.saturating_mul(MARK_IDS_PER_BATCH_SLOT),
                 places_per_weight: 1,
                 ..settings
             };
+            let dispatch = Dispatch {
+                lifecycle,
+                shared,
+                tasks: &tasks,
+                in_flight: &in_flight,
+                store: &store,
+            };
             Coalescers {
-                try_start: Coalescer::start(
+                try_start: dispatch.start(
                     "coalescer dispatcher: TryStart",
-                    lifecycle,
                     settings,
-                    shared,
-                    tasks.clone(),
-                    in_flight.clone(),
-                    move |commands| {
-                        let store = for_try_start.clone();
-                        async move { store.try_start_batch(commands).await }
-                    },
+                    |store, round| async move { store.try_start_batch(round).await },
                 ),
-                complete: Coalescer::start(
+                complete: dispatch.start(
                     "coalescer dispatcher: Complete",
-                    lifecycle,
                     settings,
-                    shared,
-                    tasks.clone(),
-                    in_flight.clone(),
-                    move |commands| {
-                        let store = for_complete.clone();
-                        async move { store.complete_batch(commands).await }
-                    },
+                    |store, round| async move { store.complete_batch(round).await },
                 ),
-                mark_processed: Coalescer::start(
+                mark_processed: dispatch.start(
                     "coalescer dispatcher: MarkProcessed",
-                    lifecycle,
                     mark_settings,
-                    shared,
-                    tasks.clone(),
-                    in_flight.clone(),
-                    move |commands| {
-                        let store = for_marks.clone();
-                        async move { store.mark_processed_batch(commands).await }
-                    },
+                    |store, round| async move { store.mark_processed_batch(round).await },
                 ),
             }
         });
@@ -261,138 +276,10 @@ impl Coordinator {
             return Vec::new();
         };
         vec![
-            (
-                "TryStart",
-                coalescers.try_start.queued(),
-                coalescers.try_start.capacity(),
-            ),
-            (
-                "Complete",
-                coalescers.complete.queued(),
-                coalescers.complete.capacity(),
-            ),
-            (
-                "MarkProcessed",
-                coalescers.mark_processed.queued(),
-                coalescers.mark_processed.capacity(),
-            ),
+            queue_of("TryStart", &coalescers.try_start),
+            queue_of("Complete", &coalescers.complete),
+            queue_of("MarkProcessed", &coalescers.mark_processed),
         ]
-    }
-
-    /// TryStart that, when another caller's running lease holds the key, waits up to `wait`
-    /// (and a little less than the caller's `deadline`) for the holder to complete, release or
-    /// let its lease run out, and answers what a TryStart would answer at that moment (see
-    /// `waiting`). Beyond the replica's waiter limit, or without time to wait, it answers at
-    /// once.
-    pub async fn try_start_waiting(
-        &self,
-        command: TryStartCommand,
-        wait: WaitTime,
-        deadline: Option<tokio::time::Instant>,
-    ) -> Result<TryStartOutcome, CoordinatorError> {
-        let (Some(waiting), Some(answer_at)) = (&self.waiting, answer_by(wait.get(), deadline))
-        else {
-            return self.try_start(command).await;
-        };
-        let Some(mut registration) = waiting
-            .waiters
-            .register(KeyHash::of(&command.namespace, &command.key))
-        else {
-            return self.try_start(command).await;
-        };
-        let recheck_interval = waiting.waiters.settings().recheck_interval;
-        let query = LookupQuery {
-            namespace: command.namespace.clone(),
-            key: command.key.clone(),
-        };
-        // The last `in_progress` seen, answered when the wait runs out.
-        let mut last: Option<TryStartOutcome> = None;
-        let mut seen_lease_end = None;
-        let mut lease_recheck = LEASE_RECHECK;
-        loop {
-            let mut look_now = false;
-            registration.mark_seen();
-            // Watched: the key's next Complete or Release wakes this waiter, on any replica.
-            let held = match self.look(query.clone(), true).await?.recheck(&command) {
-                Recheck::Answer(outcome) => return Ok(outcome),
-                Recheck::Held {
-                    lease_expires_at,
-                    attempt,
-                    holder_attempt_id,
-                } if !waiting.clock.has_passed(lease_expires_at) => {
-                    Some(TryStartOutcome::InProgress {
-                        lease_expires_at,
-                        attempt,
-                        holder_attempt_id,
-                    })
-                }
-                looked @ (Recheck::Held { .. } | Recheck::Claimable) => {
-                    match registration.try_claim() {
-                        // One waiter of this replica at a time asks TryStart, which decides;
-                        // the others sleep until it has its answer (its turn given up wakes
-                        // them), then look again.
-                        Some(_claiming) => match self.try_start(command.clone()).await? {
-                            held @ TryStartOutcome::InProgress { .. } => {
-                                // Another caller claimed the key since the look, perhaps as a
-                                // new row that nobody watches yet: look (and watch) again
-                                // before sleeping.
-                                look_now = !looked.is_held_as(&held);
-                                Some(held)
-                            }
-                            answer => return Ok(answer),
-                        },
-                        None => None,
-                    }
-                }
-            };
-            if held.is_some() {
-                last = held;
-            }
-            let now = tokio::time::Instant::now();
-            let mut look_again = now + recheck_interval;
-            if let Some(TryStartOutcome::InProgress {
-                lease_expires_at, ..
-            }) = &last
-            {
-                let lease_ends = waiting.clock.local_instant(*lease_expires_at);
-                if seen_lease_end == Some(*lease_expires_at) && lease_ends <= now {
-                    // The database still calls the lease running although our estimate of
-                    // its clock says it has ended: back off rather than ask again at once.
-                    look_again = look_again.min(now + lease_recheck);
-                    lease_recheck = (lease_recheck * 2).min(recheck_interval);
-                } else {
-                    look_again = look_again.min(lease_ends);
-                    lease_recheck = LEASE_RECHECK;
-                }
-                seen_lease_end = Some(*lease_expires_at);
-            }
-            if now >= answer_at || waiting.shutdown.is_cancelled() {
-                return self.answer_now(command, last).await;
-            }
-            if look_now {
-                continue;
-            }
-            tokio::select! {
-                () = registration.changed() => {}
-                () = tokio::time::sleep_until(look_again) => {}
-                () = tokio::time::sleep_until(answer_at) => return self.answer_now(command, last).await,
-                // Shutdown answers every waiter at once, with the key as it stands.
-                () = waiting.shutdown.cancelled() => return self.try_start(command).await,
-            }
-        }
-    }
-
-    /// The answer of a wait that ends: the last `in_progress` seen, or, if the waiter never saw
-    /// one, what TryStart answers now.
-    async fn answer_now(
-        &self,
-        command: TryStartCommand,
-        last: Option<TryStartOutcome>,
-    ) -> Result<TryStartOutcome, CoordinatorError> {
-        match last {
-            Some(outcome) => Ok(outcome),
-            None => self.try_start(command).await,
-        }
     }
 
     pub async fn try_start(

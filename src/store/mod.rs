@@ -268,6 +268,16 @@ impl AnyStore {
     }
 }
 
+/// The answer of a batch of one command.
+fn only_answer<T>(mut answers: Vec<Result<T, StoreError>>) -> Result<T, StoreError> {
+    match (answers.pop(), answers.is_empty()) {
+        (Some(answer), true) => answer,
+        _ => Err(StoreError::Inconsistent(
+            "a batch of one command did not answer exactly once",
+        )),
+    }
+}
+
 /// Calls the same method on whichever store this is.
 macro_rules! delegate {
     ($self:ident, $store:ident => $call:expr) => {

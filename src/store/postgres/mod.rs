@@ -8,40 +8,45 @@
 //! must not act on the key as it was before the wait, or it could revive, or complete, a key
 //! that expired, and that others saw absent, while it waited. Plain reads (Lookup) use `now()`,
 //! the instant of their snapshot.
+//!
+//! The parts: `connect` opens the pools and sets each connection up, `statements` runs a
+//! statement within the operation's budget, `listen` hears committed changes and watches keys
+//! for waiters, `sql` holds every statement's text (the TryStart decision itself is a function
+//! in `migrations/postgres/`), `rows` decodes their rows, `kept` keeps a connection between
+//! statements, and `error` classifies the driver's errors. This file is the [`Store`]
+//! implementation on top of them.
 
+mod connect;
 mod error;
 mod kept;
+mod listen;
 mod rows;
 mod sql;
+mod statements;
 
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
 use sqlx::migrate::{MigrateDatabase, Migrator};
-use sqlx::postgres::{PgArguments, PgConnectOptions, PgListener, PgPoolOptions, PgRow};
-use sqlx::query::QueryAs;
-use sqlx::{
-    AssertSqlSafe, Connection, FromRow, PgConnection, PgPool, Postgres, SqlSafeStr, SqlStr,
-};
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions, PgRow};
+use sqlx::{FromRow, PgPool, Postgres, SqlStr};
 use tokio::sync::broadcast;
 use tokio_util::sync::CancellationToken;
 
 use self::error::classify;
-use self::kept::{KeptConnections, PING_WHEN_IDLE_FOR};
-use self::rows::{
-    CompleteRow, GuardRow, KeyRow, MarkRow, MarkedKeyRow, TryStartBatchRow, TryStartRow,
-    WatchedKeyRow,
-};
+use self::kept::KeptConnections;
+use self::rows::{CompleteRow, KeyRow, MarkRow, TryStartBatchRow, TryStartRow};
 use self::sql::*;
+use self::statements::Statement;
 use super::schema;
 use super::{KeyEvent, Pooler, Store, StoreError};
 use crate::domain::batch::Round;
 use crate::domain::budget::TimeBudget;
 use crate::domain::{
-    CompleteCommand, Completion, ExtendLeaseCommand, GuardedKey, Instant, KeyHash, KeyRecord,
-    KeyState, LeaseToken, LookupQuery, MarkProcessedCommand, ProcessedEvent, Rejection,
-    ReleaseCommand, TryStartCommand, TryStartOutcome, classify_refusal, key_id,
+    CompleteCommand, Completion, ExtendLeaseCommand, Instant, KeyRecord, KeyState, LookupQuery,
+    MarkProcessedCommand, ProcessedEvent, Rejection, ReleaseCommand, TryStartCommand,
+    TryStartOutcome, key_id,
 };
 
 static MIGRATOR: Migrator = sqlx::migrate!("./migrations/postgres");
@@ -87,398 +92,12 @@ pub struct PgStore {
     begin: Option<SqlStr>,
 }
 
-/// The statement that opens a transaction whose statements may run for `statement_timeout_ms`;
-/// `pooler`: with the settings that a direct connection gets in its startup packet, which a
-/// pooler in transaction mode refuses.
-fn begin_statement(budget: &TimeBudget, statement_timeout_ms: u128, pooler: bool) -> SqlStr {
-    let settings = if pooler {
-        "; SET LOCAL plan_cache_mode = force_generic_plan; SET LOCAL enable_seqscan = off"
-    } else {
-        ""
-    };
-    let lock_timeout_ms = budget
-        .lock
-        .as_millis()
-        .clamp(1, statement_timeout_ms.max(1));
-    SqlSafeStr::into_sql_str(AssertSqlSafe(format!(
-        "BEGIN; SET LOCAL statement_timeout = {statement_timeout_ms}; \
-         SET LOCAL lock_timeout = {lock_timeout_ms}{settings}"
-    )))
-}
-
-/// SQLSTATE lock_not_available: the statement met a key that another transaction held (its row
-/// locked, or its insert not yet committed) for longer than the session's `lock_timeout`.
-fn is_lock_timeout(error: &sqlx::Error) -> bool {
-    matches!(error, sqlx::Error::Database(db) if db.code().as_deref() == Some("55P03"))
-}
-
 impl std::fmt::Debug for PgStore {
     // The URL may carry a password: never print it.
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("PgStore").finish_non_exhaustive()
     }
 }
-
-impl PgStore {
-    /// The calls' pool: connections in use, idle.
-    pub fn pool_connections(&self) -> (u32, u32) {
-        let pool = self.connections.pool();
-        let size = pool.size();
-        // A connection the store keeps between statements is idle too, although the pool
-        // counts it in use.
-        let idle = u32::try_from(pool.num_idle() + self.connections.unused())
-            .unwrap_or(u32::MAX)
-            .min(size);
-        (size - idle, idle)
-    }
-
-    /// Builds the pool without connecting, so the service can start (and report NOT_SERVING)
-    /// while the database is still unreachable.
-    pub fn connect_lazy(settings: &PgSettings) -> Result<Self, sqlx::Error> {
-        let budget = TimeBudget::of(settings.operation_timeout);
-        let migration_options: PgConnectOptions = settings
-            .url
-            .parse::<PgConnectOptions>()?
-            .application_name("idempotency-coordinator");
-        let statement_timeout_ms = budget.statement.as_millis().max(1);
-        let lock_timeout_ms = budget.lock.as_millis().max(1).to_string();
-        // A transaction this service abandons (its connection cut off between statements) is
-        // ended by the server within a statement's time, and a session whose peer vanished is
-        // found by TCP keepalives, so neither holds a key's row for long.
-        let idle_in_transaction_ms = statement_timeout_ms.to_string();
-        // Generic plans: every statement here is an index lookup or a walk over unnest()ed
-        // arrays, whose best plan does not depend on the values, and re-planning the larger
-        // statements for each call costs more than running them. A generic plan is kept for
-        // the connection's life, so it must not depend on the tables' statistics either: made
-        // while a table is small (a new deployment, a test), it would read the whole table by
-        // a sequential scan, and keep doing so, once for every Complete, as the table grows
-        // (a one-key Complete took 1.1 ms instead of 0.3–0.6 ms after a few thousand keys).
-        // Without sequential scans every plan takes the indexes, whatever the table's size.
-        let (options, begin) = match settings.pooler {
-            Pooler::None => (
-                migration_options.clone().options([
-                    (
-                        "statement_timeout",
-                        statement_timeout_ms.to_string().as_str(),
-                    ),
-                    ("plan_cache_mode", "force_generic_plan"),
-                    ("enable_seqscan", "off"),
-                    ("lock_timeout", lock_timeout_ms.as_str()),
-                    (
-                        "idle_in_transaction_session_timeout",
-                        idle_in_transaction_ms.as_str(),
-                    ),
-                    ("tcp_keepalives_idle", "10"),
-                    ("tcp_keepalives_interval", "5"),
-                    ("tcp_keepalives_count", "3"),
-                ]),
-                None,
-            ),
-            // A pooler in transaction mode refuses startup options (PgBouncer: "unsupported
-            // startup parameter: options") and hands each transaction whichever server
-            // connection is free: settings are made per transaction, and no statement is kept
-            // prepared (each is unnamed, parsed again in the transaction that runs it).
-            Pooler::Transaction => (
-                migration_options.clone(),
-                Some(begin_statement(&budget, statement_timeout_ms, true)),
-            ),
-        };
-        let pool = PgPoolOptions::new()
-            .max_connections(settings.pool_size)
-            .acquire_timeout(budget.connection_wait)
-            // The driver pings every connection it takes from the pool (a round trip before
-            // each statement) and again when it is given back. A connection given back moments
-            // ago has just answered that second ping, so only one that sat idle for a while,
-            // and may have been dropped by the server or a firewall meanwhile, is pinged first.
-            .test_before_acquire(false)
-            .before_acquire(|connection, metadata| {
-                Box::pin(async move {
-                    if metadata.idle_for > PING_WHEN_IDLE_FOR {
-                        connection.ping().await?;
-                    }
-                    Ok(true)
-                })
-            })
-            .connect_lazy_with(options.clone());
-        let probe_pool = PgPoolOptions::new()
-            .max_connections(1)
-            .acquire_timeout(budget.connection_wait)
-            .connect_lazy_with(options.clone());
-        let listen_options = match &settings.notify_url {
-            Some(url) => url.parse::<PgConnectOptions>()?,
-            None => migration_options.clone(),
-        }
-        .application_name("idempotency-coordinator listener");
-        let listen_pool = PgPoolOptions::new()
-            .max_connections(1)
-            .acquire_timeout(budget.connection_wait)
-            .connect_lazy_with(listen_options.clone());
-        Ok(Self {
-            connections: Arc::new(KeptConnections::new(pool)),
-            probe_pool,
-            listen_pool,
-            listen_options: Arc::new(listen_options),
-            events: broadcast::channel(EVENTS_QUEUED).0,
-            migration_options: Arc::new(migration_options),
-            url: settings.url.clone(),
-            begin,
-            probe_options: Arc::new(options),
-            budget,
-        })
-    }
-
-    /// The pool, for tests and tools that inspect the database directly.
-    pub fn pool(&self) -> &PgPool {
-        self.connections.pool()
-    }
-}
-
-/// A query of the store, answered by rows of type `O`.
-type Statement<'q, O> = QueryAs<'q, Postgres, O, PgArguments>;
-
-impl PgStore {
-    /// Runs `query` on `connection` and answers its rows: directly, or behind a pooler in
-    /// transaction mode in a transaction of its own that first sets the statement's timeout.
-    async fn fetch_all_with<O>(
-        &self,
-        connection: &mut PgConnection,
-        query: Statement<'_, O>,
-    ) -> Result<Vec<O>, sqlx::Error>
-    where
-        O: Send + Unpin + for<'r> FromRow<'r, PgRow>,
-    {
-        match &self.begin {
-            None => query.fetch_all(connection).await,
-            Some(begin) => {
-                let mut transaction = connection.begin_with(begin.clone()).await?;
-                // Unnamed: a named statement would stay on the server connection, which the
-                // pooler hands to other clients, and collide with theirs.
-                let rows = query.persistent(false).fetch_all(&mut *transaction).await?;
-                transaction.commit().await?;
-                Ok(rows)
-            }
-        }
-    }
-
-    /// The row `query` answers on `connection`, if any (it answers at most one), as
-    /// [`Self::fetch_all_with`] runs it: directly, exactly the driver's own `fetch_optional`.
-    async fn fetch_optional_with<O>(
-        &self,
-        connection: &mut PgConnection,
-        query: Statement<'_, O>,
-    ) -> Result<Option<O>, sqlx::Error>
-    where
-        O: Send + Unpin + for<'r> FromRow<'r, PgRow>,
-    {
-        match &self.begin {
-            None => query.fetch_optional(connection).await,
-            Some(_) => Ok(self
-                .fetch_all_with(connection, query)
-                .await?
-                .into_iter()
-                .next()),
-        }
-    }
-
-    /// [`Self::fetch_optional_with`] for one of several statements that an operation, begun at
-    /// `began`, runs on one connection, all of them within the store's share of the budget (a
-    /// connection's wait and one statement's time). While no more than a connection's wait has
-    /// been spent, the statement has its whole time (the session's timeout, as if it had waited
-    /// for its connection only); after that, only what is left, set for a transaction of its
-    /// own. With less than [`MIN_STATEMENT_TIME`] left it is not run, and the operation is
-    /// answered "timed out": nothing was written by this statement.
-    async fn fetch_optional_within<O>(
-        &self,
-        connection: &mut PgConnection,
-        began: std::time::Instant,
-        query: Statement<'_, O>,
-    ) -> Result<Option<O>, StoreError>
-    where
-        O: Send + Unpin + for<'r> FromRow<'r, PgRow>,
-    {
-        let spent = began.elapsed();
-        if spent <= self.budget.connection_wait {
-            return self
-                .fetch_optional_with(connection, query)
-                .await
-                .map_err(classify);
-        }
-        let share = self.budget.connection_wait + self.budget.statement;
-        let left = share.saturating_sub(spent);
-        if left < MIN_STATEMENT_TIME {
-            return Err(StoreError::TimedOut(share));
-        }
-        let begin = begin_statement(&self.budget, left.as_millis(), self.begin.is_some());
-        let mut transaction = connection.begin_with(begin).await.map_err(classify)?;
-        let row = query
-            .persistent(self.begin.is_none())
-            .fetch_optional(&mut *transaction)
-            .await
-            .map_err(classify)?;
-        transaction.commit().await.map_err(classify)?;
-        Ok(row)
-    }
-
-    /// [`Self::fetch_all_with`] on a connection of the calls' pool, kept for the next
-    /// statement once this one has answered.
-    async fn fetch_all<O>(&self, query: Statement<'_, O>) -> Result<Vec<O>, sqlx::Error>
-    where
-        O: Send + Unpin + for<'r> FromRow<'r, PgRow>,
-    {
-        let mut connection = self.connections.lend().await?;
-        let rows = self.fetch_all_with(&mut connection, query).await?;
-        connection.keep();
-        Ok(rows)
-    }
-
-    /// [`Self::fetch_optional_with`] on a connection of the calls' pool, kept for the next
-    /// statement once this one has answered.
-    async fn fetch_optional<O>(&self, query: Statement<'_, O>) -> Result<Option<O>, sqlx::Error>
-    where
-        O: Send + Unpin + for<'r> FromRow<'r, PgRow>,
-    {
-        let mut connection = self.connections.lend().await?;
-        let row = self.fetch_optional_with(&mut connection, query).await?;
-        connection.keep();
-        Ok(row)
-    }
-
-    /// The one row `query` answers.
-    async fn fetch_one<O>(&self, query: Statement<'_, O>) -> Result<O, sqlx::Error>
-    where
-        O: Send + Unpin + for<'r> FromRow<'r, PgRow>,
-    {
-        self.fetch_optional(query)
-            .await?
-            .ok_or(sqlx::Error::RowNotFound)
-    }
-
-    /// The one row `query` answers, on the health probe's own connection.
-    async fn fetch_one_probing<O>(&self, query: Statement<'_, O>) -> Result<O, sqlx::Error>
-    where
-        O: Send + Unpin + for<'r> FromRow<'r, PgRow>,
-    {
-        let mut connection = self.probe_pool.acquire().await?;
-        self.fetch_optional_with(&mut connection, query)
-            .await?
-            .ok_or(sqlx::Error::RowNotFound)
-    }
-}
-
-impl PgStore {
-    /// Why the probe's pool could not open a connection. The pool retries failures it takes
-    /// for passing (a refused connection, a database starting up) until its wait runs out and
-    /// then says only "pool timed out"; one connection made by hand reports the cause (a
-    /// refused connection, a wrong host), which is what an operator needs to read.
-    async fn why_no_connection(&self) -> sqlx::Error {
-        let attempt = tokio::time::timeout(
-            self.budget.connection_wait,
-            PgConnection::connect_with(&self.probe_options),
-        )
-        .await;
-        match attempt {
-            Ok(Err(cause)) => cause,
-            Ok(Ok(connection)) => {
-                let _ = connection.close().await;
-                sqlx::Error::PoolTimedOut
-            }
-            Err(_) => sqlx::Error::PoolTimedOut,
-        }
-    }
-}
-
-/// How often a guarded write is tried when the read that explains its refusal finds the caller
-/// to be the current holder of an in-progress key after all (the key changed in between).
-const GUARD_ATTEMPTS: usize = 3;
-
-impl PgStore {
-    /// Runs `write` (a statement guarded on the caller's token that answers a row only when it
-    /// applied: Release, ExtendLease) and answers that row, or, when it changed nothing, reads
-    /// the key to say why. Tokens are never reused
-    /// and completed keys never reopen, so what the read finds explains the refusal; should it
-    /// find the caller holding an in-progress key after all (which only a token guessed before
-    /// it was handed out can cause), the write is tried again.
-    async fn guarded_write<'q, T, F>(
-        &self,
-        namespace: &str,
-        key: &str,
-        token: LeaseToken,
-        mut write: F,
-    ) -> Result<Result<T, Rejection>, StoreError>
-    where
-        F: FnMut() -> Statement<'q, T>,
-        T: Send + Unpin + for<'r> FromRow<'r, PgRow>,
-    {
-        for _ in 0..GUARD_ATTEMPTS {
-            if let Some(applied) = self.fetch_optional(write()).await.map_err(classify)? {
-                return Ok(Ok(applied));
-            }
-            let found: Option<GuardRow> = self
-                .fetch_optional(sqlx::query_as(GUARD_STATE).bind(namespace).bind(key))
-                .await
-                .map_err(classify)?;
-            match classify_refusal(found.map(GuardedKey::from), token) {
-                Err(rejection) => return Ok(Err(rejection)),
-                // Without an offered response, a completed key is always ALREADY_COMPLETED.
-                Ok(Some(_)) => return Ok(Err(Rejection::AlreadyCompleted)),
-                Ok(None) => continue,
-            }
-        }
-        Err(StoreError::Inconsistent(
-            "a guarded write kept refusing the current holder of an in-progress key",
-        ))
-    }
-}
-
-/// How many key events may wait for a slow subscriber before it is told it missed some.
-const EVENTS_QUEUED: usize = 4096;
-
-/// How long the listener waits before connecting again, at first and at most.
-const LISTEN_RETRY: (Duration, Duration) = (Duration::from_millis(100), Duration::from_secs(5));
-
-impl PgStore {
-    /// Listens on [`KEY_CHANNEL`] until the connection drops (answered `Ok`) or shutdown.
-    async fn listen_until_dropped(&self, shutdown: &CancellationToken) -> Result<(), sqlx::Error> {
-        let mut listener = match PgListener::connect_with(&self.listen_pool).await {
-            Ok(listener) => listener,
-            // The pool says only that it timed out: one direct attempt tells why (the database
-            // does not exist yet, authentication, the network).
-            Err(sqlx::Error::PoolTimedOut) => {
-                return Err(
-                    match PgConnection::connect_with(&self.listen_options).await {
-                        Ok(connection) => {
-                            let _ = connection.close().await;
-                            sqlx::Error::PoolTimedOut
-                        }
-                        Err(cause) => cause,
-                    },
-                );
-            }
-            Err(other) => return Err(other),
-        };
-        listener.listen(KEY_CHANNEL).await?;
-        // Whatever committed while nobody listened is unknown: every waiter looks again.
-        let _ = self.events.send(KeyEvent::Missed);
-        loop {
-            let next = tokio::select! {
-                () = shutdown.cancelled() => return Ok(()),
-                next = listener.try_recv() => next?,
-            };
-            match next {
-                Some(notification) => match KeyHash::from_hex(notification.payload()) {
-                    Some(hash) => {
-                        let _ = self.events.send(KeyEvent::Changed(hash));
-                    }
-                    None => tracing::debug!("ignored a notification that names no key"),
-                },
-                None => return Ok(()),
-            }
-        }
-    }
-}
-
-/// The least time worth giving a statement: below it, a call is answered "timed out" at once.
-const MIN_STATEMENT_TIME: Duration = Duration::from_millis(10);
 
 /// [`TRY_START`] with `command`'s values.
 fn bind_try_start<'q, O>(command: &'q TryStartCommand) -> Statement<'q, O>
@@ -507,112 +126,22 @@ where
         .bind(command.retention.map(|r| r.as_micros()))
 }
 
+/// Each call of `round` run through `run`, one after another: for a round of one call, which
+/// the one-key statements serve with less set-up than the shared ones.
+async fn one_by_one<C, T, Fut>(round: Round<C>, run: impl Fn(C) -> Fut) -> Vec<T>
+where
+    Fut: std::future::Future<Output = T>,
+{
+    let mut answers = Vec::with_capacity(round.len());
+    for command in round {
+        answers.push(run(command).await);
+    }
+    answers
+}
+
 /// `error` as the answer of each of `count` commands.
 fn failed<T>(error: StoreError, count: usize) -> Vec<Result<T, StoreError>> {
     error.for_each_of(count).into_iter().map(Err).collect()
-}
-
-impl PgStore {
-    /// The key for a waiter ([`Store::watch`]): [`LOOKUP_WATCHED`], and when the key is in
-    /// progress and nobody watches it yet, [`WATCH_KEY`], whose answer is the row as that
-    /// statement left it, marked: no Complete or Release of it can then commit unannounced.
-    /// Should the key change between the two (another waiter marked it, or its row went), it is
-    /// looked at again, all on one connection within the store's share of the budget.
-    async fn watch_key(&self, query: &LookupQuery) -> Result<KeyState, StoreError> {
-        let began = std::time::Instant::now();
-        let mut connection = self.connections.lend().await.map_err(classify)?;
-        let (namespace, key) = (query.namespace.as_str(), query.key.as_str());
-        loop {
-            let looked: Option<WatchedKeyRow> = self
-                .fetch_optional_within(
-                    &mut connection,
-                    began,
-                    sqlx::query_as(LOOKUP_WATCHED).bind(namespace).bind(key),
-                )
-                .await?;
-            let state = match looked {
-                None => KeyState::Absent,
-                Some(looked) if looked.watched || looked.key.completed_at.is_some() => {
-                    KeyState::of(Some(looked.key.into()))
-                }
-                Some(_) => {
-                    let marked: Option<MarkedKeyRow> = self
-                        .fetch_optional_within(
-                            &mut connection,
-                            began,
-                            sqlx::query_as(WATCH_KEY).bind(namespace).bind(key),
-                        )
-                        .await?;
-                    match marked {
-                        Some(marked) => KeyState::of(marked.live.then(|| marked.key.into())),
-                        None => continue,
-                    }
-                }
-            };
-            connection.keep();
-            return Ok(state);
-        }
-    }
-}
-
-impl PgStore {
-    /// One statement alone on a connection of the calls' pool, within what is left of the
-    /// store's share of an operation begun at `began` ([`Self::fetch_optional_within`]).
-    async fn alone_within<O>(
-        &self,
-        began: std::time::Instant,
-        query: Statement<'_, O>,
-    ) -> Result<O, StoreError>
-    where
-        O: Send + Unpin + for<'r> FromRow<'r, PgRow>,
-    {
-        let mut connection = self.connections.lend().await.map_err(classify)?;
-        let row = self
-            .fetch_optional_within(&mut connection, began, query)
-            .await?;
-        connection.keep();
-        row.ok_or_else(|| classify(sqlx::Error::RowNotFound))
-    }
-
-    /// After a shared statement begun at `began` met a key held longer than the lock budget
-    /// (`lock_timeout`; the statement wrote nothing): every call of it runs again alone, all at
-    /// once, so a held key fails only its own callers (at their own lock timeout), and the
-    /// others are answered without waiting for it. The answers come back in call order.
-    async fn each_alone<C, T, F, Fut>(
-        &self,
-        commands: Vec<C>,
-        began: std::time::Instant,
-        run: F,
-    ) -> Vec<Result<T, StoreError>>
-    where
-        C: Send + 'static,
-        T: Send + 'static,
-        F: Fn(Self, C, std::time::Instant) -> Fut,
-        Fut: std::future::Future<Output = Result<T, StoreError>> + Send + 'static,
-    {
-        let count = commands.len();
-        let mut runs = tokio::task::JoinSet::new();
-        for (position, command) in commands.into_iter().enumerate() {
-            let run = run(self.clone(), command, began);
-            runs.spawn(async move { (position, run.await) });
-        }
-        let mut answers: Vec<Option<Result<T, StoreError>>> = (0..count).map(|_| None).collect();
-        while let Some(joined) = runs.join_next().await {
-            if let Ok((position, answer)) = joined
-                && let Some(slot) = answers.get_mut(position)
-            {
-                *slot = Some(answer);
-            }
-        }
-        answers
-            .into_iter()
-            .map(|answer| {
-                answer.unwrap_or(Err(StoreError::Inconsistent(
-                    "a call run again alone did not finish",
-                )))
-            })
-            .collect()
-    }
 }
 
 impl Store for PgStore {
@@ -648,11 +177,7 @@ impl Store for PgStore {
     ) -> Vec<Result<TryStartOutcome, StoreError>> {
         if round.len() == 1 {
             // A lone call takes the one-row statement, whose plan is simpler.
-            let mut results = Vec::with_capacity(1);
-            for command in round {
-                results.push(self.try_start(command).await);
-            }
-            return results;
+            return one_by_one(round, |command| self.try_start(command)).await;
         }
         let namespaces: Vec<&str> = round.iter().map(|c| c.namespace.as_str()).collect();
         let keys: Vec<&str> = round.iter().map(|c| c.key.as_str()).collect();
@@ -664,7 +189,7 @@ impl Store for PgStore {
             .map(|c| c.attempt_id.as_ref().map(|a| a.as_str()))
             .collect();
         let began = std::time::Instant::now();
-        let rows: Vec<TryStartBatchRow> = match self
+        let fetched: Result<Vec<TryStartBatchRow>, _> = self
             .fetch_all(
                 sqlx::query_as(TRY_START_BATCH)
                     .bind(&namespaces)
@@ -674,27 +199,20 @@ impl Store for PgStore {
                     .bind(&retentions)
                     .bind(&attempt_ids),
             )
+            .await;
+        let (round, rows) = match self
+            .shared_or_each_alone(fetched, round, began, |store, command, began| async move {
+                let row: TryStartRow = store.alone_within(began, bind_try_start(&command)).await?;
+                Ok(TryStartOutcome::from_record(
+                    row.key.into(),
+                    row.newly_claimed,
+                    &command,
+                ))
+            })
             .await
         {
-            Ok(rows) => rows,
-            Err(error) if is_lock_timeout(&error) => {
-                return self
-                    .each_alone(
-                        round.into_commands(),
-                        began,
-                        |store, command, began| async move {
-                            let row: TryStartRow =
-                                store.alone_within(began, bind_try_start(&command)).await?;
-                            Ok(TryStartOutcome::from_record(
-                                row.key.into(),
-                                row.newly_claimed,
-                                &command,
-                            ))
-                        },
-                    )
-                    .await;
-            }
-            Err(error) => return failed(classify(error), round.len()),
+            Ok(shared) => shared,
+            Err(answers) => return answers,
         };
         let mut by_key: HashMap<(String, String), TryStartBatchRow> = rows
             .into_iter()
@@ -723,11 +241,7 @@ impl Store for PgStore {
     ) -> Vec<Result<Result<Completion, Rejection>, StoreError>> {
         if round.len() == 1 {
             // A lone call takes the one-key statement, which sets up less.
-            let mut results = Vec::with_capacity(1);
-            for command in round {
-                results.push(self.complete(command).await);
-            }
-            return results;
+            return one_by_one(round, |command| self.complete(command)).await;
         }
         let namespaces: Vec<&str> = round.iter().map(|c| c.namespace.as_str()).collect();
         let keys: Vec<&str> = round.iter().map(|c| c.key.as_str()).collect();
@@ -738,7 +252,7 @@ impl Store for PgStore {
             .map(|c| c.retention.map(|r| r.as_micros()))
             .collect();
         let began = std::time::Instant::now();
-        let rows: Vec<CompleteRow> = match self
+        let fetched: Result<Vec<CompleteRow>, _> = self
             .fetch_all(
                 sqlx::query_as(COMPLETE)
                     .bind(&namespaces)
@@ -747,23 +261,16 @@ impl Store for PgStore {
                     .bind(&responses)
                     .bind(&retentions),
             )
+            .await;
+        let (round, rows) = match self
+            .shared_or_each_alone(fetched, round, began, |store, command, began| async move {
+                let row: CompleteRow = store.alone_within(began, bind_complete(&command)).await?;
+                row.answer(command.lease_token)
+            })
             .await
         {
-            Ok(rows) => rows,
-            Err(error) if is_lock_timeout(&error) => {
-                return self
-                    .each_alone(
-                        round.into_commands(),
-                        began,
-                        |store, command, began| async move {
-                            let row: CompleteRow =
-                                store.alone_within(began, bind_complete(&command)).await?;
-                            row.answer(command.lease_token)
-                        },
-                    )
-                    .await;
-            }
-            Err(error) => return failed(classify(error), round.len()),
+            Ok(shared) => shared,
+            Err(answers) => return answers,
         };
         if rows.len() != round.len() {
             return failed(
@@ -839,10 +346,7 @@ impl Store for PgStore {
         &self,
         command: MarkProcessedCommand,
     ) -> Result<Vec<ProcessedEvent>, StoreError> {
-        let mut results = self.mark_processed_batch(Round::one(command)).await;
-        results
-            .pop()
-            .unwrap_or(Err(StoreError::Inconsistent("a mark was not run")))
+        super::only_answer(self.mark_processed_batch(Round::one(command)).await)
     }
 
     /// Every call in one statement: their ids in call order, so that an id two calls carry is
@@ -987,25 +491,6 @@ impl Store for PgStore {
     }
 
     async fn watch_keys(&self, shutdown: CancellationToken) {
-        let mut retry = LISTEN_RETRY.0;
-        while !shutdown.is_cancelled() {
-            match self.listen_until_dropped(&shutdown).await {
-                Ok(()) => {
-                    retry = LISTEN_RETRY.0;
-                    if !shutdown.is_cancelled() {
-                        tracing::warn!("the listening connection dropped; reconnecting");
-                    }
-                }
-                Err(error) => {
-                    tracing::warn!(error = %crate::telemetry::error_chain(&error),
-                        ?retry, "cannot listen for other replicas' changes; retrying");
-                    retry = (retry * 2).min(LISTEN_RETRY.1);
-                }
-            }
-            tokio::select! {
-                () = shutdown.cancelled() => return,
-                () = tokio::time::sleep(retry) => {}
-            }
-        }
+        self.listen_with_retries(shutdown).await;
     }
 }

@@ -338,41 +338,52 @@ FROM batch
 "#
 );
 
-/// Deletes a bounded batch of expired keys, skipping rows another transaction holds (another
-/// replica's reaper, or a TryStart reclaiming the key), oldest expiry first.
-pub(super) const REAP_KEYS: &str = r#"
+/// Deletes a bounded batch ($1) of a table's expired rows, oldest expiry first, skipping rows
+/// another transaction holds (another replica's reaper, or a TryStart reclaiming the key), and
+/// answers how many it deleted. The table is named with its two key columns.
+macro_rules! reap {
+    ($table:literal, $first:literal, $second:literal) => {
+        concat!(
+            "
 WITH doomed AS (
-    SELECT namespace, key FROM idempotency_keys
+    SELECT ",
+            $first,
+            ", ",
+            $second,
+            " FROM ",
+            $table,
+            "
     WHERE expires_at <= now()
     ORDER BY expires_at
     LIMIT $1
     FOR UPDATE SKIP LOCKED
 ),
 deleted AS (
-    DELETE FROM idempotency_keys AS k
+    DELETE FROM ",
+            $table,
+            " AS t
     USING doomed AS d
-    WHERE k.namespace = d.namespace AND k.key = d.key AND k.expires_at <= now()
+    WHERE t.",
+            $first,
+            " = d.",
+            $first,
+            " AND t.",
+            $second,
+            " = d.",
+            $second,
+            "
+      AND t.expires_at <= now()
     RETURNING 1
 )
 SELECT count(*) FROM deleted
-"#;
+"
+        )
+    };
+}
 
-pub(super) const REAP_EVENTS: &str = r#"
-WITH doomed AS (
-    SELECT consumer, event_id FROM processed_events
-    WHERE expires_at <= now()
-    ORDER BY expires_at
-    LIMIT $1
-    FOR UPDATE SKIP LOCKED
-),
-deleted AS (
-    DELETE FROM processed_events AS e
-    USING doomed AS d
-    WHERE e.consumer = d.consumer AND e.event_id = d.event_id AND e.expires_at <= now()
-    RETURNING 1
-)
-SELECT count(*) FROM deleted
-"#;
+pub(super) const REAP_KEYS: &str = reap!("idempotency_keys", "namespace", "key");
+
+pub(super) const REAP_EVENTS: &str = reap!("processed_events", "consumer", "event_id");
 
 /// The reaper's lag: how long ago the oldest expired row of each table expired, in
 /// microseconds (0 when none is). `min` under `expires_at <= now()` reads one end of each

@@ -309,10 +309,7 @@ impl SqliteStore {
         command: C,
         apply: impl AsyncFn(&mut SqliteConnection, Instant, &C) -> Result<T, StoreError>,
     ) -> Result<T, StoreError> {
-        self.write_all(vec![command], apply)
-            .await
-            .pop()
-            .unwrap_or(Err(StoreError::Inconsistent("a write was not run")))
+        super::only_answer(self.write_all(vec![command], apply).await)
     }
 }
 
@@ -332,10 +329,7 @@ impl Store for SqliteStore {
         &self,
         command: CompleteCommand,
     ) -> Result<Result<Completion, Rejection>, StoreError> {
-        let mut results = self.complete_batch(Round::one(command)).await;
-        results
-            .pop()
-            .unwrap_or(Err(StoreError::Inconsistent("a completion was not run")))
+        super::only_answer(self.complete_batch(Round::one(command)).await)
     }
 
     async fn complete_batch(

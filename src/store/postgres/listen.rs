@@ -1,0 +1,133 @@
+//! Listening for committed changes (`LISTEN` on [`KEY_CHANNEL`]), from this and other replicas,
+//! and the key a waiter watches, marked so that no change of it commits unannounced.
+
+use std::time::Duration;
+
+use sqlx::postgres::PgListener;
+use sqlx::{Connection, PgConnection};
+use tokio_util::sync::CancellationToken;
+
+use super::PgStore;
+use super::error::classify;
+use super::rows::{MarkedKeyRow, WatchedKeyRow};
+use super::sql::{KEY_CHANNEL, LOOKUP_WATCHED, WATCH_KEY};
+use crate::domain::{KeyHash, KeyState, LookupQuery};
+use crate::store::{KeyEvent, StoreError};
+
+/// How many key events may wait for a slow subscriber before it is told it missed some.
+pub(super) const EVENTS_QUEUED: usize = 4096;
+
+/// How long the listener waits before connecting again, at first and at most.
+const LISTEN_RETRY: (Duration, Duration) = (Duration::from_millis(100), Duration::from_secs(5));
+
+impl PgStore {
+    /// Listens on [`KEY_CHANNEL`] until the connection drops (answered `Ok`) or shutdown.
+    pub(super) async fn listen_until_dropped(
+        &self,
+        shutdown: &CancellationToken,
+    ) -> Result<(), sqlx::Error> {
+        let mut listener = match PgListener::connect_with(&self.listen_pool).await {
+            Ok(listener) => listener,
+            // The pool says only that it timed out: one direct attempt tells why (the database
+            // does not exist yet, authentication, the network).
+            Err(sqlx::Error::PoolTimedOut) => {
+                return Err(
+                    match PgConnection::connect_with(&self.listen_options).await {
+                        Ok(connection) => {
+                            let _ = connection.close().await;
+                            sqlx::Error::PoolTimedOut
+                        }
+                        Err(cause) => cause,
+                    },
+                );
+            }
+            Err(other) => return Err(other),
+        };
+        listener.listen(KEY_CHANNEL).await?;
+        // Whatever committed while nobody listened is unknown: every waiter looks again.
+        let _ = self.events.send(KeyEvent::Missed);
+        loop {
+            let next = tokio::select! {
+                () = shutdown.cancelled() => return Ok(()),
+                next = listener.try_recv() => next?,
+            };
+            match next {
+                Some(notification) => match KeyHash::from_hex(notification.payload()) {
+                    Some(hash) => {
+                        let _ = self.events.send(KeyEvent::Changed(hash));
+                    }
+                    None => tracing::debug!("ignored a notification that names no key"),
+                },
+                None => return Ok(()),
+            }
+        }
+    }
+}
+
+impl PgStore {
+    /// The key for a waiter ([`Store::watch`]): [`LOOKUP_WATCHED`], and when the key is in
+    /// progress and nobody watches it yet, [`WATCH_KEY`], whose answer is the row as that
+    /// statement left it, marked: no Complete or Release of it can then commit unannounced.
+    /// Should the key change between the two (another waiter marked it, or its row went), it is
+    /// looked at again, all on one connection within the store's share of the budget.
+    pub(super) async fn watch_key(&self, query: &LookupQuery) -> Result<KeyState, StoreError> {
+        let began = std::time::Instant::now();
+        let mut connection = self.connections.lend().await.map_err(classify)?;
+        let (namespace, key) = (query.namespace.as_str(), query.key.as_str());
+        loop {
+            let looked: Option<WatchedKeyRow> = self
+                .fetch_optional_within(
+                    &mut connection,
+                    began,
+                    sqlx::query_as(LOOKUP_WATCHED).bind(namespace).bind(key),
+                )
+                .await?;
+            let state = match looked {
+                None => KeyState::Absent,
+                Some(looked) if looked.watched || looked.key.completed_at.is_some() => {
+                    KeyState::of(Some(looked.key.into()))
+                }
+                Some(_) => {
+                    let marked: Option<MarkedKeyRow> = self
+                        .fetch_optional_within(
+                            &mut connection,
+                            began,
+                            sqlx::query_as(WATCH_KEY).bind(namespace).bind(key),
+                        )
+                        .await?;
+                    match marked {
+                        Some(marked) => KeyState::of(marked.live.then(|| marked.key.into())),
+                        None => continue,
+                    }
+                }
+            };
+            connection.keep();
+            return Ok(state);
+        }
+    }
+
+    /// Listens until shutdown, connecting again after a pause that doubles while connecting
+    /// fails ([`LISTEN_RETRY`]).
+    pub(super) async fn listen_with_retries(&self, shutdown: CancellationToken) {
+        let mut retry = LISTEN_RETRY.0;
+        while !shutdown.is_cancelled() {
+            match self.listen_until_dropped(&shutdown).await {
+                Ok(()) => {
+                    retry = LISTEN_RETRY.0;
+                    if !shutdown.is_cancelled() {
+                        tracing::warn!("the listening connection dropped; reconnecting");
+                    }
+                }
+                Err(error) => {
+                    tracing::warn!(error = %crate::telemetry::error_chain(&error),
+                        ?retry, "cannot listen for other replicas' changes; retrying");
+                    retry = (retry * 2).min(LISTEN_RETRY.1);
+                }
+            }
+            tokio::select! {
+                () = shutdown.cancelled() => return,
+                () = tokio::time::sleep(retry) => {}
+            }
+        }
+    }
+}
