@@ -54,11 +54,16 @@ impl Binary {
         flags: &[&str],
         level: &str,
     ) -> anyhow::Result<ServerProcess> {
+        ServerProcess::spawn(self.serve_command(database_url, level), flags).await
+    }
+
+    /// `serve` on `database_url`, logging at `level`: the command the `serve…` starters add to.
+    fn serve_command(&self, database_url: &str, level: &str) -> Command {
         let mut command = self.command();
         command
             .args(["serve", "--database-url", database_url])
             .env("RUST_LOG", level);
-        ServerProcess::spawn(command, flags).await
+        command
     }
 
     /// Like [`Binary::serve`], with the process's wall clock skewed by `skew`, in libfaketime's
@@ -77,10 +82,8 @@ impl Binary {
         skew: &str,
     ) -> anyhow::Result<ServerProcess> {
         let library = libfaketime()?;
-        let mut command = self.command();
+        let mut command = self.serve_command(database_url, "info");
         command
-            .args(["serve", "--database-url", database_url])
-            .env("RUST_LOG", "info")
             .env("LD_PRELOAD", library)
             .env("FAKETIME", skew)
             .env("FAKETIME_DONT_FAKE_MONOTONIC", "1")

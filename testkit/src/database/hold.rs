@@ -70,19 +70,13 @@ impl TestDatabase {
 
     /// PostgreSQL statements of the service that are waiting for a lock.
     pub async fn blocked_postgres_statements(&self) -> i64 {
-        let Inspector::Postgres(pool) = &self.inspector else {
-            panic!("only PostgreSQL shows its waiting statements");
-        };
-        let (blocked,): (i64,) = sqlx::query_as(
+        self.postgres_count(
             "SELECT count(*) FROM pg_stat_activity
              WHERE datname = current_database()
                AND application_name = 'idempotency-coordinator'
                AND wait_event_type = 'Lock'",
         )
-        .fetch_one(pool)
         .await
-        .expect("read pg_stat_activity");
-        blocked
     }
 }
 
@@ -154,33 +148,31 @@ impl KeyHold {
         token
     }
 
+    /// Ends the held transaction with `end`, deleting `delete` in it first if given.
     async fn finish(self, end: &'static str, delete: Option<&str>) {
+        // The same statements on either store's connection type, the DELETE in its placeholder
+        // style.
+        macro_rules! finish_on {
+            ($connection:ident, $delete_sql:literal) => {{
+                if let Some(key) = delete {
+                    sqlx::query($delete_sql)
+                        .bind(key)
+                        .execute(&mut $connection)
+                        .await
+                        .expect("delete the key");
+                }
+                sqlx::query(end)
+                    .execute(&mut $connection)
+                    .await
+                    .expect("end the transaction");
+            }};
+        }
         match self {
             Self::Postgres(mut connection) => {
-                if let Some(key) = delete {
-                    sqlx::query("DELETE FROM idempotency_keys WHERE key = $1")
-                        .bind(key)
-                        .execute(&mut connection)
-                        .await
-                        .expect("delete the key");
-                }
-                sqlx::query(end)
-                    .execute(&mut connection)
-                    .await
-                    .expect("end the transaction");
+                finish_on!(connection, "DELETE FROM idempotency_keys WHERE key = $1")
             }
             Self::Sqlite(mut connection) => {
-                if let Some(key) = delete {
-                    sqlx::query("DELETE FROM idempotency_keys WHERE key = ?1")
-                        .bind(key)
-                        .execute(&mut connection)
-                        .await
-                        .expect("delete the key");
-                }
-                sqlx::query(end)
-                    .execute(&mut connection)
-                    .await
-                    .expect("end the transaction");
+                finish_on!(connection, "DELETE FROM idempotency_keys WHERE key = ?1")
             }
         }
     }

@@ -158,23 +158,14 @@ impl TestDatabase {
             + Send
             + Unpin,
     {
+        let sql = |placeholder| {
+            AssertSqlSafe(format!(
+                "SELECT {column} FROM idempotency_keys WHERE key = {placeholder}"
+            ))
+        };
         let (value,): (T,) = match &self.inspector {
-            Inspector::Postgres(pool) => {
-                sqlx::query_as(AssertSqlSafe(format!(
-                    "SELECT {column} FROM idempotency_keys WHERE key = $1"
-                )))
-                .bind(key)
-                .fetch_one(pool)
-                .await
-            }
-            Inspector::Sqlite(pool) => {
-                sqlx::query_as(AssertSqlSafe(format!(
-                    "SELECT {column} FROM idempotency_keys WHERE key = ?1"
-                )))
-                .bind(key)
-                .fetch_one(pool)
-                .await
-            }
+            Inspector::Postgres(pool) => sqlx::query_as(sql("$1")).bind(key).fetch_one(pool).await,
+            Inspector::Sqlite(pool) => sqlx::query_as(sql("?1")).bind(key).fetch_one(pool).await,
         }
         .unwrap_or_else(|error| panic!("read {column} of {key}: {error}"));
         value
@@ -303,33 +294,33 @@ impl TestDatabase {
     /// counted on the service's two tables. A backend publishes its counts when it exits, so
     /// read this once the sessions that matter have ended ([`Self::service_sessions`]).
     pub async fn sequential_scans(&self) -> i64 {
-        let Inspector::Postgres(pool) = &self.inspector else {
-            panic!("only PostgreSQL counts its scans");
-        };
-        let (scans,): (i64,) = sqlx::query_as(
+        self.postgres_count(
             "SELECT coalesce(sum(seq_scan), 0)::bigint FROM pg_stat_user_tables
              WHERE relname IN ('idempotency_keys', 'processed_events')",
         )
-        .fetch_one(pool)
         .await
-        .expect("read pg_stat_user_tables");
-        scans
     }
 
     /// PostgreSQL only: the service's sessions connected to this database now (a backend
     /// publishes its statistics before it leaves `pg_stat_activity`).
     pub async fn service_sessions(&self) -> i64 {
-        let Inspector::Postgres(pool) = &self.inspector else {
-            panic!("only PostgreSQL shows its sessions");
-        };
-        let (sessions,): (i64,) = sqlx::query_as(
+        self.postgres_count(
             "SELECT count(*) FROM pg_stat_activity
              WHERE datname = current_database()
                AND application_name LIKE 'idempotency-coordinator%'",
         )
-        .fetch_one(pool)
         .await
-        .expect("read pg_stat_activity");
-        sessions
+    }
+
+    /// PostgreSQL only: the one number `sql` answers, read from the server's statistics.
+    pub(super) async fn postgres_count(&self, sql: &'static str) -> i64 {
+        let Inspector::Postgres(pool) = &self.inspector else {
+            panic!("only PostgreSQL keeps these statistics: {sql}");
+        };
+        let (count,): (i64,) = sqlx::query_as(sql)
+            .fetch_one(pool)
+            .await
+            .unwrap_or_else(|error| panic!("{sql}: {error}"));
+        count
     }
 }
