@@ -3,14 +3,14 @@
 
 use std::time::Duration;
 
-use idempotency_coordinator::domain::{KeyState, Rejection, TryStartOutcome};
+use idempotency_coordinator::domain::{KeyState, LeaseToken, Rejection, TryStartOutcome};
 use idempotency_coordinator::store::Store;
 use idempotency_testkit::TestDatabase;
 
 use super::*;
 
-async fn token_of<S: Store>(store: &S, name: &str) -> idempotency_coordinator::domain::LeaseToken {
-    started(store.try_start(claim(name)).await.expect("claim")).lease_token
+async fn token_of<S: Store>(store: &S, name: &str) -> LeaseToken {
+    claimed(store, claim(name)).await.lease_token
 }
 
 async fn a_completed_key_is_replayed_and_looked_up_with_its_response<S: Store>(
@@ -18,11 +18,7 @@ async fn a_completed_key_is_replayed_and_looked_up_with_its_response<S: Store>(
     _: &TestDatabase,
 ) {
     let held = token_of(&store, "k").await;
-    let completion = store
-        .complete(complete("k", held, b"answer"))
-        .await
-        .expect("store")
-        .expect("completed");
+    let completion = completed(&store, complete("k", held, b"answer")).await;
     assert_eq!(
         store.try_start(claim("k")).await.expect("replay"),
         TryStartOutcome::Completed {
@@ -55,6 +51,22 @@ async fn a_completed_key_is_replayed_and_looked_up_with_its_response<S: Store>(
     );
 }
 
+/// The store's answers to a Release and to an ExtendLease (by 5 s) of `name` with `token`.
+async fn release_and_extend<S: Store>(
+    store: &S,
+    name: &str,
+    token: LeaseToken,
+) -> [Result<(), Rejection>; 2] {
+    [
+        store.release(release(name, token)).await.expect("store"),
+        store
+            .extend_lease(extend(name, token, Duration::from_secs(5)))
+            .await
+            .expect("store")
+            .map(drop),
+    ]
+}
+
 async fn refusals_come_in_the_contracts_order<S: Store>(store: S, _: &TestDatabase) {
     let held = token_of(&store, "k").await;
     let stranger = token(held.get() + 1000);
@@ -66,31 +78,16 @@ async fn refusals_come_in_the_contracts_order<S: Store>(store: S, _: &TestDataba
         Err(Rejection::KeyNotFound)
     );
     assert_eq!(
-        store.release(release("k", stranger)).await.expect("store"),
-        Err(Rejection::LeaseLost)
+        release_and_extend(&store, "k", stranger).await,
+        [Err(Rejection::LeaseLost), Err(Rejection::LeaseLost)]
     );
+    completed(&store, complete("k", held, b"done")).await;
     assert_eq!(
-        store
-            .extend_lease(extend("k", stranger, Duration::from_secs(5)))
-            .await
-            .expect("store"),
-        Err(Rejection::LeaseLost)
-    );
-    store
-        .complete(complete("k", held, b"done"))
-        .await
-        .expect("store")
-        .expect("completed");
-    assert_eq!(
-        store.release(release("k", held)).await.expect("store"),
-        Err(Rejection::AlreadyCompleted)
-    );
-    assert_eq!(
-        store
-            .extend_lease(extend("k", held, Duration::from_secs(5)))
-            .await
-            .expect("store"),
-        Err(Rejection::AlreadyCompleted)
+        release_and_extend(&store, "k", held).await,
+        [
+            Err(Rejection::AlreadyCompleted),
+            Err(Rejection::AlreadyCompleted)
+        ]
     );
 }
 
@@ -100,11 +97,7 @@ async fn release_makes_the_key_absent<S: Store>(store: S, _: &TestDatabase) {
         store.lookup(lookup("k")).await.expect("lookup"),
         KeyState::InProgress { attempt: 1, .. }
     ));
-    store
-        .release(release("k", held))
-        .await
-        .expect("store")
-        .expect("released");
+    released(&store, release("k", held)).await;
     assert_eq!(
         store.lookup(lookup("k")).await.expect("lookup"),
         KeyState::Absent
@@ -117,11 +110,7 @@ async fn extend_lease_sets_the_lease_from_now_and_may_shorten_it<S: Store>(
 ) {
     let held = token_of(&store, "k").await;
     let before = database.now().await;
-    let shortened = store
-        .extend_lease(extend("k", held, Duration::from_secs(1)))
-        .await
-        .expect("store")
-        .expect("extended");
+    let shortened = extended(&store, extend("k", held, Duration::from_secs(1))).await;
     let after = database.now().await;
     assert!(shortened > before + chrono::Duration::milliseconds(900));
     assert!(shortened <= after + chrono::Duration::seconds(1));

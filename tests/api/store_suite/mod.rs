@@ -10,9 +10,9 @@ mod postgres_only;
 use std::time::Duration;
 
 use idempotency_coordinator::domain::{
-    AttemptId, Claim, CompleteCommand, EventId, EventRetention, ExtendLeaseCommand, Fingerprint,
-    Key, KeyRetention, LeaseToken, LeaseTtl, LookupQuery, MarkProcessedCommand, ReleaseCommand,
-    ResponseBody, Scope, TryStartCommand, TryStartOutcome,
+    AttemptId, Claim, CompleteCommand, Completion, EventId, EventRetention, ExtendLeaseCommand,
+    Fingerprint, Key, KeyRetention, LeaseToken, LeaseTtl, LookupQuery, MarkProcessedCommand,
+    ReleaseCommand, ResponseBody, Scope, TryStartCommand, TryStartOutcome,
 };
 use idempotency_coordinator::store::Store;
 use idempotency_coordinator::store::postgres::{PgSettings, PgStore};
@@ -126,6 +126,46 @@ pub fn started(outcome: TryStartOutcome) -> Claim {
         TryStartOutcome::Started(claim) => claim,
         other => panic!("expected started, got {other:?}"),
     }
+}
+
+/// Claims with `command` through the trait; the store must start a claim, which is answered.
+pub async fn claimed<S: Store>(store: &S, command: TryStartCommand) -> Claim {
+    started(
+        store
+            .try_start(command)
+            .await
+            .expect("TryStart reaches the store"),
+    )
+}
+
+/// Completes with `command`, which the store must accept; answers the completion.
+pub async fn completed<S: Store>(store: &S, command: CompleteCommand) -> Completion {
+    store
+        .complete(command)
+        .await
+        .expect("Complete reaches the store")
+        .expect("completed")
+}
+
+/// Releases with `command`, which the store must accept.
+pub async fn released<S: Store>(store: &S, command: ReleaseCommand) {
+    store
+        .release(command)
+        .await
+        .expect("Release reaches the store")
+        .expect("released");
+}
+
+/// Extends with `command`, which the store must accept; answers the new lease's end.
+pub async fn extended<S: Store>(
+    store: &S,
+    command: ExtendLeaseCommand,
+) -> chrono::DateTime<chrono::Utc> {
+    store
+        .extend_lease(command)
+        .await
+        .expect("ExtendLease reaches the store")
+        .expect("extended")
 }
 
 pub fn with_fingerprint(mut command: TryStartCommand, fingerprint: &[u8]) -> TryStartCommand {

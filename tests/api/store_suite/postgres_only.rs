@@ -35,7 +35,7 @@ async fn no_statement_reads_a_whole_table_however_small_it_is() {
     let before = database.sequential_scans().await;
 
     let store = postgres_store_on(&database, OPERATION_TIMEOUT);
-    let held = started(store.try_start(claim("a")).await.expect("claim a"));
+    let held = claimed(&store, claim("a")).await;
     assert!(matches!(
         store.try_start(claim("a")).await.expect("a again"),
         TryStartOutcome::InProgress { .. }
@@ -51,16 +51,12 @@ async fn no_statement_reads_a_whole_table_however_small_it_is() {
         .into_iter()
         .map(|answer| started(answer.expect("claimed")).lease_token)
         .collect();
-    store
-        .extend_lease(extend("a", held.lease_token, Duration::from_secs(60)))
-        .await
-        .expect("extend")
-        .expect("extended");
-    store
-        .complete(complete("a", held.lease_token, b"done"))
-        .await
-        .expect("complete")
-        .expect("completed");
+    extended(
+        &store,
+        extend("a", held.lease_token, Duration::from_secs(60)),
+    )
+    .await;
+    completed(&store, complete("a", held.lease_token, b"done")).await;
     let round = Round::new(vec![
         complete("b", tokens[0], b"b"),
         complete("c", tokens[1], b"c"),
@@ -73,12 +69,8 @@ async fn no_statement_reads_a_whole_table_however_small_it_is() {
         store.lookup(lookup("a")).await.expect("lookup"),
         KeyState::Completed { .. }
     ));
-    let released = started(store.try_start(claim("d")).await.expect("claim d"));
-    store
-        .release(release("d", released.lease_token))
-        .await
-        .expect("release")
-        .expect("released");
+    let to_release = claimed(&store, claim("d")).await;
+    released(&store, release("d", to_release.lease_token)).await;
     assert!(
         store
             .release(release("a", held.lease_token))
@@ -120,7 +112,7 @@ async fn a_statement_waiting_for_the_pool_gets_the_connection_another_kept() {
     let database = TestDatabase::create(Backend::Postgres).await;
     let store = postgres_store_with_pool(&database, operation_timeout, 1);
     let (store, _database) = ready(store, database).await;
-    started(store.try_start(claim("kept")).await.expect("claim"));
+    claimed(&store, claim("kept")).await;
 
     let calls: Vec<_> = (0..40)
         .map(|index| {
@@ -179,9 +171,9 @@ async fn only_the_keys_a_waiter_watches_are_announced() {
     );
     let announced = |name: &str| KeyEvent::Changed(KeyHash::of(&scope(NAMESPACE), &key(name)));
 
-    let unwatched = started(store.try_start(claim("unwatched")).await.expect("claim"));
-    let released = started(store.try_start(claim("released")).await.expect("claim"));
-    let watched = started(store.try_start(claim("watched")).await.expect("claim"));
+    let unwatched = claimed(&store, claim("unwatched")).await;
+    let to_release = claimed(&store, claim("released")).await;
+    let watched = claimed(&store, claim("watched")).await;
     for look in ["watch", "watch again (marked already)"] {
         assert!(
             matches!(
@@ -191,39 +183,18 @@ async fn only_the_keys_a_waiter_watches_are_announced() {
             "{look}: the key is in progress"
         );
     }
-    store
-        .complete(complete("unwatched", unwatched.lease_token, b"u"))
-        .await
-        .expect("complete")
-        .expect("completed");
-    store
-        .release(release("released", released.lease_token))
-        .await
-        .expect("release")
-        .expect("released");
-    store
-        .complete(complete("watched", watched.lease_token, b"w"))
-        .await
-        .expect("complete")
-        .expect("completed");
+    completed(&store, complete("unwatched", unwatched.lease_token, b"u")).await;
+    released(&store, release("released", to_release.lease_token)).await;
+    completed(&store, complete("watched", watched.lease_token, b"w")).await;
     assert_eq!(
         next_event(&mut events).await,
         announced("watched"),
         "the first announcement is the watched key's: the others were not announced"
     );
 
-    let held = started(
-        store
-            .try_start(claim("watched-release"))
-            .await
-            .expect("claim"),
-    );
+    let held = claimed(&store, claim("watched-release")).await;
     store.watch(lookup("watched-release")).await.expect("watch");
-    store
-        .release(release("watched-release", held.lease_token))
-        .await
-        .expect("release")
-        .expect("released");
+    released(&store, release("watched-release", held.lease_token)).await;
     assert_eq!(next_event(&mut events).await, announced("watched-release"));
 
     shutdown.cancel();
@@ -238,7 +209,7 @@ async fn only_the_keys_a_waiter_watches_are_announced() {
 async fn a_watch_answers_the_key_as_the_lock_it_waited_for_left_it() {
     let (store, database) = postgres().await;
     for name in ["deleted", "completed"] {
-        started(store.try_start(claim(name)).await.expect("claim"));
+        claimed(&store, claim(name)).await;
         let hold = database.hold_key(name).await;
         let watching = {
             let store = store.clone();
