@@ -484,27 +484,37 @@ fn valid_timed_step<S: TimedStep>(
     }
 }
 
-impl TimedStep for KeySpec {
-    type Op = KeyOp;
-    type Ret = KeyRet;
-    fn timed_step(&self, op: &KeyOp, window: Window, ret: &KeyRet) -> Option<Self> {
-        self.step(op, window, ret)
-    }
+/// Makes `$spec`, whose inherent `step` takes an `$op` in a window and its `$ret`, a
+/// [`TimedStep`] and, through [`valid_timed_step`], the checker's `SequentialSpec` of timed
+/// operations.
+macro_rules! timed_spec {
+    ($spec:ty: $op:ty => $ret:ty) => {
+        impl TimedStep for $spec {
+            type Op = $op;
+            type Ret = $ret;
+            fn timed_step(&self, op: &$op, window: Window, ret: &$ret) -> Option<Self> {
+                self.step(op, window, ret)
+            }
+        }
+
+        impl SequentialSpec for $spec {
+            type Op = Timed<$op>;
+            type Ret = Answer<Option<$ret>>;
+
+            /// Only for an operation left in flight, which the runner never leaves: every call
+            /// answers.
+            fn invoke(&mut self, _op: &Self::Op) -> Self::Ret {
+                Answer { ret: None, hi: 0 }
+            }
+
+            fn is_valid_step(&mut self, op: &Self::Op, ret: &Self::Ret) -> bool {
+                valid_timed_step(self, op, ret)
+            }
+        }
+    };
 }
 
-impl SequentialSpec for KeySpec {
-    type Op = Timed<KeyOp>;
-    type Ret = Answer<Option<KeyRet>>;
-
-    /// Only for an operation left in flight, which the runner never leaves: every call answers.
-    fn invoke(&mut self, _op: &Self::Op) -> Self::Ret {
-        Answer { ret: None, hi: 0 }
-    }
-
-    fn is_valid_step(&mut self, op: &Self::Op, ret: &Self::Ret) -> bool {
-        valid_timed_step(self, op, ret)
-    }
-}
+timed_spec!(KeySpec: KeyOp => KeyRet);
 
 /// One MarkProcessed call: its ids (indexes) in request order, and its retention.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -566,23 +576,4 @@ impl EventsSpec {
     }
 }
 
-impl TimedStep for EventsSpec {
-    type Op = MarkOp;
-    type Ret = MarkRet;
-    fn timed_step(&self, op: &MarkOp, window: Window, ret: &MarkRet) -> Option<Self> {
-        self.step(op, window, ret)
-    }
-}
-
-impl SequentialSpec for EventsSpec {
-    type Op = Timed<MarkOp>;
-    type Ret = Answer<Option<MarkRet>>;
-
-    fn invoke(&mut self, _op: &Self::Op) -> Self::Ret {
-        Answer { ret: None, hi: 0 }
-    }
-
-    fn is_valid_step(&mut self, op: &Self::Op, ret: &Self::Ret) -> bool {
-        valid_timed_step(self, op, ret)
-    }
-}
+timed_spec!(EventsSpec: MarkOp => MarkRet);
