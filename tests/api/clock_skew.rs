@@ -137,12 +137,7 @@ async fn leases_and_retention_follow_the_database_clock_when_the_service_clock_i
 
     // An event's processing instant is the database's too.
     let before = database.now().await;
-    let results = client
-        .mark_processed(mark("skewed", &["evt"]))
-        .await
-        .expect("MarkProcessed")
-        .into_inner()
-        .results;
+    let results = mark_results(&client, mark("skewed", &["evt"])).await;
     let after = database.now().await;
     within(
         "processed_at",

@@ -15,8 +15,7 @@ use crate::support::*;
 
 async fn concurrent_calls_each_get_their_own_answer(backend: Backend) {
     const KEYS: usize = 100;
-    let app = TestApp::spawn_with(backend, &["--metrics-listen", "127.0.0.1:0"]).await;
-    let client = app.client().await;
+    let (app, client) = app_and_client_with(backend, &["--metrics-listen", "127.0.0.1:0"]).await;
     let batched = || async {
         let samples = crate::metrics::samples(&crate::metrics::scrape(&app).await);
         (
@@ -110,8 +109,7 @@ async fn concurrent_calls_each_get_their_own_answer(backend: Backend) {
 }
 
 async fn duplicates_of_a_key_in_one_burst_behave_as_if_one_after_another(backend: Backend) {
-    let app = TestApp::spawn(backend).await;
-    let client = app.client().await;
+    let (_app, client) = app_and_client(backend).await;
     let key = unique_key("burst");
     // Fifty claims of one key with the same attempt_id: one claim, and 49 re-entries that get
     // the very same token (never a takeover, never in_progress).
@@ -140,8 +138,7 @@ async fn duplicates_of_a_key_in_one_burst_behave_as_if_one_after_another(backend
 /// token than the one handed out after it, and fencing downstream would fail both ways.
 #[tokio::test]
 async fn a_claim_that_waited_for_the_row_gets_a_token_above_the_one_claimed_meanwhile() {
-    let app = TestApp::spawn(Backend::Postgres).await;
-    let mut client = app.client().await;
+    let (app, mut client) = app_and_client(Backend::Postgres).await;
     let key = unique_key("waited");
     let first = claim(&mut client, try_start(&key)).await;
 
@@ -175,8 +172,7 @@ async fn a_claim_that_waited_for_the_row_gets_a_token_above_the_one_claimed_mean
 /// statement's, and the held key's takeover draws a token above the one claimed meanwhile.
 #[tokio::test]
 async fn a_shared_claim_statement_draws_tokens_and_starts_leases_in_key_order() {
-    let app = TestApp::spawn(Backend::Postgres).await;
-    let mut client = app.client().await;
+    let (app, mut client) = app_and_client(Backend::Postgres).await;
     let suffix = unique_key("order");
     let (held, fresh) = (format!("a-held-{suffix}"), format!("b-fresh-{suffix}"));
     claim(&mut client, try_start(&held)).await;
@@ -229,8 +225,7 @@ async fn a_shared_claim_statement_draws_tokens_and_starts_leases_in_key_order() 
 /// the rest, would deadlock here (and PostgreSQL would abort one of them).
 #[tokio::test]
 async fn shared_claims_do_not_deadlock_when_a_key_appears_while_they_wait() {
-    let app = TestApp::spawn(Backend::Postgres).await;
-    let mut client = app.client().await;
+    let (app, mut client) = app_and_client(Backend::Postgres).await;
     let suffix = unique_key("order");
     let (first, second) = (format!("a-{suffix}"), format!("b-{suffix}"));
     claim(&mut client, try_start(&second)).await;

@@ -3,11 +3,7 @@
 //! in the stored row, the decoding limit following `--max-response-bytes`, an empty fingerprint
 //! against a stored one, and MarkProcessed's atomicity when the store fails mid-statement.
 
-use std::time::Duration;
-
-use idempotency_coordinator::proto::idempotency::v1::{
-    CompleteRequest, TryStartRequest, lookup_response::State,
-};
+use idempotency_coordinator::proto::idempotency::v1::{CompleteRequest, lookup_response::State};
 use prost::Message;
 use tonic::Code;
 
@@ -17,23 +13,13 @@ use crate::support::*;
 /// not its current one: absent wins over "not the current token", so KEY_NOT_FOUND, never
 /// LEASE_LOST, for every guarded write.
 async fn an_expired_unreaped_row_with_a_stale_token_is_key_not_found(backend: Backend) {
-    let app = TestApp::spawn(backend).await;
-    let mut client = app.client().await;
+    let (app, mut client) = app_and_client(backend).await;
     let key = unique_key("stale-expired");
-    let short = TryStartRequest {
-        retention: secs(1),
-        lease_ttl: millis(100),
-        ..try_start(&key)
-    };
-    let first = claim(&mut client, short.clone()).await;
-    wait_for_lease_expiry(&app, &client, &key).await;
-    let taker = claim(&mut client, short).await;
+    let first = claim_and_let_lapse(&app, &mut client, short_lived(&key)).await;
+    let taker = claim(&mut client, short_lived(&key)).await;
     assert_eq!(taker.attempt, 2, "taken over: the first token is stale");
     let expiry = app.database.key_expires_at(&key).await;
-    eventually(Duration::from_secs(5), "the key expired", || async {
-        app.db_now().await > expiry
-    })
-    .await;
+    wait_for_db_clock_past(&app, expiry, "the key expired").await;
     assert_eq!(app.count_rows("idempotency_keys").await, 1, "not reaped");
 
     for token in [first.lease_token, taker.lease_token, i64::MAX as u64] {
@@ -44,19 +30,13 @@ async fn an_expired_unreaped_row_with_a_stale_token_is_key_not_found(backend: Ba
 /// A fresh claim's `expires_at` is the claim's instant plus its retention: exactly
 /// `lease_expires_at − lease_ttl + retention`, since both are counted from one instant.
 async fn a_fresh_claims_expiry_is_its_instant_plus_its_retention(backend: Backend) {
-    let app = TestApp::spawn(backend).await;
-    let mut client = app.client().await;
+    let (app, mut client) = app_and_client(backend).await;
     let key = unique_key("fresh-retention");
     let before = app.db_now().await;
-    let started = claim(
-        &mut client,
-        TryStartRequest {
-            retention: secs(600),
-            lease_ttl: secs(30),
-            ..try_start(&key)
-        },
-    )
-    .await;
+    let request = try_start(&key)
+        .with_retention(secs(600))
+        .with_lease(secs(30));
+    let started = claim(&mut client, request).await;
     let after = app.db_now().await;
     let claimed_at = instant(&started.lease_expires_at) - chrono::Duration::seconds(30);
     assert!(
@@ -71,29 +51,13 @@ async fn a_fresh_claims_expiry_is_its_instant_plus_its_retention(backend: Backen
 
 /// A takeover's retention is stretched to cover its own lease, like a claim's.
 async fn a_takeover_stretches_retention_to_cover_its_lease(backend: Backend) {
-    let app = TestApp::spawn(backend).await;
-    let mut client = app.client().await;
+    let (app, mut client) = app_and_client(backend).await;
     let key = unique_key("takeover-stretch");
-    claim(
-        &mut client,
-        TryStartRequest {
-            retention: secs(1),
-            lease_ttl: millis(100),
-            ..try_start(&key)
-        },
-    )
-    .await;
+    claim(&mut client, short_lived(&key)).await;
     let old_expiry = app.database.key_expires_at(&key).await;
     wait_for_lease_expiry(&app, &client, &key).await;
-    let taken = claim(
-        &mut client,
-        TryStartRequest {
-            retention: secs(1),
-            lease_ttl: secs(120),
-            ..try_start(&key)
-        },
-    )
-    .await;
+    let long_lease = short_lived(&key).with_lease(secs(120));
+    let taken = claim(&mut client, long_lease).await;
     assert_eq!(taken.attempt, 2, "a takeover");
     let expires_at = app.database.key_expires_at(&key).await;
     assert!(expires_at > old_expiry);
@@ -103,29 +67,15 @@ async fn a_takeover_stretches_retention_to_cover_its_lease(backend: Backend) {
 /// A repeated Complete (current token, same response) succeeds with the same timestamps and
 /// leaves the stored row exactly as it was, even when it asks for another retention.
 async fn a_repeated_complete_leaves_the_stored_row_unchanged(backend: Backend) {
-    let app = TestApp::spawn(backend).await;
-    let mut client = app.client().await;
+    let (app, mut client) = app_and_client(backend).await;
     let key = unique_key("repeat-row");
     let started = claim(&mut client, try_start(&key)).await;
-    let request = CompleteRequest {
-        retention: secs(60),
-        ..complete(&key, started.lease_token, b"the response")
-    };
-    let first = client
-        .complete(request.clone())
-        .await
-        .expect("Complete")
-        .into_inner();
+    let request = complete(&key, started.lease_token, b"the response").with_retention(secs(60));
+    let first = complete_response(&client, request.clone()).await;
     let stored = key_state(&client, &key).await;
     let stored_expiry = app.database.key_expires_at(&key).await;
-    let again = client
-        .complete(CompleteRequest {
-            retention: secs(7200),
-            ..request
-        })
-        .await
-        .expect("a repeated Complete succeeds")
-        .into_inner();
+    // A repeated Complete succeeds.
+    let again = complete_response(&client, request.with_retention(secs(7200))).await;
     assert_eq!(again, first, "the same timestamps");
     assert_eq!(key_state(&client, &key).await, stored, "the row as it was");
     assert_eq!(app.database.key_expires_at(&key).await, stored_expiry);
@@ -158,8 +108,8 @@ async fn the_decoding_limit_follows_the_response_limit(backend: Backend) {
     const RESPONSE_LIMIT: usize = 300_000;
     const DECODING_LIMIT: usize = RESPONSE_LIMIT + 64 * 1024;
     let limit_flag = RESPONSE_LIMIT.to_string();
-    let app = TestApp::spawn_with(backend, &["--max-response-bytes", &limit_flag]).await;
-    let mut client = app.client().await;
+    let (_app, mut client) =
+        app_and_client_with(backend, &["--max-response-bytes", &limit_flag]).await;
     let key = unique_key("decoding-limit");
     let started = claim(&mut client, try_start(&key)).await;
 
@@ -176,37 +126,20 @@ async fn the_decoding_limit_follows_the_response_limit(backend: Backend) {
         .expect_err("over the decoding limit");
     assert_eq!(status.code(), Code::OutOfRange, "{status:?}");
 
-    let at_the_limit = complete(&key, started.lease_token, &vec![b'r'; RESPONSE_LIMIT]);
-    client
-        .complete(at_the_limit)
-        .await
-        .expect("a response at the configured limit is stored");
+    // A response at the configured limit is stored.
+    complete_key(
+        &client,
+        &key,
+        started.lease_token,
+        &vec![b'r'; RESPONSE_LIMIT],
+    )
+    .await;
 }
 
 /// An empty fingerprint matches only an empty one: against a stored non-empty fingerprint it is
 /// a mismatch, in progress or completed, and changes nothing.
 async fn an_empty_fingerprint_against_a_stored_one_is_a_mismatch(backend: Backend) {
-    let app = TestApp::spawn(backend).await;
-    let mut client = app.client().await;
-    let key = unique_key("empty-vs-stored");
-    let started = claim(&mut client, try_start(&key)).await;
-    let empty = TryStartRequest {
-        fingerprint: Vec::new(),
-        attempt_id: "another".into(),
-        ..try_start(&key)
-    };
-    expect_mismatch(try_start_response(&client, empty.clone()).await);
-    let State::InProgress(held) = key_state(&client, &key).await else {
-        panic!("still in progress");
-    };
-    assert_eq!(held.fingerprint, FINGERPRINT);
-    assert_eq!(held.lease_expires_at, started.lease_expires_at);
-
-    client
-        .complete(complete(&key, started.lease_token, b"done"))
-        .await
-        .expect("Complete");
-    expect_mismatch(try_start_response(&client, empty).await);
+    a_fingerprint_mismatch_changes_nothing(backend, b"", "another").await;
 }
 
 /// PostgreSQL only: the statement is stopped half-way from outside, after it has inserted some
@@ -215,41 +148,30 @@ async fn an_empty_fingerprint_against_a_stored_one_is_a_mismatch(backend: Backen
 /// keep from starting, never stop half-way: its atomicity is that transaction's.)
 #[tokio::test]
 async fn mark_processed_writes_nothing_when_the_store_fails_mid_statement() {
-    let app = TestApp::spawn_with(Backend::Postgres, &["--operation-timeout", "500ms"]).await;
-    let mut client = app.client().await;
-    client
-        .mark_processed(mark("atomic", &["c-held"]))
-        .await
-        .expect("MarkProcessed");
-    use sqlx::Connection as _;
-    let mut holder = sqlx::PgConnection::connect(&app.database.url)
-        .await
-        .expect("connect");
-    let mut transaction = holder.begin().await.expect("begin");
-    sqlx::query("SELECT 1 FROM processed_events WHERE event_id = 'c-held' FOR UPDATE")
-        .execute(&mut *transaction)
-        .await
-        .expect("lock the row");
+    let (app, mut client) =
+        app_and_client_with(Backend::Postgres, &["--operation-timeout", "500ms"]).await;
+    mark_results(&client, mark("atomic", &["c-held"])).await;
+    let mut holder = raw::session(&app.database.url).await;
+    raw::run(&mut holder, "BEGIN").await;
+    raw::run(
+        &mut holder,
+        "SELECT 1 FROM processed_events WHERE event_id = 'c-held' FOR UPDATE",
+    )
+    .await;
 
     // Ids are written in sorted order: a-new and b-new before c-held, d-new after it.
-    let status = client
+    let timed_out = client
         .mark_processed(mark("atomic", &["d-new", "a-new", "c-held", "b-new"]))
-        .await
-        .expect_err("the statement waited past its timeout");
-    assert_error(&status, Code::Unavailable, "STORE_UNAVAILABLE");
-    transaction.rollback().await.expect("rollback");
+        .await;
+    assert_refused(timed_out, Code::Unavailable, "STORE_UNAVAILABLE");
+    raw::run(&mut holder, "ROLLBACK").await;
 
     assert_eq!(
         app.count_rows("processed_events").await,
         1,
         "none of the batch's ids was kept"
     );
-    let results = client
-        .mark_processed(mark("atomic", &["a-new", "b-new", "d-new"]))
-        .await
-        .expect("MarkProcessed")
-        .into_inner()
-        .results;
+    let results = mark_results(&client, mark("atomic", &["a-new", "b-new", "d-new"])).await;
     assert!(
         results.iter().all(|r| !r.already_processed),
         "every id is new: {results:?}"

@@ -15,14 +15,8 @@ async fn with_no_settings_the_data_lives_in_a_local_file_and_survives_a_restart(
     let mut first = ServerProcess::start_embedded_in(directory.path()).await;
     let mut client = first.client_when_serving().await;
     let started = claim(&mut client, try_start(&key)).await;
-    client
-        .complete(complete(&key, started.lease_token, b"kept across restarts"))
-        .await
-        .expect("Complete");
-    client
-        .mark_processed(mark("billing", &["evt-1"]))
-        .await
-        .expect("MarkProcessed");
+    complete_key(&client, &key, started.lease_token, b"kept across restarts").await;
+    mark_results(&client, mark("billing", &["evt-1"])).await;
     first.signal("TERM");
     assert_eq!(first.wait(Duration::from_secs(20)).await, Some(0));
     assert!(
@@ -32,18 +26,17 @@ async fn with_no_settings_the_data_lives_in_a_local_file_and_survives_a_restart(
 
     let second = ServerProcess::start_embedded_in(directory.path()).await;
     let mut client = second.client_when_serving().await;
-    let replay = expect_completed(try_start_response(&client, try_start(&key)).await);
-    assert_eq!(replay.response, b"kept across restarts");
-    let marked = client
-        .mark_processed(mark("billing", &["evt-1"]))
-        .await
-        .expect("MarkProcessed")
-        .into_inner()
-        .results;
+    expect_replay(&client, &key, b"kept across restarts").await;
+    let marked = mark_results(&client, mark("billing", &["evt-1"])).await;
     assert!(marked[0].already_processed);
     // Tokens keep growing across restarts: the counter lives in the file too.
     let next = claim(&mut client, try_start(&unique_key("after-restart"))).await;
     assert!(next.lease_token > started.lease_token);
+}
+
+/// What a process that ran to its end printed: its output, then its errors.
+fn printed(output: &std::process::Output) -> String {
+    String::from_utf8_lossy(&output.stdout).into_owned() + &String::from_utf8_lossy(&output.stderr)
 }
 
 #[tokio::test]
@@ -59,8 +52,7 @@ async fn a_database_url_of_another_kind_is_refused_at_start() {
         .await
         .expect("run the binary");
     assert!(!output.status.success());
-    let printed = String::from_utf8_lossy(&output.stdout).into_owned()
-        + &String::from_utf8_lossy(&output.stderr);
+    let printed = printed(&output);
     assert!(
         printed.contains("--database-url")
             && printed.contains("postgres://")
@@ -89,8 +81,7 @@ async fn a_second_process_on_the_same_file_is_refused_and_the_first_serves_on() 
         .expect("the second process stops by itself")
         .expect("run the binary");
     assert!(!second.status.success(), "{second:?}");
-    let printed = String::from_utf8_lossy(&second.stdout).into_owned()
-        + &String::from_utf8_lossy(&second.stderr);
+    let printed = printed(&second);
     assert!(
         printed.contains("another process already serves the SQLite file")
             && printed.contains("coordinator.db.lock")
@@ -98,14 +89,11 @@ async fn a_second_process_on_the_same_file_is_refused_and_the_first_serves_on() 
         "the refusal says why and what to do: {printed}"
     );
 
-    client
-        .complete(complete(&key, started.lease_token, b"still served"))
-        .await
-        .expect("the first process serves on");
+    // The first process serves on.
+    complete_key(&client, &key, started.lease_token, b"still served").await;
     first.signal("KILL");
     first.wait(Duration::from_secs(20)).await;
     let third = ServerProcess::start_embedded_in(directory.path()).await;
     let client = third.client_when_serving().await;
-    let replay = expect_completed(try_start_response(&client, try_start(&key)).await);
-    assert_eq!(replay.response, b"still served");
+    expect_replay(&client, &key, b"still served").await;
 }

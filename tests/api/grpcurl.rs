@@ -7,7 +7,7 @@ use std::time::Duration;
 use serde_json::Value;
 
 use crate::support::process::ServerProcess;
-use crate::support::{Backend, TestDatabase, eventually, for_each_backend};
+use crate::support::{Backend, RPCS, TestDatabase, eventually, for_each_backend};
 
 fn grpcurl_binary() -> String {
     std::env::var("GRPCURL").unwrap_or_else(|_| "grpcurl".to_owned())
@@ -41,6 +41,12 @@ async fn grpcurl(server: &ServerProcess, flags: &[&str], command: &[&str]) -> An
 fn json(answer: &Answer) -> Value {
     assert!(answer.success, "grpcurl failed: {}", answer.stderr);
     serde_json::from_str(&answer.stdout).expect("grpcurl prints JSON")
+}
+
+/// Calls `rpc` of the service with the JSON `request`, which must succeed; answers its JSON.
+async fn call(server: &ServerProcess, rpc: &str, request: &str) -> Value {
+    let method = format!("idempotency.v1.IdempotencyService/{rpc}");
+    json(&grpcurl(server, &["-d", request], &[&method]).await)
 }
 
 async fn grpcurl_lists_describes_and_calls_the_service_through_reflection(backend: Backend) {
@@ -85,14 +91,7 @@ async fn grpcurl_lists_describes_and_calls_the_service_through_reflection(backen
     )
     .await;
     assert!(described.success, "{}", described.stderr);
-    for rpc in [
-        "TryStart",
-        "Complete",
-        "Release",
-        "ExtendLease",
-        "Lookup",
-        "MarkProcessed",
-    ] {
+    for rpc in RPCS {
         assert!(
             described.stdout.contains(&format!("rpc {rpc} ")),
             "describe lacks {rpc}"
@@ -112,14 +111,7 @@ async fn grpcurl_lists_describes_and_calls_the_service_through_reflection(backen
 
     // TryStart, Complete, and the replay.
     let request = r#"{"namespace":"payments","key":"order-42:charge","fingerprint":"c2hhMjU2Cg==","lease_ttl":"30s"}"#;
-    let started = json(
-        &grpcurl(
-            &server,
-            &["-d", request],
-            &["idempotency.v1.IdempotencyService/TryStart"],
-        )
-        .await,
-    );
+    let started = call(&server, "TryStart", request).await;
     let token = started["started"]["leaseToken"]
         .as_str()
         .expect("a 64-bit token is a JSON string")
@@ -129,24 +121,10 @@ async fn grpcurl_lists_describes_and_calls_the_service_through_reflection(backen
     let complete = format!(
         r#"{{"namespace":"payments","key":"order-42:charge","lease_token":"{token}","response":"eyJvayI6dHJ1ZX0="}}"#
     );
-    let completed = json(
-        &grpcurl(
-            &server,
-            &["-d", &complete],
-            &["idempotency.v1.IdempotencyService/Complete"],
-        )
-        .await,
-    );
+    let completed = call(&server, "Complete", &complete).await;
     assert!(completed["completedAt"].is_string());
 
-    let replay = json(
-        &grpcurl(
-            &server,
-            &["-d", request],
-            &["idempotency.v1.IdempotencyService/TryStart"],
-        )
-        .await,
-    );
+    let replay = call(&server, "TryStart", request).await;
     assert_eq!(replay["completed"]["response"], "eyJvayI6dHJ1ZX0=");
     assert_eq!(replay["completed"]["completedAt"], completed["completedAt"]);
 

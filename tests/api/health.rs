@@ -21,16 +21,20 @@ async fn check(app: &TestApp, service: &str) -> Result<ServingStatus, tonic::Sta
         .map(|response| response.into_inner().status())
 }
 
+/// Asserts that Check answers `status` for the server as a whole ("") and for the API.
+async fn assert_both_names_report(app: &TestApp, status: ServingStatus) {
+    for service in ["", API] {
+        assert_eq!(
+            check(app, service).await.expect("Check"),
+            status,
+            "{service:?}"
+        );
+    }
+}
+
 async fn both_service_names_report_serving_once_the_store_is_ready(backend: Backend) {
     let app = TestApp::spawn(backend).await;
-    assert_eq!(
-        check(&app, "").await.expect("Check"),
-        ServingStatus::Serving
-    );
-    assert_eq!(
-        check(&app, API).await.expect("Check"),
-        ServingStatus::Serving
-    );
+    assert_both_names_report(&app, ServingStatus::Serving).await;
     let status = check(&app, "some.other.Service")
         .await
         .expect_err("unknown name");
@@ -44,14 +48,7 @@ async fn an_unmigrated_store_is_not_serving_until_migrate_runs_without_a_restart
     // Give the monitor a few checks' time to prove it stays NOT_SERVING. Waiting on a state
     // that must not change has no condition to await.
     tokio::time::sleep(Duration::from_millis(400)).await;
-    assert_eq!(
-        check(&app, "").await.expect("Check"),
-        ServingStatus::NotServing
-    );
-    assert_eq!(
-        check(&app, API).await.expect("Check"),
-        ServingStatus::NotServing
-    );
+    assert_both_names_report(&app, ServingStatus::NotServing).await;
     let mut client = app.client().await;
     let status = client
         .try_start(try_start("k"))
@@ -263,23 +260,10 @@ async fn watching_an_unknown_service_answers_service_unknown_until_shutdown(back
 async fn a_busy_pool_does_not_make_the_service_look_unhealthy(backend: Backend) {
     // One pooled connection, held by calls waiting on a row lock: the health probe has a
     // connection of its own, so health stays SERVING.
-    let app =
-        TestApp::spawn_with(backend, &["--pool-size", "1", "--operation-timeout", "4s"]).await;
-    let mut client = app.client().await;
-    let key = unique_key("busy");
-    let started = claim(&mut client, try_start(&key)).await;
-    let lock = app.database.hold_key(&key).await;
-    let calls: Vec<_> = (0..3)
-        .map(|_| {
-            let mut client = client.clone();
-            let key = key.clone();
-            tokio::spawn(async move {
-                client
-                    .complete(complete(&key, started.lease_token, b"r"))
-                    .await
-            })
-        })
-        .collect();
+    let (app, mut client) =
+        app_and_client_with(backend, &["--pool-size", "1", "--operation-timeout", "4s"]).await;
+    let (lock, calls) =
+        completes_behind_a_held_row(&app, &mut client, &unique_key("busy"), 3).await;
     app.wait_for_blocked(1).await;
     // Fifteen health checks over 1.5 s, against probes every 100 ms whose pool would be
     // exhausted for longer than their connection wait if they shared it.

@@ -31,10 +31,7 @@ async fn a_huge_message_is_refused_before_it_is_buffered(backend: Backend) {
         HUGE / (1024 * 1024)
     );
     // Unharmed: the same claim completes normally afterwards.
-    client
-        .complete(complete("k", started.lease_token, b"fine"))
-        .await
-        .expect("Complete");
+    complete_key(&client, "k", started.lease_token, b"fine").await;
     println!(
         "hostile input ({backend:?}): a {} MiB message refused OUT_OF_RANGE; server peak memory \
          grew {grown_mib} MiB",
@@ -44,8 +41,7 @@ async fn a_huge_message_is_refused_before_it_is_buffered(backend: Backend) {
 
 async fn a_barrage_of_malformed_requests_writes_nothing_and_harms_nothing(backend: Backend) {
     use idempotency_coordinator::proto::idempotency::v1 as pb;
-    let app = TestApp::spawn(backend).await;
-    let mut client = app.client().await;
+    let (app, mut client) = app_and_client(backend).await;
     let absurd = [
         prost_types::Duration {
             seconds: -5,

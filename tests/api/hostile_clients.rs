@@ -4,6 +4,7 @@ use std::time::Duration;
 
 use tonic::Code;
 
+use crate::support::process::ServerProcess;
 use crate::support::*;
 
 /// Messages the protobuf decoder refuses are the client's fault: INVALID_ARGUMENT with
@@ -87,6 +88,29 @@ async fn raw_call(
     response
 }
 
+/// The real binary with `flags` on a fresh PostgreSQL database (which must outlive it), once it
+/// serves, and a client of it.
+async fn serving_binary(flags: &[&str]) -> (TestDatabase, ServerProcess, Client) {
+    let database = TestDatabase::create(Backend::Postgres).await;
+    let server = ServerProcess::start(&database.url, flags).await;
+    let client = server.client_when_serving().await;
+    (database, server, client)
+}
+
+/// Opens a health Watch of the whole server on `connection`; answers its response head.
+async fn health_watch(
+    connection: &h2::client::SendRequest<bytes::Bytes>,
+    addr: std::net::SocketAddr,
+) -> Result<tonic::codegen::http::Response<h2::RecvStream>, h2::Error> {
+    let everything = tonic_health::pb::HealthCheckRequest {
+        service: String::new(),
+    };
+    let message = prost::Message::encode_to_vec(&everything);
+    raw_call(connection, addr, "/grpc.health.v1.Health/Watch", message)
+        .await
+        .await
+}
+
 const ATTACK_CONNECTIONS: usize = 4;
 const LOOKUPS_PER_CONNECTION: usize = 32;
 const RESPONSE_BYTES: usize = 1024 * 1024;
@@ -100,20 +124,15 @@ const RESPONSE_BYTES: usize = 1024 * 1024;
 async fn a_client_that_does_not_read_its_responses_cannot_pin_server_memory() {
     use prost::Message;
 
-    let database = TestDatabase::create(Backend::Postgres).await;
-    let server = crate::support::process::ServerProcess::start(
-        &database.url,
-        &[
-            "--max-pending-response-bytes",
-            "8388608",
-            "--max-connection-pending-response-bytes",
-            "4194304",
-            "--response-send-timeout",
-            "2s",
-        ],
-    )
+    let (_database, server, mut honest) = serving_binary(&[
+        "--max-pending-response-bytes",
+        "8388608",
+        "--max-connection-pending-response-bytes",
+        "4194304",
+        "--response-send-timeout",
+        "2s",
+    ])
     .await;
-    let mut honest = server.client_when_serving().await;
     let started = claim(&mut honest, try_start("big")).await;
     honest
         .complete(complete(
@@ -243,32 +262,19 @@ async fn time_until_closed(mut socket: tokio::net::TcpStream, limit: Duration) -
 /// open (a health Watch) is not closed for idling.
 #[tokio::test]
 async fn silent_and_idle_connections_are_closed_busy_ones_are_not() {
-    let database = TestDatabase::create(Backend::Postgres).await;
-    let server = crate::support::process::ServerProcess::start(
-        &database.url,
-        &[
-            "--connection-handshake-timeout",
-            "1s",
-            "--connection-idle-timeout",
-            "3s",
-        ],
-    )
-    .await;
-    let _ = server.client_when_serving().await;
+    let flags = [
+        "--connection-handshake-timeout",
+        "1s",
+        "--connection-idle-timeout",
+        "3s",
+    ];
+    let (_database, server, _) = serving_binary(&flags).await;
 
     // A connection that shakes hands and keeps a Watch open.
     let (busy, busy_driver) = raw_connection(server.addr, 65_535).await;
-    let watch = raw_call(
-        &busy,
-        server.addr,
-        "/grpc.health.v1.Health/Watch",
-        prost::Message::encode_to_vec(&tonic_health::pb::HealthCheckRequest {
-            service: String::new(),
-        }),
-    )
-    .await
-    .await
-    .expect("the Watch is answered");
+    let watch = health_watch(&busy, server.addr)
+        .await
+        .expect("the Watch is answered");
     assert!(watch.headers().get("grpc-status").is_none(), "{watch:?}");
 
     // A silent socket.
@@ -314,9 +320,7 @@ async fn silent_and_idle_connections_are_closed_busy_ones_are_not() {
 #[tokio::test]
 async fn the_connection_cap_holds_new_connections_until_one_closes() {
     let database = TestDatabase::create(Backend::Postgres).await;
-    let server =
-        crate::support::process::ServerProcess::start(&database.url, &["--max-connections", "2"])
-            .await;
+    let server = ServerProcess::start(&database.url, &["--max-connections", "2"]).await;
     // The first connection: the client used to wait for SERVING, kept open.
     let serving = health_client(server.endpoint()).await.expect("connect");
     eventually(Duration::from_secs(20), "the binary serves", || {
@@ -352,26 +356,12 @@ async fn the_connection_cap_holds_new_connections_until_one_closes() {
 /// watcher leaves.
 #[tokio::test]
 async fn health_watch_streams_are_bounded() {
-    let database = TestDatabase::create(Backend::Postgres).await;
-    let server = crate::support::process::ServerProcess::start(
-        &database.url,
-        &["--max-health-watchers", "3"],
-    )
-    .await;
-    let _ = server.client_when_serving().await;
+    let (_database, server, _) = serving_binary(&["--max-health-watchers", "3"]).await;
     let (connection, _driver) = raw_connection(server.addr, 65_535).await;
     let watch = || async {
-        raw_call(
-            &connection,
-            server.addr,
-            "/grpc.health.v1.Health/Watch",
-            prost::Message::encode_to_vec(&tonic_health::pb::HealthCheckRequest {
-                service: String::new(),
-            }),
-        )
-        .await
-        .await
-        .expect("a response head")
+        health_watch(&connection, server.addr)
+            .await
+            .expect("a response head")
     };
     let refused = |response: &tonic::codegen::http::Response<h2::RecvStream>| {
         response
@@ -419,13 +409,7 @@ async fn health_watch_streams_are_bounded() {
 async fn a_ping_flood_without_calls_is_cut_off_at_the_idle_timeout() {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-    let database = TestDatabase::create(Backend::Postgres).await;
-    let server = crate::support::process::ServerProcess::start(
-        &database.url,
-        &["--connection-idle-timeout", "2s"],
-    )
-    .await;
-    let _ = server.client_when_serving().await;
+    let (_database, server, _) = serving_binary(&["--connection-idle-timeout", "2s"]).await;
 
     let socket = tokio::net::TcpStream::connect(server.addr)
         .await

@@ -8,23 +8,12 @@ use idempotency_coordinator::store::Store;
 use crate::support::*;
 
 async fn new_events_are_recorded_and_repeats_report_the_first_processing(backend: Backend) {
-    let app = TestApp::spawn(backend).await;
-    let mut client = app.client().await;
-    let first = client
-        .mark_processed(mark("billing", &["evt-1", "evt-2"]))
-        .await
-        .expect("MarkProcessed")
-        .into_inner()
-        .results;
+    let (_app, client) = app_and_client(backend).await;
+    let first = mark_results(&client, mark("billing", &["evt-1", "evt-2"])).await;
     assert_eq!(first.len(), 2);
     assert!(first.iter().all(|r| !r.already_processed));
 
-    let second = client
-        .mark_processed(mark("billing", &["evt-3", "evt-2", "evt-1"]))
-        .await
-        .expect("MarkProcessed")
-        .into_inner()
-        .results;
+    let second = mark_results(&client, mark("billing", &["evt-3", "evt-2", "evt-1"])).await;
     let ids: Vec<&str> = second.iter().map(|r| r.event_id.as_str()).collect();
     assert_eq!(
         ids,
@@ -38,14 +27,8 @@ async fn new_events_are_recorded_and_repeats_report_the_first_processing(backend
 }
 
 async fn an_id_twice_in_one_request_is_new_the_first_time_only(backend: Backend) {
-    let app = TestApp::spawn(backend).await;
-    let mut client = app.client().await;
-    let results = client
-        .mark_processed(mark("billing", &["a", "b", "a", "a", "b"]))
-        .await
-        .expect("MarkProcessed")
-        .into_inner()
-        .results;
+    let (app, client) = app_and_client(backend).await;
+    let results = mark_results(&client, mark("billing", &["a", "b", "a", "a", "b"])).await;
     let already: Vec<bool> = results.iter().map(|r| r.already_processed).collect();
     assert_eq!(already, [false, false, true, true, true]);
     assert_eq!(results[0].processed_at, results[2].processed_at);
@@ -54,36 +37,21 @@ async fn an_id_twice_in_one_request_is_new_the_first_time_only(backend: Backend)
 }
 
 async fn consumers_are_separate_scopes(backend: Backend) {
-    let app = TestApp::spawn(backend).await;
-    let mut client = app.client().await;
-    client
-        .mark_processed(mark("billing", &["evt"]))
-        .await
-        .expect("MarkProcessed");
-    let other = client
-        .mark_processed(mark("shipping", &["evt"]))
-        .await
-        .expect("MarkProcessed")
-        .into_inner()
-        .results;
+    let (_app, client) = app_and_client(backend).await;
+    mark_results(&client, mark("billing", &["evt"])).await;
+    let other = mark_results(&client, mark("shipping", &["evt"])).await;
     assert!(!other[0].already_processed);
 }
 
 async fn a_full_batch_of_a_thousand_ids_is_recorded_at_once(backend: Backend) {
-    let app = TestApp::spawn(backend).await;
-    let mut client = app.client().await;
+    let (_app, client) = app_and_client(backend).await;
     let ids: Vec<String> = (0..1000).map(|i| format!("event-{i:04}")).collect();
     let request = MarkProcessedRequest {
         consumer: "bulk".into(),
         event_ids: ids.clone(),
         retention: None,
     };
-    let results = client
-        .mark_processed(request.clone())
-        .await
-        .expect("MarkProcessed")
-        .into_inner()
-        .results;
+    let results = mark_results(&client, request.clone()).await;
     assert_eq!(results.len(), 1000);
     assert!(
         results
@@ -91,37 +59,30 @@ async fn a_full_batch_of_a_thousand_ids_is_recorded_at_once(backend: Backend) {
             .zip(&ids)
             .all(|(r, id)| &r.event_id == id && !r.already_processed)
     );
-    let again = client
-        .mark_processed(request)
-        .await
-        .expect("MarkProcessed")
-        .into_inner()
-        .results;
+    let again = mark_results(&client, request).await;
     assert!(again.iter().all(|r| r.already_processed));
 }
 
 async fn concurrent_overlapping_batches_record_each_event_exactly_once(backend: Backend) {
-    let app = TestApp::spawn(backend).await;
-    let client = app.client().await;
+    let (_app, client) = app_and_client(backend).await;
     // Eight callers mark the same 200 ids, each in its own order.
     let calls = (0..8u64).map(|caller| {
-        let mut client = client.clone();
+        let client = client.clone();
         tokio::spawn(async move {
             let mut ids: Vec<String> = (0..200).map(|i| format!("evt-{i}")).collect();
             ids.rotate_left(usize::try_from(caller * 25).expect("small"));
             if caller % 2 == 1 {
                 ids.reverse();
             }
-            client
-                .mark_processed(MarkProcessedRequest {
+            mark_results(
+                &client,
+                MarkProcessedRequest {
                     consumer: "race".into(),
                     event_ids: ids,
                     retention: None,
-                })
-                .await
-                .expect("MarkProcessed")
-                .into_inner()
-                .results
+                },
+            )
+            .await
         })
     });
     let mut first_seen: HashMap<String, usize> = HashMap::new();
@@ -148,33 +109,20 @@ async fn concurrent_overlapping_batches_record_each_event_exactly_once(backend: 
 }
 
 async fn marking_again_does_not_renew_retention(backend: Backend) {
-    let app = TestApp::spawn(backend).await;
-    let mut client = app.client().await;
-    client
-        .mark_processed(MarkProcessedRequest {
-            retention: secs(60),
-            ..mark("billing", &["evt"])
-        })
-        .await
-        .expect("MarkProcessed");
+    let (app, client) = app_and_client(backend).await;
+    mark_results(&client, mark("billing", &["evt"]).with_retention(secs(60))).await;
     let before = app.database.event_expires_at("evt").await;
-    client
-        .mark_processed(MarkProcessedRequest {
-            retention: secs(3600),
-            ..mark("billing", &["evt"])
-        })
-        .await
-        .expect("MarkProcessed");
+    mark_results(
+        &client,
+        mark("billing", &["evt"]).with_retention(secs(3600)),
+    )
+    .await;
     assert_eq!(app.database.event_expires_at("evt").await, before);
 }
 
 async fn the_default_event_retention_is_seven_days(backend: Backend) {
-    let app = TestApp::spawn(backend).await;
-    let mut client = app.client().await;
-    client
-        .mark_processed(mark("billing", &["evt"]))
-        .await
-        .expect("MarkProcessed");
+    let (app, client) = app_and_client(backend).await;
+    mark_results(&client, mark("billing", &["evt"])).await;
     let retained =
         app.database.event_expires_at("evt").await - app.database.event_processed_at("evt").await;
     assert_eq!(retained, chrono::Duration::days(7));
@@ -183,30 +131,21 @@ async fn the_default_event_retention_is_seven_days(backend: Backend) {
 async fn duplicates_of_a_live_id_are_all_already_processed_and_of_an_expired_id_new_once(
     backend: Backend,
 ) {
-    let app = TestApp::spawn(backend).await;
-    let mut client = app.client().await;
-    client
-        .mark_processed(MarkProcessedRequest {
-            retention: secs(1),
-            ..mark("billing", &["live", "expiring"])
-        })
-        .await
-        .expect("MarkProcessed");
-    app.database.keep_event_for_an_hour("live").await;
-    let expiry = app.database.event_expires_at("expiring").await;
-    eventually(
-        std::time::Duration::from_secs(5),
-        "one event expired",
-        || async { app.db_now().await > expiry },
+    let (app, client) = app_and_client(backend).await;
+    mark_results(
+        &client,
+        mark("billing", &["live", "expiring"]).with_retention(secs(1)),
     )
     .await;
+    app.database.keep_event_for_an_hour("live").await;
+    let expiry = app.database.event_expires_at("expiring").await;
+    wait_for_db_clock_past(&app, expiry, "one event expired").await;
 
-    let results = client
-        .mark_processed(mark("billing", &["live", "expiring", "live", "expiring"]))
-        .await
-        .expect("MarkProcessed")
-        .into_inner()
-        .results;
+    let results = mark_results(
+        &client,
+        mark("billing", &["live", "expiring", "live", "expiring"]),
+    )
+    .await;
     let already: Vec<bool> = results.iter().map(|r| r.already_processed).collect();
     assert_eq!(already, [true, false, true, true]);
     assert_eq!(results[1].processed_at, results[3].processed_at);

@@ -150,12 +150,8 @@ async fn every_rpc_works_through_pgbouncer_in_transaction_mode() {
         State::InProgress(progress) => assert_eq!(progress.attempt, 1),
         other => panic!("expected in progress, got {other:?}"),
     }
-    client
-        .complete(complete(&key, held.lease_token, b"done"))
-        .await
-        .expect("Complete");
-    let replay = expect_completed(try_start_response(&client, try_start(&key)).await);
-    assert_eq!(replay.response, b"done");
+    complete_key(&client, &key, held.lease_token, b"done").await;
+    expect_replay(&client, &key, b"done").await;
     let wrong = client
         .complete(complete(&key, held.lease_token + 1000, b"other"))
         .await

@@ -13,7 +13,7 @@
 use std::time::Duration;
 
 use idempotency_coordinator::proto::idempotency::v1::{
-    TryStartRequest, lookup_response::State, try_start_response::Outcome,
+    lookup_response::State, try_start_response::Outcome,
 };
 
 use crate::support::process::{ServerProcess, coordinator};
@@ -22,6 +22,16 @@ use crate::support::*;
 /// How long the test key is kept: long enough that the cache serves it for a while after the
 /// margin, short enough for a test.
 const RETENTION_SECS: u64 = 4;
+
+/// Deletes `key`'s row behind the coordinator's back: from then on only its cache can answer
+/// `completed`.
+async fn delete_the_row_by_hand(database: &TestDatabase, key: &str) {
+    sqlx::query("DELETE FROM idempotency_keys WHERE key = $1")
+        .bind(key)
+        .execute(database.postgres_pool())
+        .await
+        .expect("delete the row by hand");
+}
 
 /// Claims and completes a key, replays it once (the store's answer fills the cache), deletes
 /// its row by hand, then asks for it until the database clock is past its retention: every
@@ -32,29 +42,16 @@ async fn replayed_from_memory_only_within_retention(
     database: &TestDatabase,
     key: &str,
 ) -> usize {
-    let started = claim(
-        client,
-        TryStartRequest {
-            retention: secs(RETENTION_SECS),
-            lease_ttl: millis(500),
-            ..try_start(key)
-        },
-    )
-    .await;
-    let completed = client
-        .complete(complete(key, started.lease_token, b"the answer"))
-        .await
-        .expect("Complete")
-        .into_inner();
+    let short = try_start(key)
+        .with_retention(secs(RETENTION_SECS))
+        .with_lease(millis(500));
+    let started = claim(client, short).await;
+    let completed = complete_key(client, key, started.lease_token, b"the answer").await;
     let expires_at = instant(&completed.expires_at);
     // The first replay comes from the store and fills the cache. The health probe has read the
     // database clock by now (the process served health before the client connected).
     expect_completed(try_start_response(client, try_start(key)).await);
-    sqlx::query("DELETE FROM idempotency_keys WHERE key = $1")
-        .bind(key)
-        .execute(database.postgres_pool())
-        .await
-        .expect("delete the row by hand");
+    delete_the_row_by_hand(database, key).await;
 
     let mut served = 0;
     loop {
@@ -131,43 +128,22 @@ async fn postgres_with_the_cache_off_a_deleted_record_is_absent_at_once() {
     let server = ServerProcess::start(&database.url, &["--replay-cache-bytes", "0"]).await;
     let mut client = server.client_when_serving().await;
     let key = unique_key("off");
-    let started = claim(&mut client, try_start(&key)).await;
-    client
-        .complete(complete(&key, started.lease_token, b"r"))
-        .await
-        .expect("Complete");
+    claim_and_complete(&mut client, &key, b"r").await;
     expect_completed(try_start_response(&client, try_start(&key)).await);
-    sqlx::query("DELETE FROM idempotency_keys WHERE key = $1")
-        .bind(&key)
-        .execute(database.postgres_pool())
-        .await
-        .expect("delete the row by hand");
-    assert!(matches!(key_state(&client, &key).await, State::Absent(_)));
+    delete_the_row_by_hand(&database, &key).await;
+    assert!(is_absent(&client, &key).await);
 }
 
 /// A cached record answers a different fingerprint exactly as the store does.
 async fn a_cached_record_answers_a_mismatch_like_the_store(backend: Backend) {
-    let app = TestApp::spawn(backend).await;
-    let mut client = app.client().await;
+    let (_app, mut client) = app_and_client(backend).await;
     let key = unique_key("mismatch");
-    let started = claim(&mut client, try_start(&key)).await;
-    client
-        .complete(complete(&key, started.lease_token, b"r"))
-        .await
-        .expect("Complete");
+    claim_and_complete(&mut client, &key, b"r").await;
+    let another = try_start(&key).with_fingerprint(b"another request");
     for _ in 0..3 {
         // The first from the store, then from memory: the same answers.
         expect_completed(try_start_response(&client, try_start(&key)).await);
-        expect_mismatch(
-            try_start_response(
-                &client,
-                TryStartRequest {
-                    fingerprint: b"another request".to_vec(),
-                    ..try_start(&key)
-                },
-            )
-            .await,
-        );
+        expect_mismatch(try_start_response(&client, another.clone()).await);
     }
 }
 

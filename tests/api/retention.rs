@@ -1,8 +1,5 @@
 use std::time::Duration;
 
-use idempotency_coordinator::proto::idempotency::v1::{
-    MarkProcessedRequest, TryStartRequest, lookup_response::State,
-};
 use idempotency_coordinator::store::Store;
 use tonic::Code;
 
@@ -14,52 +11,29 @@ async fn expires_at(app: &TestApp, key: &str) -> chrono::DateTime<chrono::Utc> {
 }
 
 async fn an_expired_key_is_absent_for_every_rpc_before_the_reaper_runs(backend: Backend) {
-    let app = TestApp::spawn(backend).await;
-    let mut client = app.client().await;
+    let (app, mut client) = app_and_client(backend).await;
     let key = unique_key("expired");
-    let started = claim(
-        &mut client,
-        TryStartRequest {
-            retention: secs(1),
-            lease_ttl: millis(200),
-            ..try_start(&key)
-        },
-    )
-    .await;
-    client
-        .extend_lease(
-            idempotency_coordinator::proto::idempotency::v1::ExtendLeaseRequest {
-                lease_ttl: millis(200),
-                checkpoint: Some(b"old life".to_vec()),
-                ..extend(&key, started.lease_token)
-            },
-        )
-        .await
-        .expect("ExtendLease");
+    let started = claim(&mut client, short_lived(&key).with_lease(millis(200))).await;
+    let old_life = extend(&key, started.lease_token)
+        .with_lease(millis(200))
+        .with_checkpoint(Some(b"old life"));
+    extend_response(&client, old_life).await;
     let expiry = expires_at(&app, &key).await;
-    eventually(
-        Duration::from_secs(5),
-        "the key's retention ran out",
-        || async { app.db_now().await > expiry },
-    )
-    .await;
+    wait_for_db_clock_past(&app, expiry, "the key's retention ran out").await;
     assert_eq!(
         app.count_rows("idempotency_keys").await,
         1,
         "the row is still there"
     );
 
-    assert!(matches!(key_state(&client, &key).await, State::Absent(_)));
+    assert!(is_absent(&client, &key).await);
     let token = started.lease_token;
     assert_guarded_writes_refused(&client, &key, token, Code::NotFound, "KEY_NOT_FOUND").await;
 
     // TryStart claims it afresh, even with another fingerprint, with nothing of its old life.
     let fresh = claim(
         &mut client,
-        TryStartRequest {
-            fingerprint: b"a new request".to_vec(),
-            ..try_start(&key)
-        },
+        try_start(&key).with_fingerprint(b"a new request"),
     )
     .await;
     assert_eq!(fresh.attempt, 1);
@@ -68,27 +42,13 @@ async fn an_expired_key_is_absent_for_every_rpc_before_the_reaper_runs(backend: 
 }
 
 async fn a_completed_key_expires_after_its_retention(backend: Backend) {
-    let app = TestApp::spawn(backend).await;
-    let mut client = app.client().await;
+    let (app, mut client) = app_and_client(backend).await;
     let key = unique_key("completed-expiry");
     let started = claim(&mut client, try_start(&key)).await;
-    let completion = client
-        .complete(
-            idempotency_coordinator::proto::idempotency::v1::CompleteRequest {
-                retention: secs(1),
-                ..complete(&key, started.lease_token, b"short-lived")
-            },
-        )
-        .await
-        .expect("Complete")
-        .into_inner();
+    let short = complete(&key, started.lease_token, b"short-lived").with_retention(secs(1));
+    let completion = complete_response(&client, short).await;
     let expiry = instant(&completion.expires_at);
-    eventually(
-        Duration::from_secs(5),
-        "the completed key expired",
-        || async { app.db_now().await > expiry },
-    )
-    .await;
+    wait_for_db_clock_past(&app, expiry, "the completed key expired").await;
     let fresh = claim(&mut client, try_start(&key)).await;
     assert_eq!(
         fresh.attempt, 1,
@@ -97,18 +57,12 @@ async fn a_completed_key_expires_after_its_retention(backend: Backend) {
 }
 
 async fn retention_is_stretched_to_cover_the_lease(backend: Backend) {
-    let app = TestApp::spawn(backend).await;
-    let mut client = app.client().await;
+    let (app, mut client) = app_and_client(backend).await;
     let key = unique_key("stretch");
-    let started = claim(
-        &mut client,
-        TryStartRequest {
-            retention: secs(1),
-            lease_ttl: secs(120),
-            ..try_start(&key)
-        },
-    )
-    .await;
+    let long_lease = try_start(&key)
+        .with_retention(secs(1))
+        .with_lease(secs(120));
+    let started = claim(&mut client, long_lease).await;
     assert_eq!(
         expires_at(&app, &key).await,
         instant(&started.lease_expires_at)
@@ -116,29 +70,17 @@ async fn retention_is_stretched_to_cover_the_lease(backend: Backend) {
 }
 
 async fn a_takeover_keeps_the_later_of_the_old_expiry_and_its_own_retention(backend: Backend) {
-    let app = TestApp::spawn(backend).await;
-    let mut client = app.client().await;
+    let (app, mut client) = app_and_client(backend).await;
     let key = unique_key("takeover-retention");
-    claim(
-        &mut client,
-        TryStartRequest {
-            retention: secs(3600),
-            lease_ttl: millis(100),
-            ..try_start(&key)
-        },
-    )
-    .await;
+    let with_retention = |retention| {
+        try_start(&key)
+            .with_retention(secs(retention))
+            .with_lease(millis(SHORT_LEASE_MS))
+    };
+    claim(&mut client, with_retention(3600)).await;
     let original = expires_at(&app, &key).await;
     wait_for_lease_expiry(&app, &client, &key).await;
-    claim(
-        &mut client,
-        TryStartRequest {
-            retention: secs(60),
-            lease_ttl: millis(100),
-            ..try_start(&key)
-        },
-    )
-    .await;
+    claim(&mut client, with_retention(60)).await;
     assert_eq!(
         expires_at(&app, &key).await,
         original,
@@ -147,50 +89,22 @@ async fn a_takeover_keeps_the_later_of_the_old_expiry_and_its_own_retention(back
 
     wait_for_lease_expiry(&app, &client, &key).await;
     let before = app.db_now().await;
-    claim(
-        &mut client,
-        TryStartRequest {
-            retention: secs(7200),
-            lease_ttl: millis(100),
-            ..try_start(&key)
-        },
-    )
-    .await;
+    claim(&mut client, with_retention(7200)).await;
     assert!(expires_at(&app, &key).await >= before + chrono::Duration::seconds(7200));
 }
 
 async fn an_expired_event_is_new_again(backend: Backend) {
-    let app = TestApp::spawn(backend).await;
-    let mut client = app.client().await;
-    let first = client
-        .mark_processed(MarkProcessedRequest {
-            retention: secs(1),
-            ..mark("billing", &["evt"])
-        })
-        .await
-        .expect("MarkProcessed")
-        .into_inner()
-        .results;
+    let (app, client) = app_and_client(backend).await;
+    let first = mark_results(&client, mark("billing", &["evt"]).with_retention(secs(1))).await;
     let expiry = app.database.event_expires_at("evt").await;
-    eventually(
-        Duration::from_secs(5),
-        "the event's retention ran out",
-        || async { app.db_now().await > expiry },
-    )
-    .await;
-    let again = client
-        .mark_processed(mark("billing", &["evt"]))
-        .await
-        .expect("MarkProcessed")
-        .into_inner()
-        .results;
+    wait_for_db_clock_past(&app, expiry, "the event's retention ran out").await;
+    let again = mark_results(&client, mark("billing", &["evt"])).await;
     assert!(!again[0].already_processed);
     assert!(instant(&again[0].processed_at) > instant(&first[0].processed_at));
 }
 
 async fn the_reaper_deletes_expired_rows_in_bounded_batches_and_spares_live_ones(backend: Backend) {
-    let app = TestApp::spawn(backend).await;
-    let mut client = app.client().await;
+    let (app, mut client) = app_and_client(backend).await;
     app.database.insert_expired_keys("old-", 25).await;
     let live = unique_key("live");
     claim(&mut client, try_start(&live)).await;
@@ -203,7 +117,7 @@ async fn the_reaper_deletes_expired_rows_in_bounded_batches_and_spares_live_ones
     ];
     assert_eq!(batches, [10, 10, 5, 0]);
     assert_eq!(app.count_rows("idempotency_keys").await, 1);
-    expect_in_progress(try_start_response(&client, try_start(&live)).await);
+    expect_held_by_another(&client, &live).await;
 }
 
 /// PostgreSQL only: several replicas reap one database side by side, which needs row locks that
@@ -213,15 +127,10 @@ async fn the_reaper_deletes_expired_rows_in_bounded_batches_and_spares_live_ones
 async fn the_reaper_skips_rows_another_transaction_holds() {
     let app = TestApp::spawn(Backend::Postgres).await;
     app.database.insert_expired_keys("old-", 10).await;
-    use sqlx::Connection as _;
-    let mut holder = sqlx::PgConnection::connect(&app.database.url)
-        .await
-        .expect("connect");
-    let mut transaction = holder.begin().await.expect("begin");
-    sqlx::query("SELECT 1 FROM idempotency_keys WHERE key IN ('old-1', 'old-2') FOR UPDATE")
-        .execute(&mut *transaction)
-        .await
-        .expect("lock two rows");
+    let mut holder = raw::session(&app.database.url).await;
+    raw::run(&mut holder, "BEGIN").await;
+    raw::lock_key(&mut holder, "old-1").await;
+    raw::lock_key(&mut holder, "old-2").await;
 
     // Another replica's reaper does not wait for the locked rows; it takes the rest.
     let deleted = tokio::time::timeout(Duration::from_secs(5), app.store.reap_expired_keys(100))
@@ -229,25 +138,21 @@ async fn the_reaper_skips_rows_another_transaction_holds() {
         .expect("the reaper does not block on locked rows")
         .expect("reap");
     assert_eq!(deleted, 8);
-    transaction.rollback().await.expect("rollback");
+    raw::run(&mut holder, "ROLLBACK").await;
     assert_eq!(app.store.reap_expired_keys(100).await.expect("reap"), 2);
 }
 
 async fn the_background_reaper_clears_expired_keys_and_events(backend: Backend) {
-    let app = TestApp::spawn_with(
+    let (app, mut client) = app_and_client_with(
         backend,
         &["--reaper-interval", "50ms", "--reaper-batch-size", "7"],
     )
     .await;
-    let mut client = app.client().await;
     app.database.insert_expired_keys("old-", 30).await;
     app.database.insert_expired_events(30).await;
     let live = unique_key("live");
     claim(&mut client, try_start(&live)).await;
-    client
-        .mark_processed(mark("billing", &["kept"]))
-        .await
-        .expect("MarkProcessed");
+    mark_results(&client, mark("billing", &["kept"])).await;
 
     eventually(
         Duration::from_secs(10),
@@ -255,7 +160,7 @@ async fn the_background_reaper_clears_expired_keys_and_events(backend: Backend) 
         || async { app.total_rows().await == 2 },
     )
     .await;
-    expect_in_progress(try_start_response(&client, try_start(&live)).await);
+    expect_held_by_another(&client, &live).await;
 }
 
 /// The background reaper (the binary's, as configured) deletes at most `--reaper-batch-size`

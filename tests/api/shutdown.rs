@@ -3,66 +3,34 @@
 
 use std::time::Duration;
 
-use idempotency_coordinator::proto::idempotency::v1::{
-    TryStartRequest, lookup_response::State, try_start_response::Outcome,
-};
+use idempotency_coordinator::proto::idempotency::v1::try_start_response::Outcome;
 
 use crate::support::process::ServerProcess;
 use crate::support::*;
 
 async fn a_complete_whose_caller_hung_up_still_completes(backend: Backend) {
-    let app = TestApp::spawn(backend).await;
-    let mut client = app.client().await;
+    let (app, mut client) = app_and_client(backend).await;
     let key = unique_key("hang-up");
     let started = claim(&mut client, try_start(&key)).await;
     let lock = app.database.hold_key(&key).await;
 
-    let mut caller = client.clone();
-    let call = tokio::spawn({
-        let key = key.clone();
-        async move {
-            caller
-                .complete(complete(&key, started.lease_token, b"paid"))
-                .await
-        }
-    });
+    let call = spawn_complete(&client, complete(&key, started.lease_token, b"paid"));
     app.wait_for_blocked(1).await;
     call.abort(); // the caller gives up: its request future is dropped, the stream reset
     assert!(call.await.is_err(), "the call was cancelled");
     lock.release().await;
 
-    eventually(
-        Duration::from_secs(10),
-        "the detached Complete committed",
-        || async { matches!(key_state(&client, &key).await, State::Completed(_)) },
-    )
-    .await;
+    wait_until_completed(&client, &key, "the detached Complete committed").await;
 }
 
 async fn a_try_start_whose_caller_hung_up_is_found_again_by_its_attempt_id(backend: Backend) {
-    let app = TestApp::spawn(backend).await;
-    let mut client = app.client().await;
+    let (app, mut client) = app_and_client(backend).await;
     let key = unique_key("retry-claim");
-    let abandoned = claim(
-        &mut client,
-        TryStartRequest {
-            lease_ttl: millis(100),
-            ..try_start(&key)
-        },
-    )
-    .await;
-    wait_for_lease_expiry(&app, &client, &key).await;
+    let abandoned = claim_and_let_lapse(&app, &mut client, try_start(&key)).await;
     let lock = app.database.hold_key(&key).await;
 
-    let request = TryStartRequest {
-        attempt_id: "retry-me".into(),
-        ..try_start(&key)
-    };
-    let mut caller = client.clone();
-    let call = tokio::spawn({
-        let request = request.clone();
-        async move { caller.try_start(request).await }
-    });
+    let request = try_start(&key).with_attempt("retry-me");
+    let call = spawn_try_start(&client, request.clone());
     app.wait_for_blocked(1).await;
     call.abort();
     let _ = call.await;
@@ -83,28 +51,15 @@ async fn a_try_start_whose_caller_hung_up_is_found_again_by_its_attempt_id(backe
 }
 
 async fn calls_in_flight_at_shutdown_get_their_answers(backend: Backend) {
-    let mut app = TestApp::spawn(backend).await;
-    let mut client = app.client().await;
+    let (mut app, mut client) = app_and_client(backend).await;
     let key = unique_key("drain");
     let started = claim(&mut client, try_start(&key)).await;
     let lock = app.database.hold_key(&key).await;
 
-    let completing = tokio::spawn({
-        let mut client = client.clone();
-        let key = key.clone();
-        async move {
-            client
-                .complete(complete(&key, started.lease_token, b"drained"))
-                .await
-        }
-    });
-    let claiming: Vec<_> = (0..4)
-        .map(|_| {
-            let mut client = client.clone();
-            let key = key.clone();
-            tokio::spawn(async move { client.try_start(try_start(&key)).await })
-        })
-        .collect();
+    let completing = spawn_complete(&client, complete(&key, started.lease_token, b"drained"));
+    let claiming = (0..4)
+        .map(|_| spawn_try_start(&client, try_start(&key)))
+        .collect::<Vec<_>>();
     app.wait_for_blocked(5).await;
 
     app.begin_shutdown();
@@ -116,16 +71,10 @@ async fn calls_in_flight_at_shutdown_get_their_answers(backend: Backend) {
     .await;
     lock.release().await;
 
-    completing
-        .await
-        .expect("task")
-        .expect("Complete answered during the drain");
+    // Every call is answered during the drain.
+    answer_of(completing).await;
     for call in claiming {
-        let answer = call
-            .await
-            .expect("task")
-            .expect("TryStart answered during the drain");
-        match outcome(answer.into_inner()) {
+        match outcome(answer_of(call).await) {
             Outcome::InProgress(_) | Outcome::Completed(_) => {}
             other => panic!("unexpected outcome {other:?}"),
         }
@@ -135,24 +84,15 @@ async fn calls_in_flight_at_shutdown_get_their_answers(backend: Backend) {
 }
 
 async fn the_drain_ends_when_the_grace_period_does(backend: Backend) {
-    let mut app = TestApp::spawn_with(
+    let (mut app, mut client) = app_and_client_with(
         backend,
         &["--shutdown-grace", "300ms", "--operation-timeout", "2s"],
     )
     .await;
-    let mut client = app.client().await;
     let key = unique_key("grace");
     let started = claim(&mut client, try_start(&key)).await;
     let lock = app.database.hold_key(&key).await;
-    let stuck = tokio::spawn({
-        let mut client = client.clone();
-        let key = key.clone();
-        async move {
-            client
-                .complete(complete(&key, started.lease_token, b"late"))
-                .await
-        }
-    });
+    let stuck = spawn_complete(&client, complete(&key, started.lease_token, b"late"));
     app.wait_for_blocked(1).await;
 
     let began = tokio::time::Instant::now();
@@ -188,22 +128,13 @@ async fn sigterm_answers_every_call_in_flight_and_exits_zero() {
     let key = unique_key("sigterm");
     let started = claim(&mut client, try_start(&key)).await;
     let lock = database.hold_key(&key).await;
-    let completing = tokio::spawn({
-        let mut client = client.clone();
-        let key = key.clone();
-        async move {
-            client
-                .complete(complete(&key, started.lease_token, b"charged once"))
-                .await
-        }
-    });
-    let replaying: Vec<_> = (0..8)
-        .map(|_| {
-            let mut client = client.clone();
-            let key = key.clone();
-            tokio::spawn(async move { client.try_start(try_start(&key)).await })
-        })
-        .collect();
+    let completing = spawn_complete(
+        &client,
+        complete(&key, started.lease_token, b"charged once"),
+    );
+    let replaying = (0..8)
+        .map(|_| spawn_try_start(&client, try_start(&key)))
+        .collect::<Vec<_>>();
     eventually(
         Duration::from_secs(10),
         "the calls wait in the store",
@@ -219,10 +150,9 @@ async fn sigterm_answers_every_call_in_flight_and_exits_zero() {
     .await;
     lock.release().await;
 
-    completing.await.expect("task").expect("Complete answered");
+    answer_of(completing).await;
     for call in replaying {
-        let answer = call.await.expect("task").expect("TryStart answered");
-        match outcome(answer.into_inner()) {
+        match outcome(answer_of(call).await) {
             Outcome::InProgress(_) => {}
             Outcome::Completed(done) => assert_eq!(done.response, b"charged once"),
             other => panic!("unexpected outcome {other:?}"),
@@ -241,18 +171,16 @@ async fn sigterm_answers_every_call_in_flight_and_exits_zero() {
 async fn a_store_that_stops_answering_fails_the_call_within_the_operation_timeout(
     backend: Backend,
 ) {
-    let app = TestApp::spawn_with(backend, &["--operation-timeout", "500ms"]).await;
-    let mut client = app.client().await;
+    let (app, mut client) = app_and_client_with(backend, &["--operation-timeout", "500ms"]).await;
     let key = unique_key("stuck");
     let started = claim(&mut client, try_start(&key)).await;
     let lock = app.database.hold_key(&key).await;
 
     let began = tokio::time::Instant::now();
-    let status = client
+    let unanswered = client
         .complete(complete(&key, started.lease_token, b"r"))
-        .await
-        .expect_err("the store did not answer in time");
-    assert_error(&status, tonic::Code::Unavailable, "STORE_UNAVAILABLE");
+        .await;
+    assert_refused(unanswered, tonic::Code::Unavailable, "STORE_UNAVAILABLE");
     assert!(
         began.elapsed() < Duration::from_secs(3),
         "bounded by the timeout"
@@ -263,15 +191,10 @@ async fn a_store_that_stops_answering_fails_the_call_within_the_operation_timeou
     // the lock was gone: the key is still in progress, and its holder completes it now with
     // another response, which only succeeds if the first one never landed (a late commit of
     // "r" would make this ALREADY_COMPLETED), and is the one kept.
-    expect_in_progress(try_start_response(&client, try_start(&key)).await);
-    client
-        .complete(complete(&key, started.lease_token, b"after the timeout"))
-        .await
-        .expect("Complete once the store answers, with its own response");
-    match key_state(&client, &key).await {
-        State::Completed(done) => assert_eq!(done.response, b"after the timeout"),
-        other => panic!("expected the key completed, got {other:?}"),
-    }
+    expect_held_by_another(&client, &key).await;
+    complete_key(&client, &key, started.lease_token, b"after the timeout").await;
+    let done = looked_up_completed(&client, &key).await;
+    assert_eq!(done.response, b"after the timeout");
 }
 
 async fn the_binary_reads_settings_from_the_environment_logs_json_and_stops_on_sigint(

@@ -199,10 +199,7 @@ async fn an_rpc_span_joins_the_callers_trace_and_its_statement_is_its_child(back
         .expect("Complete");
     // Without a trace context: a trace of its own. Another key: this one is completed, and its
     // Lookup would be answered from the replay cache, without a statement.
-    client
-        .lookup(lookup(&unique_key("untraced")))
-        .await
-        .expect("Lookup");
+    key_state(&client, &unique_key("untraced")).await;
     stop(server).await;
 
     let spans = collector.spans();
@@ -447,11 +444,8 @@ async fn otel_service_name_and_the_standard_endpoint_variable_are_honoured() {
         .env("OTEL_SERVICE_NAME", "payments-idempotency")
         .env_remove("IDEMPOTENCY_OTLP_ENDPOINT");
     let server = ServerProcess::spawn(command, &[]).await;
-    let mut client = server.client_when_serving().await;
-    client
-        .lookup(lookup(&unique_key("named")))
-        .await
-        .expect("Lookup");
+    let client = server.client_when_serving().await;
+    key_state(&client, &unique_key("named")).await;
     stop(server).await;
     let spans = collector.spans();
     let lookups = named(&spans, "idempotency.v1.IdempotencyService/Lookup");

@@ -5,7 +5,7 @@
 
 use std::time::{Duration, Instant};
 
-use idempotency_coordinator::proto::idempotency::v1::{self as pb, lookup_response::State};
+use idempotency_coordinator::proto::idempotency::v1 as pb;
 use tonic::Code;
 
 use crate::support::process::ServerProcess;
@@ -14,10 +14,7 @@ use crate::support::*;
 
 /// TryStart of `key` that may wait `wait` for the holder.
 fn waiting(key: &str, wait: Duration) -> pb::TryStartRequest {
-    pb::TryStartRequest {
-        wait: Some(duration(wait)),
-        ..try_start(key)
-    }
+    try_start(key).with_wait(wait)
 }
 
 /// Starts a waiting TryStart in a task; answers its outcome and when it came.
@@ -33,8 +30,7 @@ fn spawn_waiter(
 }
 
 async fn a_waiter_gets_the_holders_response_as_soon_as_it_completes(backend: Backend) {
-    let app = TestApp::spawn(backend).await;
-    let mut client = app.client().await;
+    let (app, mut client) = app_and_client(backend).await;
     let key = unique_key("wait-complete");
     let held = claim(&mut client, try_start(&key)).await;
     let started = Instant::now();
@@ -45,10 +41,7 @@ async fn a_waiter_gets_the_holders_response_as_soon_as_it_completes(backend: Bac
     // follow the commit; with the replay cache the waiter reads the record from memory), so
     // it is compared with when the Complete was sent.
     let sent = Instant::now();
-    client
-        .complete(complete(&key, held.lease_token, b"the answer"))
-        .await
-        .expect("Complete");
+    complete_key(&client, &key, held.lease_token, b"the answer").await;
     let completed = Instant::now();
     let (answer, answered) = waiter.await.expect("waiter");
     let replay = expect_completed(answer.expect("TryStart"));
@@ -66,17 +59,13 @@ async fn a_waiter_gets_the_holders_response_as_soon_as_it_completes(backend: Bac
 }
 
 async fn a_release_hands_the_key_to_a_waiter_with_a_higher_token(backend: Backend) {
-    let app = TestApp::spawn(backend).await;
-    let mut client = app.client().await;
+    let (app, mut client) = app_and_client(backend).await;
     let key = unique_key("wait-release");
     let held = claim(&mut client, try_start(&key)).await;
     let waiter = spawn_waiter(&client, waiting(&key, Duration::from_secs(30)));
     app.wait_for_waiters(1).await;
 
-    client
-        .release(release(&key, held.lease_token))
-        .await
-        .expect("Release");
+    release_key(&client, &key, held.lease_token).await;
     let (answer, _) = waiter.await.expect("waiter");
     let taken = expect_started(answer.expect("TryStart"));
     assert!(taken.lease_token > held.lease_token);
@@ -84,25 +73,12 @@ async fn a_release_hands_the_key_to_a_waiter_with_a_higher_token(backend: Backen
 }
 
 async fn a_waiter_takes_over_once_the_lease_has_run_out_and_not_before(backend: Backend) {
-    let app = TestApp::spawn(backend).await;
-    let mut client = app.client().await;
+    let (_app, mut client) = app_and_client(backend).await;
     let key = unique_key("wait-expiry");
-    let held = claim(
-        &mut client,
-        pb::TryStartRequest {
-            lease_ttl: millis(400),
-            ..try_start(&key)
-        },
-    )
-    .await;
+    let held = claim(&mut client, try_start(&key).with_lease(millis(400))).await;
     let lease_ended = instant(&held.lease_expires_at);
-    let waiter = spawn_waiter(
-        &client,
-        pb::TryStartRequest {
-            lease_ttl: secs(30),
-            ..waiting(&key, Duration::from_secs(20))
-        },
-    );
+    let taker = waiting(&key, Duration::from_secs(20)).with_lease(secs(30));
+    let waiter = spawn_waiter(&client, taker);
     let (answer, _) = waiter.await.expect("waiter");
     let taken = expect_started(answer.expect("TryStart"));
     assert_eq!(taken.attempt, 2, "a takeover");
@@ -117,23 +93,18 @@ async fn a_waiter_takes_over_once_the_lease_has_run_out_and_not_before(backend: 
 }
 
 async fn the_wait_running_out_answers_in_progress(backend: Backend) {
-    let app = TestApp::spawn(backend).await;
-    let mut client = app.client().await;
+    let (_app, mut client) = app_and_client(backend).await;
     let key = unique_key("wait-out");
     let held = claim(&mut client, try_start(&key)).await;
     let started = Instant::now();
-    let answer = client
-        .try_start(waiting(&key, Duration::from_millis(300)))
-        .await
-        .expect("TryStart");
-    let in_progress = expect_in_progress(answer.into_inner());
+    let answer = try_start_response(&client, waiting(&key, Duration::from_millis(300))).await;
+    let in_progress = expect_in_progress(answer);
     assert!(started.elapsed() >= Duration::from_millis(300), "it waited");
     assert_eq!(in_progress.lease_expires_at, held.lease_expires_at);
 }
 
 async fn a_deadline_shorter_than_the_wait_gets_in_progress_before_it(backend: Backend) {
-    let app = TestApp::spawn(backend).await;
-    let mut client = app.client().await;
+    let (_app, mut client) = app_and_client(backend).await;
     let key = unique_key("wait-deadline");
     claim(&mut client, try_start(&key)).await;
     let mut request = tonic::Request::new(waiting(&key, Duration::from_secs(30)));
@@ -148,53 +119,21 @@ async fn a_deadline_shorter_than_the_wait_gets_in_progress_before_it(backend: Ba
 }
 
 async fn first_look_answers_are_given_at_once(backend: Backend) {
-    let app = TestApp::spawn(backend).await;
-    let mut client = app.client().await;
+    let (_app, mut client) = app_and_client(backend).await;
     let key = unique_key("wait-first-look");
     let started = Instant::now();
-    let attempt = pb::TryStartRequest {
-        attempt_id: "attempt-1".into(),
-        ..waiting(&key, Duration::from_secs(30))
-    };
-    let held = expect_started(
-        client
-            .try_start(attempt.clone())
-            .await
-            .expect("TryStart")
-            .into_inner(),
-    );
-    let again = expect_started(
-        client
-            .try_start(attempt)
-            .await
-            .expect("re-entry")
-            .into_inner(),
-    );
+    let patient = waiting(&key, Duration::from_secs(30));
+    let attempt = patient.clone().with_attempt("attempt-1");
+    let held = claim(&mut client, attempt.clone()).await;
+    let again = claim(&mut client, attempt).await;
     assert_eq!(
         again.lease_token, held.lease_token,
         "re-entry is not a wait"
     );
-    expect_mismatch(
-        client
-            .try_start(pb::TryStartRequest {
-                fingerprint: b"another request".to_vec(),
-                ..waiting(&key, Duration::from_secs(30))
-            })
-            .await
-            .expect("TryStart")
-            .into_inner(),
-    );
-    client
-        .complete(complete(&key, held.lease_token, b"done"))
-        .await
-        .expect("Complete");
-    expect_completed(
-        client
-            .try_start(waiting(&key, Duration::from_secs(30)))
-            .await
-            .expect("TryStart")
-            .into_inner(),
-    );
+    let another = patient.clone().with_fingerprint(b"another request");
+    expect_mismatch(try_start_response(&client, another).await);
+    complete_key(&client, &key, held.lease_token, b"done").await;
+    expect_completed(try_start_response(&client, patient).await);
     assert!(
         started.elapsed() < Duration::from_secs(10),
         "nothing waited"
@@ -202,73 +141,43 @@ async fn first_look_answers_are_given_at_once(backend: Backend) {
 }
 
 async fn waiting_beyond_the_waiter_limit_answers_at_once(backend: Backend) {
-    let app = TestApp::spawn_with(backend, &["--max-waiters", "1"]).await;
-    let mut client = app.client().await;
+    let (app, mut client) = app_and_client_with(backend, &["--max-waiters", "1"]).await;
     let key = unique_key("wait-limit");
     let held = claim(&mut client, try_start(&key)).await;
     let first = spawn_waiter(&client, waiting(&key, Duration::from_secs(30)));
     app.wait_for_waiters(1).await;
     let started = Instant::now();
-    expect_in_progress(
-        client
-            .try_start(waiting(&key, Duration::from_secs(30)))
-            .await
-            .expect("TryStart")
-            .into_inner(),
-    );
+    let second = waiting(&key, Duration::from_secs(30));
+    expect_in_progress(try_start_response(&client, second).await);
     assert!(
         started.elapsed() < Duration::from_secs(10),
         "the second caller did not wait"
     );
-    client
-        .complete(complete(&key, held.lease_token, b"done"))
-        .await
-        .expect("Complete");
+    complete_key(&client, &key, held.lease_token, b"done").await;
     expect_completed(first.await.expect("waiter").0.expect("TryStart"));
 }
 
 async fn a_bad_wait_is_invalid_argument_and_writes_nothing(backend: Backend) {
-    let app = TestApp::spawn(backend).await;
-    let mut client = app.client().await;
-    let bad = [
-        prost_types::Duration {
-            seconds: -1,
-            nanos: 0,
-        },
-        prost_types::Duration {
-            seconds: 60,
-            nanos: 1,
-        },
-        prost_types::Duration {
-            seconds: 0,
-            nanos: 1_000_000_000,
-        },
-        prost_types::Duration {
-            seconds: 0,
-            nanos: -5,
-        },
-    ];
-    for wait in bad {
+    let (app, mut client) = app_and_client(backend).await;
+    // (seconds, nanos): negative, over the 60 s limit, nanos out of range either way.
+    let bad = [(-1, 0), (60, 1), (0, 1_000_000_000), (0, -5)];
+    for (seconds, nanos) in bad {
         let key = unique_key("bad-wait");
-        let status = client
-            .try_start(pb::TryStartRequest {
-                wait: Some(wait),
-                ..try_start(&key)
-            })
-            .await
-            .expect_err("refused");
+        let request = pb::TryStartRequest {
+            wait: Some(prost_types::Duration { seconds, nanos }),
+            ..try_start(&key)
+        };
+        let status = client.try_start(request).await.expect_err("refused");
         assert_invalid(&status, &["wait"]);
-        assert!(matches!(key_state(&client, &key).await, State::Absent(_)));
+        assert!(is_absent(&client, &key).await);
     }
     assert_eq!(app.total_rows().await, 0, "nothing was written");
-    let key = unique_key("longest-wait");
-    expect_started(
-        client
-            .try_start(waiting(&key, Duration::from_secs(60)))
-            .await
-            .expect("60 s is allowed")
-            .into_inner(),
-    );
+    // 60 s is allowed.
+    claim(
+        &mut client,
+        waiting(&unique_key("longest-wait"), Duration::from_secs(60)),
+    )
+    .await;
 }
 
 for_each_backend!(
@@ -307,10 +216,7 @@ async fn a_complete_on_one_replica_wakes_a_waiter_on_another() {
         waiter_is_waiting(&waiter)
     })
     .await;
-    on_one
-        .complete(complete(&key, held.lease_token, b"from replica one"))
-        .await
-        .expect("Complete");
+    complete_key(&on_one, &key, held.lease_token, b"from replica one").await;
     let (answer, _) = waiter.await.expect("waiter");
     assert_eq!(
         expect_completed(answer.expect("TryStart")).response,
@@ -355,10 +261,7 @@ async fn a_waiter_is_answered_after_the_listener_reconnects() {
     app.wait_for_waiters(1).await;
 
     proxy.cut();
-    client
-        .complete(complete(&key, held.lease_token, b"while nobody listened"))
-        .await
-        .expect("Complete");
+    complete_key(&client, &key, held.lease_token, b"while nobody listened").await;
     let restored = Instant::now();
     proxy.restore();
     let (answer, answered) = waiter.await.expect("waiter");
@@ -405,8 +308,7 @@ async fn shutdown_answers_every_waiter_at_once(backend: Backend) {
 /// the thousand client calls, so the figure is an upper bound of the server's share.
 async fn one_complete_wakes_a_thousand_waiters(backend: Backend) {
     const WAITERS: usize = 1000;
-    let app = TestApp::spawn(backend).await;
-    let mut client = app.client().await;
+    let (app, mut client) = app_and_client(backend).await;
     let key = unique_key("thousand");
     let held = claim(&mut client, try_start(&key)).await;
     // One connection carries at most 256 calls at once: spread the waiters over eight.
@@ -426,10 +328,7 @@ async fn one_complete_wakes_a_thousand_waiters(backend: Backend) {
     app.wait_for_waiters(WAITERS).await;
     let rss_waiting = own_rss_kib();
     let completed = Instant::now();
-    client
-        .complete(complete(&key, held.lease_token, b"for everyone"))
-        .await
-        .expect("Complete");
+    complete_key(&client, &key, held.lease_token, b"for everyone").await;
     let mut slowest = Duration::ZERO;
     for waiter in waiters {
         let (answer, answered) = waiter.await.expect("waiter");

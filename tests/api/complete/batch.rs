@@ -11,15 +11,11 @@ use crate::support::*;
 /// Completes sharing one batch, most of them refused for different reasons: each gets the
 /// answer it would have got alone, and only the holder's own completion is written.
 async fn a_shared_batch_of_completes_answers_each_as_if_alone(backend: Backend) {
-    let app = TestApp::spawn(backend).await;
-    let mut client = app.client().await;
+    let (app, mut client) = app_and_client(backend).await;
     let [open, done, other] = ["open", "done", "other"].map(unique_key);
     let open_claim = claim(&mut client, try_start(&open)).await;
     let done_claim = claim(&mut client, try_start(&done)).await;
-    client
-        .complete(complete(&done, done_claim.lease_token, b"first"))
-        .await
-        .expect("Complete");
+    complete_key(&client, &done, done_claim.lease_token, b"first").await;
     let other_claim = claim(&mut client, try_start(&other)).await;
 
     let command = |key: &str, token: u64, response: &[u8]| CompleteCommand {

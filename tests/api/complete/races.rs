@@ -7,8 +7,7 @@ use tonic::Code;
 use crate::support::*;
 
 async fn concurrent_completes_by_the_holder_store_exactly_one_response(backend: Backend) {
-    let app = TestApp::spawn(backend).await;
-    let client = app.client().await;
+    let (_app, client) = app_and_client(backend).await;
     let mut setup = client.clone();
     let key = unique_key("complete-race");
     let started = claim(&mut setup, try_start(&key)).await;
@@ -61,8 +60,7 @@ async fn concurrent_completes_by_the_holder_store_exactly_one_response(backend: 
 }
 
 async fn complete_racing_release_has_exactly_one_winner(backend: Backend) {
-    let app = TestApp::spawn(backend).await;
-    let client = app.client().await;
+    let (_app, client) = app_and_client(backend).await;
     for round in 0..10 {
         let key = unique_key(&format!("complete-release-{round}"));
         let mut setup = client.clone();
@@ -108,8 +106,7 @@ fn holders_call(kind: &str, client: &Client, key: &str, token: u64) -> Call {
 async fn a_write_that_waited_while_the_key_expired_is_key_not_found(backend: Backend) {
     // The calls wait while the keys' 2 s retention runs out: a longer operation timeout than
     // the default keeps that wait within their budget, and within the lock budget (a fifth).
-    let app = TestApp::spawn_with(backend, &["--operation-timeout", "20s"]).await;
-    let mut client = app.client().await;
+    let (app, mut client) = app_and_client_with(backend, &["--operation-timeout", "20s"]).await;
     let mut claimed = Vec::new();
     for kind in ["Complete", "Release", "ExtendLease"] {
         let key = unique_key(kind);

@@ -44,10 +44,7 @@ async fn a_crashed_server_leaves_every_key_completed_or_claimable(backend: Backe
         };
         if index % 2 == 0 {
             let response = format!("result of {key}").into_bytes();
-            client
-                .complete(complete(&key, started.lease_token, &response))
-                .await
-                .expect("Complete");
+            complete_key(&client, &key, started.lease_token, &response).await;
             known.response = Some(response);
         }
         keys.lock().expect("keys").insert(key, known);

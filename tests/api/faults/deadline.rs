@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use idempotency_coordinator::proto::idempotency::v1::{TryStartRequest, lookup_response::State};
+use idempotency_coordinator::proto::idempotency::v1::lookup_response::State;
 use tonic::Code;
 
 use crate::support::*;
@@ -12,25 +12,13 @@ use crate::support::*;
 async fn a_caller_deadline_mid_call_leaves_a_consistent_store_and_a_recoverable_claim(
     backend: Backend,
 ) {
-    let app = TestApp::spawn(backend).await;
-    let mut client = app.client().await;
+    let (app, mut client) = app_and_client(backend).await;
 
     let done = unique_key("deadline-complete");
     let held = claim(&mut client, try_start(&done)).await;
     let abandoned = unique_key("deadline-claim");
-    let first = claim(
-        &mut client,
-        TryStartRequest {
-            lease_ttl: millis(100),
-            ..try_start(&abandoned)
-        },
-    )
-    .await;
-    wait_for_lease_expiry(&app, &client, &abandoned).await;
-    let retry = TryStartRequest {
-        attempt_id: "give-up-then-retry".into(),
-        ..try_start(&abandoned)
-    };
+    let first = claim_and_let_lapse(&app, &mut client, try_start(&abandoned)).await;
+    let retry = try_start(&abandoned).with_attempt("give-up-then-retry");
 
     let hold = app.database.hold_keys(&[&done, &abandoned]).await;
     let mut complete_request =
@@ -54,20 +42,13 @@ async fn a_caller_deadline_mid_call_leaves_a_consistent_store_and_a_recoverable_
     hold.release().await;
 
     // The work the callers gave up on ran to its end: the key is completed...
-    eventually(
-        Duration::from_secs(10),
-        "the Complete committed",
-        || async { matches!(key_state(&client, &done).await, State::Completed(_)) },
-    )
-    .await;
+    wait_until_completed(&client, &done, "the Complete committed").await;
     // ...and the claim was taken over (a new token, above the abandoned claim's); the retry
     // with the same attempt_id gets it back.
     let token = || app.database.key_lease_token(&abandoned);
     eventually(Duration::from_secs(10), "the claim committed", || async {
         token().await > first.lease_token && {
-            let mut client = client.clone();
-            let answer = client.lookup(lookup(&abandoned)).await.expect("Lookup");
-            matches!(state(answer.into_inner()), State::InProgress(held) if held.attempt == 2)
+            matches!(key_state(&client, &abandoned).await, State::InProgress(held) if held.attempt == 2)
         }
     })
     .await;

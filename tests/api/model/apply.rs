@@ -25,16 +25,11 @@ pub(super) async fn apply(
             fingerprint,
             attempt,
         } => {
+            let request = try_start(&key_name(key))
+                .with_fingerprint(FINGERPRINTS[fingerprint])
+                .with_attempt(ATTEMPTS[attempt]);
             let answer = client
-                .try_start(pb::TryStartRequest {
-                    namespace: scope.into(),
-                    key: key_name(key),
-                    fingerprint: FINGERPRINTS[fingerprint].to_vec(),
-                    lease_ttl: None,
-                    retention: None,
-                    attempt_id: ATTEMPTS[attempt].into(),
-                    wait: None,
-                })
+                .try_start(request.in_namespace(scope.into()))
                 .await
                 .map_err(|s| TestCaseError::fail(format!("TryStart failed: {s:?}")))?;
             let got = outcome(answer.into_inner());
@@ -124,15 +119,8 @@ pub(super) async fn apply(
             response,
         } => {
             let token = model.token(key, token);
-            let answer = client
-                .complete(pb::CompleteRequest {
-                    namespace: scope.into(),
-                    key: key_name(key),
-                    lease_token: token,
-                    response: RESPONSES[response].to_vec(),
-                    retention: None,
-                })
-                .await;
+            let request = complete(&key_name(key), token, RESPONSES[response]);
+            let answer = client.complete(request.in_namespace(scope.into())).await;
             let expected = model.refusal(key, token).or(match &model.keys[key] {
                 KeyModel::Completed { response: held, .. } if *held != response => {
                     Some((Code::FailedPrecondition, "ALREADY_COMPLETED"))
@@ -163,13 +151,8 @@ pub(super) async fn apply(
         }
         Op::Release { key, token } => {
             let token = model.token(key, token);
-            let answer = client
-                .release(pb::ReleaseRequest {
-                    namespace: scope.into(),
-                    key: key_name(key),
-                    lease_token: token,
-                })
-                .await;
+            let request = release(&key_name(key), token);
+            let answer = client.release(request.in_namespace(scope.into())).await;
             let expected = model.refusal(key, token).or(match &model.keys[key] {
                 KeyModel::Completed { .. } => Some((Code::FailedPrecondition, "ALREADY_COMPLETED")),
                 _ => None,
@@ -184,14 +167,9 @@ pub(super) async fn apply(
             checkpoint,
         } => {
             let token = model.token(key, token);
+            let request = extend(&key_name(key), token).with_checkpoint(checkpoint.as_deref());
             let answer = client
-                .extend_lease(pb::ExtendLeaseRequest {
-                    namespace: scope.into(),
-                    key: key_name(key),
-                    lease_token: token,
-                    lease_ttl: None,
-                    checkpoint: checkpoint.clone(),
-                })
+                .extend_lease(request.in_namespace(scope.into()))
                 .await;
             let expected = model.refusal(key, token).or(match &model.keys[key] {
                 KeyModel::Completed { .. } => Some((Code::FailedPrecondition, "ALREADY_COMPLETED")),
@@ -212,10 +190,7 @@ pub(super) async fn apply(
         }
         Op::Lookup { key } => {
             let answer = client
-                .lookup(pb::LookupRequest {
-                    namespace: scope.into(),
-                    key: key_name(key),
-                })
+                .lookup(lookup(&key_name(key)).in_namespace(scope.into()))
                 .await
                 .map_err(|s| TestCaseError::fail(format!("Lookup failed: {s:?}")))?;
             let got = state(answer.into_inner());

@@ -104,16 +104,7 @@ impl Model {
     }
 
     fn token(&self, key: usize, choice: TokenChoice) -> u64 {
-        let history = &self.tokens[key];
-        match choice {
-            TokenChoice::Current => history.last().copied().unwrap_or(1),
-            TokenChoice::Previous => history
-                .len()
-                .checked_sub(2)
-                .map(|i| history[i])
-                .unwrap_or(i64::MAX as u64 - 1),
-            TokenChoice::Bogus => i64::MAX as u64,
-        }
+        choice.pick(&self.tokens[key])
     }
 
     /// The refusal a guarded write on `key` with `token` must meet, if any (the contract's

@@ -15,6 +15,21 @@ pub(super) enum TokenChoice {
     Bogus,
 }
 
+impl TokenChoice {
+    /// The token this choice picks among `seen`, the tokens a key was issued, oldest first.
+    pub(super) fn pick(self, seen: &[u64]) -> u64 {
+        match self {
+            TokenChoice::Current => seen.last().copied().unwrap_or(1),
+            TokenChoice::Previous => seen
+                .len()
+                .checked_sub(2)
+                .map(|i| seen[i])
+                .unwrap_or(i64::MAX as u64 - 1),
+            TokenChoice::Bogus => i64::MAX as u64,
+        }
+    }
+}
+
 #[derive(Debug, Clone)]
 pub(super) enum Op {
     TryStart {

@@ -55,23 +55,10 @@ async fn the_rate_limit_answers_resource_exhausted_per_token(backend: Backend) {
 }
 
 async fn a_connection_may_have_only_so_many_calls_open(backend: Backend) {
-    let app = TestApp::spawn_with(backend, &["--max-concurrent-streams", "2"]).await;
-    let mut client = app.client().await;
-    let key = unique_key("streams");
-    let started = claim(&mut client, try_start(&key)).await;
-    let hold = app.database.hold_key(&key).await;
+    let (app, mut client) = app_and_client_with(backend, &["--max-concurrent-streams", "2"]).await;
     // Five calls on one connection; the server lets two run.
-    let calls: Vec<_> = (0..5)
-        .map(|_| {
-            let mut client = client.clone();
-            let key = key.clone();
-            tokio::spawn(async move {
-                client
-                    .complete(complete(&key, started.lease_token, b"r"))
-                    .await
-            })
-        })
-        .collect();
+    let (hold, calls) =
+        completes_behind_a_held_row(&app, &mut client, &unique_key("streams"), 5).await;
     app.wait_for_blocked(2).await;
     // The others wait on the client side for the connection's streams; give them time to show
     // that they are not admitted (nothing to await: the absence of a third call).
@@ -82,10 +69,9 @@ async fn a_connection_may_have_only_so_many_calls_open(backend: Backend) {
         "two calls at a time on one connection"
     );
     hold.release().await;
+    // Every call is answered in turn.
     for call in calls {
-        call.await
-            .expect("task")
-            .expect("every call is answered in turn");
+        answer_of(call).await;
     }
 }
 

@@ -259,10 +259,7 @@ async fn launch(database_url: &str, url_override: &[String], flags: &[&str]) -> 
     args.extend(TEST_DEFAULTS.iter().map(|s| s.to_string()));
     args.extend(url_override.iter().cloned());
     args.extend(flags.iter().map(|s| s.to_string()));
-    let Command::Serve(serve) = Cli::try_parse_from(args)
-        .expect("valid flags")
-        .into_command()
-    else {
+    let Command::Serve(serve) = parse_command(args) else {
         panic!("tests start `serve`");
     };
     let settings = serve.settings().expect("valid settings");
@@ -279,6 +276,13 @@ async fn launch(database_url: &str, url_override: &[String], flags: &[&str]) -> 
         shutdown: shutdown.clone(),
         server: tokio::spawn(app.run_until_stopped(shutdown)),
     }
+}
+
+/// A command line of the coordinator binary (its name first), parsed as the binary parses it.
+pub fn parse_command(args: Vec<String>) -> Command {
+    Cli::try_parse_from(args)
+        .expect("valid flags")
+        .into_command()
 }
 
 fn database_url_flag(url: Option<&str>) -> Vec<String> {

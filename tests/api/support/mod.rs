@@ -1,10 +1,13 @@
-//! What the tests share: the server and its database, a cuttable proxy, request builders and
-//! assertions on answers and rich errors.
+//! What the tests share: the server and its database, a cuttable proxy, requests as the tests
+//! send them (`requests`), the steps many tests take on the way to what they check (`steps`),
+//! and assertions on answers and rich errors.
 
 pub mod app;
 pub mod process;
 pub mod raw;
+pub mod requests;
 pub mod security;
+pub mod steps;
 
 pub use idempotency_testkit::health::{health_client, is_serving};
 pub use idempotency_testkit::{database, proxy};
@@ -21,6 +24,8 @@ use tonic_types::StatusExt;
 
 pub use app::{Client, TestApp};
 pub use database::{Backend, TestDatabase};
+pub use requests::*;
+pub use steps::*;
 
 /// Runs each named test, an `async fn(Backend)`, once on each store: the conformance suite.
 /// A test written but not listed is dead code, which the lints refuse.
@@ -47,22 +52,16 @@ macro_rules! for_each_backend {
 pub(crate) use for_each_backend;
 
 pub const NAMESPACE: &str = "tests";
+/// Every RPC of the service, in the order of its definition.
+pub const RPCS: [&str; 6] = [
+    "TryStart",
+    "Complete",
+    "Release",
+    "ExtendLease",
+    "Lookup",
+    "MarkProcessed",
+];
 pub const FINGERPRINT: &[u8] = b"fingerprint-1";
-
-pub fn duration(d: Duration) -> prost_types::Duration {
-    prost_types::Duration {
-        seconds: i64::try_from(d.as_secs()).expect("test durations fit"),
-        nanos: i32::try_from(d.subsec_nanos()).expect("nanos fit"),
-    }
-}
-
-pub fn millis(ms: u64) -> Option<prost_types::Duration> {
-    Some(duration(Duration::from_millis(ms)))
-}
-
-pub fn secs(s: u64) -> Option<prost_types::Duration> {
-    Some(duration(Duration::from_secs(s)))
-}
 
 pub fn instant(timestamp: &Option<prost_types::Timestamp>) -> DateTime<Utc> {
     let timestamp = timestamp.as_ref().expect("timestamp present");
@@ -76,61 +75,6 @@ pub fn instant(timestamp: &Option<prost_types::Timestamp>) -> DateTime<Utc> {
 /// A unique key, so that tests never see each other's rows even on a shared database.
 pub fn unique_key(label: &str) -> String {
     format!("{label}-{}", uuid::Uuid::new_v4().simple())
-}
-
-pub fn try_start(key: &str) -> pb::TryStartRequest {
-    pb::TryStartRequest {
-        namespace: NAMESPACE.into(),
-        key: key.into(),
-        fingerprint: FINGERPRINT.to_vec(),
-        lease_ttl: None,
-        retention: None,
-        attempt_id: String::new(),
-        wait: None,
-    }
-}
-
-pub fn complete(key: &str, token: u64, response: &[u8]) -> pb::CompleteRequest {
-    pb::CompleteRequest {
-        namespace: NAMESPACE.into(),
-        key: key.into(),
-        lease_token: token,
-        response: response.to_vec(),
-        retention: None,
-    }
-}
-
-pub fn release(key: &str, token: u64) -> pb::ReleaseRequest {
-    pb::ReleaseRequest {
-        namespace: NAMESPACE.into(),
-        key: key.into(),
-        lease_token: token,
-    }
-}
-
-pub fn extend(key: &str, token: u64) -> pb::ExtendLeaseRequest {
-    pb::ExtendLeaseRequest {
-        namespace: NAMESPACE.into(),
-        key: key.into(),
-        lease_token: token,
-        lease_ttl: None,
-        checkpoint: None,
-    }
-}
-
-pub fn lookup(key: &str) -> pb::LookupRequest {
-    pb::LookupRequest {
-        namespace: NAMESPACE.into(),
-        key: key.into(),
-    }
-}
-
-pub fn mark(consumer: &str, ids: &[&str]) -> pb::MarkProcessedRequest {
-    pb::MarkProcessedRequest {
-        consumer: consumer.into(),
-        event_ids: ids.iter().map(|id| id.to_string()).collect(),
-        retention: None,
-    }
 }
 
 pub fn outcome(response: pb::TryStartResponse) -> Outcome {
@@ -171,14 +115,7 @@ pub fn state(response: pb::LookupResponse) -> State {
 
 /// Looks `key` up and answers its state.
 pub async fn key_state(client: &Client, key: &str) -> State {
-    state(
-        client
-            .clone()
-            .lookup(lookup(key))
-            .await
-            .expect("Lookup")
-            .into_inner(),
-    )
+    state(answered(client.clone().lookup(lookup(key)).await, "Lookup"))
 }
 
 /// Calls TryStart, which must answer.
@@ -186,12 +123,7 @@ pub async fn try_start_response(
     client: &Client,
     request: pb::TryStartRequest,
 ) -> pb::TryStartResponse {
-    client
-        .clone()
-        .try_start(request)
-        .await
-        .expect("TryStart")
-        .into_inner()
+    answered(client.clone().try_start(request).await, "TryStart")
 }
 
 /// Claims `key` and answers the claim.
@@ -208,6 +140,42 @@ pub fn assert_error(status: &Status, code: Code, reason: &str) {
     assert_eq!(info.domain, "idempotency.v1");
 }
 
+/// Asserts that a call was refused with a rich error (see [`assert_error`]), and answers the
+/// refusal.
+pub fn assert_refused<T: std::fmt::Debug>(
+    answer: Result<T, Status>,
+    code: Code,
+    reason: &str,
+) -> Status {
+    let status = answer.expect_err(&format!("refused with {reason}"));
+    assert_error(&status, code, reason);
+    status
+}
+
+/// Sends Complete, Release and ExtendLease of `key` with `token`: the writes the lease token
+/// guards. Answers each RPC's name and how it ended.
+pub async fn guarded_writes(
+    client: &Client,
+    key: &str,
+    token: u64,
+) -> [(&'static str, Result<(), Status>); 3] {
+    let mut client = client.clone();
+    [
+        (
+            "Complete",
+            client.complete(complete(key, token, b"x")).await.map(drop),
+        ),
+        (
+            "Release",
+            client.release(release(key, token)).await.map(drop),
+        ),
+        (
+            "ExtendLease",
+            client.extend_lease(extend(key, token)).await.map(drop),
+        ),
+    ]
+}
+
 /// Sends Complete, Release and ExtendLease of `key` with `token`, and asserts that each is
 /// refused with `code` and `reason`.
 pub async fn assert_guarded_writes_refused(
@@ -217,13 +185,7 @@ pub async fn assert_guarded_writes_refused(
     code: Code,
     reason: &str,
 ) {
-    let mut client = client.clone();
-    let refusals = [
-        client.complete(complete(key, token, b"x")).await.map(drop),
-        client.release(release(key, token)).await.map(drop),
-        client.extend_lease(extend(key, token)).await.map(drop),
-    ];
-    for (rpc, answer) in ["Complete", "Release", "ExtendLease"].iter().zip(refusals) {
+    for (rpc, answer) in guarded_writes(client, key, token).await {
         let status = answer.expect_err(rpc);
         assert_error(&status, code, reason);
     }

@@ -309,8 +309,7 @@ async fn a_batched_claim_paused_behind_the_reaper_gets_a_newer_token() {
 /// released it, gets a token above that one.
 #[tokio::test]
 async fn a_sqlite_claim_that_waited_for_the_writer_gets_a_newer_token() {
-    let app = TestApp::spawn_with(Backend::Sqlite, &["--operation-timeout", "60s"]).await;
-    let client = app.client().await;
+    let (app, client) = app_and_client_with(Backend::Sqlite, &["--operation-timeout", "60s"]).await;
     let key = unique_key("fence");
     let hold = app.database.hold_key(&key).await;
     let claim = {
@@ -335,8 +334,8 @@ async fn a_sqlite_claim_that_waited_for_the_writer_gets_a_newer_token() {
 /// began, a lease shorter than the wait would be answered as already over.
 async fn a_claim_that_waited_behind_the_reapers_delete_counts_its_lease_from_then(path: Path) {
     const LEASE: Duration = Duration::from_millis(200);
-    let app = TestApp::spawn_with(Backend::Postgres, &["--operation-timeout", "60s"]).await;
-    let client = app.client().await;
+    let (app, client) =
+        app_and_client_with(Backend::Postgres, &["--operation-timeout", "60s"]).await;
     let key = format!("a-{}", unique_key("reaped"));
     let mut session = raw::session(&app.database.url).await;
     raw::insert_claim(&mut session, &key, true).await;

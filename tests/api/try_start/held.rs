@@ -33,12 +33,11 @@ enum Hold {
 const OPERATION_TIMEOUT: &str = "1s";
 
 async fn a_held_key_fails_only_its_own_callers_in_a_shared_claim(hold: Hold) {
-    let app = TestApp::spawn_with(
+    let (app, mut client) = app_and_client_with(
         Backend::Postgres,
         &["--operation-timeout", OPERATION_TIMEOUT],
     )
     .await;
-    let mut client = app.client().await;
     let suffix = unique_key("held");
     let keys = keys(&["a", "b", "c", "d", "e"], &suffix);
     let held = keys[1].clone();
@@ -103,12 +102,11 @@ async fn an_insert_uncommitted_past_the_operation_timeout_fails_only_its_own_cla
 /// The same for Complete: the held key's Complete is told to retry, the others complete.
 #[tokio::test]
 async fn a_row_locked_past_the_operation_timeout_fails_only_its_own_completion() {
-    let app = TestApp::spawn_with(
+    let (app, mut client) = app_and_client_with(
         Backend::Postgres,
         &["--operation-timeout", OPERATION_TIMEOUT],
     )
     .await;
-    let mut client = app.client().await;
     let suffix = unique_key("held");
     let keys = keys(&["a", "b", "c"], &suffix);
     let mut commands = Vec::new();

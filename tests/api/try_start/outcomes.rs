@@ -4,24 +4,16 @@
 
 use std::collections::HashSet;
 
-use idempotency_coordinator::proto::idempotency::v1::{TryStartRequest, lookup_response::State};
+use idempotency_coordinator::proto::idempotency::v1 as pb;
 
 use crate::support::*;
 
 async fn a_fresh_claim_starts_attempt_one_with_a_lease_from_the_database_clock(backend: Backend) {
-    let app = TestApp::spawn(backend).await;
-    let mut client = app.client().await;
+    let (app, mut client) = app_and_client(backend).await;
     let key = unique_key("fresh");
 
     let before = app.db_now().await;
-    let started = claim(
-        &mut client,
-        TryStartRequest {
-            lease_ttl: secs(10),
-            ..try_start(&key)
-        },
-    )
-    .await;
+    let started = claim(&mut client, try_start(&key).with_lease(secs(10))).await;
     let after = app.db_now().await;
 
     assert!(started.lease_token > 0);
@@ -35,20 +27,17 @@ async fn a_fresh_claim_starts_attempt_one_with_a_lease_from_the_database_clock(b
 }
 
 async fn a_running_lease_answers_in_progress_with_the_holders_expiry(backend: Backend) {
-    let app = TestApp::spawn(backend).await;
-    let mut client = app.client().await;
+    let (_app, mut client) = app_and_client(backend).await;
     let key = unique_key("busy");
     let started = claim(&mut client, try_start(&key)).await;
 
-    let second = client.try_start(try_start(&key)).await.expect("TryStart");
-    let in_progress = expect_in_progress(second.into_inner());
+    let in_progress = expect_held_by_another(&client, &key).await;
     assert_eq!(in_progress.lease_expires_at, started.lease_expires_at);
     assert_eq!(in_progress.attempt, 1);
 }
 
 async fn the_default_lease_is_thirty_seconds(backend: Backend) {
-    let app = TestApp::spawn(backend).await;
-    let mut client = app.client().await;
+    let (app, mut client) = app_and_client(backend).await;
     let before = app.db_now().await;
     let started = claim(&mut client, try_start(&unique_key("default"))).await;
     let after = app.db_now().await;
@@ -57,77 +46,38 @@ async fn the_default_lease_is_thirty_seconds(backend: Backend) {
 }
 
 async fn another_fingerprint_is_a_mismatch_and_changes_nothing(backend: Backend) {
-    let app = TestApp::spawn(backend).await;
-    let mut client = app.client().await;
-    let key = unique_key("mismatch");
-    let started = claim(&mut client, try_start(&key)).await;
-
-    let other = TryStartRequest {
-        fingerprint: b"another request".to_vec(),
-        attempt_id: "attempt-a".into(),
-        ..try_start(&key)
-    };
-    expect_mismatch(try_start_response(&client, other.clone()).await);
-    match key_state(&client, &key).await {
-        State::InProgress(held) => {
-            assert_eq!(held.fingerprint, FINGERPRINT);
-            assert_eq!(held.lease_expires_at, started.lease_expires_at);
-        }
-        other => panic!("expected in_progress, got {other:?}"),
-    }
-
-    client
-        .complete(complete(&key, started.lease_token, b"done"))
-        .await
-        .expect("Complete");
-    expect_mismatch(try_start_response(&client, other).await);
+    a_fingerprint_mismatch_changes_nothing(backend, b"another request", "attempt-a").await;
 }
 
 async fn an_empty_fingerprint_matches_only_an_empty_fingerprint(backend: Backend) {
-    let app = TestApp::spawn(backend).await;
-    let mut client = app.client().await;
+    let (_app, mut client) = app_and_client(backend).await;
     let key = unique_key("empty-fp");
-    let empty = TryStartRequest {
-        fingerprint: Vec::new(),
-        ..try_start(&key)
-    };
+    let empty = try_start(&key).with_fingerprint(b"");
     claim(&mut client, empty.clone()).await;
     expect_in_progress(try_start_response(&client, empty).await);
     expect_mismatch(try_start_response(&client, try_start(&key)).await);
 }
 
 async fn a_completed_key_replays_the_stored_response(backend: Backend) {
-    let app = TestApp::spawn(backend).await;
-    let mut client = app.client().await;
+    let (_app, mut client) = app_and_client(backend).await;
     let key = unique_key("replay");
-    let request = TryStartRequest {
-        attempt_id: "holder".into(),
-        ..try_start(&key)
-    };
+    let request = try_start(&key).with_attempt("holder");
     let started = claim(&mut client, request.clone()).await;
-    let completion = client
-        .complete(complete(
-            &key,
-            started.lease_token,
-            b"{\"charge\":\"ch_1\"}",
-        ))
-        .await
-        .expect("Complete")
-        .into_inner();
+    let charge = b"{\"charge\":\"ch_1\"}";
+    let completion = complete_key(&client, &key, started.lease_token, charge).await;
 
     // Everybody gets the replay, the holder's own attempt_id included: completed comes before
     // attempt_id in TryStart's order.
     for replay_request in [request, try_start(&key)] {
         let replay = expect_completed(try_start_response(&client, replay_request).await);
-        assert_eq!(replay.response, b"{\"charge\":\"ch_1\"}");
+        assert_eq!(replay.response, charge);
         assert_eq!(replay.completed_at, completion.completed_at);
         assert_eq!(replay.expires_at, completion.expires_at);
     }
 }
 
 async fn tokens_come_from_one_sequence_across_keys(backend: Backend) {
-    let app = TestApp::spawn(backend).await;
-    let mut client = app.client().await;
+    let (_app, mut client) = app_and_client(backend).await;
     let mut seen = HashSet::new();
     let mut last = 0;
     for index in 0..20 {
@@ -139,14 +89,12 @@ async fn tokens_come_from_one_sequence_across_keys(backend: Backend) {
 }
 
 async fn namespaces_are_separate(backend: Backend) {
-    let app = TestApp::spawn(backend).await;
-    let mut client = app.client().await;
+    let (_app, mut client) = app_and_client(backend).await;
     let key = unique_key("shared-name");
     claim(&mut client, try_start(&key)).await;
-    let elsewhere = TryStartRequest {
+    let elsewhere = pb::TryStartRequest {
         namespace: "other-service".into(),
-        fingerprint: b"unrelated".to_vec(),
-        ..try_start(&key)
+        ..try_start(&key).with_fingerprint(b"unrelated")
     };
     let started = claim(&mut client, elsewhere).await;
     assert_eq!(started.attempt, 1);

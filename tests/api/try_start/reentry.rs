@@ -1,28 +1,16 @@
 //! Re-entry: the holder's retry with its own attempt_id gets its claim back (token, attempt,
 //! checkpoint), renewing the lease; any other attempt_id, or none, is somebody else.
 
-use idempotency_coordinator::proto::idempotency::v1::{ExtendLeaseRequest, TryStartRequest};
-
 use crate::support::*;
 
 async fn the_same_attempt_id_gets_the_same_claim_back(backend: Backend) {
-    let app = TestApp::spawn(backend).await;
-    let mut client = app.client().await;
+    let (_app, mut client) = app_and_client(backend).await;
     let key = unique_key("reentry");
-    let request = TryStartRequest {
-        attempt_id: "request-7f3a".into(),
-        lease_ttl: secs(5),
-        ..try_start(&key)
-    };
+    let request = try_start(&key)
+        .with_attempt("request-7f3a")
+        .with_lease(secs(5));
     let first = claim(&mut client, request.clone()).await;
-    let again = claim(
-        &mut client,
-        TryStartRequest {
-            lease_ttl: secs(20),
-            ..request.clone()
-        },
-    )
-    .await;
+    let again = claim(&mut client, request.clone().with_lease(secs(20))).await;
     assert_eq!(again.lease_token, first.lease_token);
     assert_eq!(again.attempt, first.attempt);
     assert!(
@@ -31,43 +19,26 @@ async fn the_same_attempt_id_gets_the_same_claim_back(backend: Backend) {
     );
 
     // A shorter lease on re-entry keeps the later expiry.
-    let shorter = claim(
-        &mut client,
-        TryStartRequest {
-            lease_ttl: millis(100),
-            ..request.clone()
-        },
-    )
-    .await;
+    let shorter = claim(&mut client, request.clone().with_lease(millis(100))).await;
     assert_eq!(shorter.lease_expires_at, again.lease_expires_at);
 
     // Another attempt_id, or none, is somebody else.
-    let other = TryStartRequest {
-        attempt_id: "request-other".into(),
-        ..request
-    };
+    let other = request.with_attempt("request-other");
     expect_in_progress(try_start_response(&client, other).await);
-    expect_in_progress(try_start_response(&client, try_start(&key)).await);
+    expect_held_by_another(&client, &key).await;
 }
 
 async fn re_entry_keeps_the_checkpoint_and_works_after_the_lease_ran_out(backend: Backend) {
-    let app = TestApp::spawn(backend).await;
-    let mut client = app.client().await;
+    let (app, mut client) = app_and_client(backend).await;
     let key = unique_key("reentry-late");
-    let request = TryStartRequest {
-        attempt_id: "attempt-1".into(),
-        lease_ttl: millis(200),
-        ..try_start(&key)
-    };
+    let request = try_start(&key)
+        .with_attempt("attempt-1")
+        .with_lease(millis(200));
     let first = claim(&mut client, request.clone()).await;
-    client
-        .extend_lease(ExtendLeaseRequest {
-            lease_ttl: millis(150),
-            checkpoint: Some(b"halfway".to_vec()),
-            ..extend(&key, first.lease_token)
-        })
-        .await
-        .expect("ExtendLease");
+    let halfway = extend(&key, first.lease_token)
+        .with_lease(millis(150))
+        .with_checkpoint(Some(b"halfway"));
+    extend_response(&client, halfway).await;
     wait_for_lease_expiry(&app, &client, &key).await;
 
     // Nobody took over, so the holder's own retry still gets its claim, not a takeover.
@@ -80,73 +51,49 @@ async fn re_entry_keeps_the_checkpoint_and_works_after_the_lease_ran_out(backend
 }
 
 async fn an_empty_attempt_id_never_matches(backend: Backend) {
-    let app = TestApp::spawn(backend).await;
-    let mut client = app.client().await;
+    let (_app, mut client) = app_and_client(backend).await;
     let key = unique_key("no-attempt");
     claim(&mut client, try_start(&key)).await;
-    expect_in_progress(try_start_response(&client, try_start(&key)).await);
+    expect_held_by_another(&client, &key).await;
 }
 
 async fn the_holders_own_attempt_id_with_another_fingerprint_is_a_mismatch(backend: Backend) {
-    let app = TestApp::spawn(backend).await;
-    let mut client = app.client().await;
+    let (_app, mut client) = app_and_client(backend).await;
     let key = unique_key("attempt-mismatch");
-    let request = TryStartRequest {
-        attempt_id: "same-attempt".into(),
-        ..try_start(&key)
-    };
+    let request = try_start(&key).with_attempt("same-attempt");
     claim(&mut client, request.clone()).await;
-    let other = TryStartRequest {
-        fingerprint: b"another body".to_vec(),
-        ..request
-    };
+    let other = request.with_fingerprint(b"another body");
     expect_mismatch(try_start_response(&client, other).await);
 }
 
 async fn after_a_takeover_the_old_attempt_id_is_somebody_else(backend: Backend) {
-    let app = TestApp::spawn(backend).await;
-    let mut client = app.client().await;
+    let (app, mut client) = app_and_client(backend).await;
     let key = unique_key("attempt-takeover");
-    let old = TryStartRequest {
-        attempt_id: "old-attempt".into(),
-        lease_ttl: millis(100),
-        ..try_start(&key)
-    };
-    claim(&mut client, old.clone()).await;
-    wait_for_lease_expiry(&app, &client, &key).await;
-    let new = TryStartRequest {
-        attempt_id: "new-attempt".into(),
-        lease_ttl: secs(30),
-        ..try_start(&key)
-    };
+    let old = try_start(&key)
+        .with_attempt("old-attempt")
+        .with_lease(millis(SHORT_LEASE_MS));
+    claim_and_let_lapse(&app, &mut client, old.clone()).await;
+    let new = try_start(&key)
+        .with_attempt("new-attempt")
+        .with_lease(secs(30));
     let taken = claim(&mut client, new.clone()).await;
     assert_eq!(taken.attempt, 2);
 
-    let old_retry = client.try_start(old).await.expect("TryStart").into_inner();
+    let old_retry = try_start_response(&client, old).await;
     assert_eq!(expect_in_progress(old_retry).attempt, 2);
     let new_retry = claim(&mut client, new).await;
     assert_eq!(new_retry.lease_token, taken.lease_token);
 }
 
 async fn re_entry_stretches_retention_to_cover_the_renewed_lease(backend: Backend) {
-    let app = TestApp::spawn(backend).await;
-    let mut client = app.client().await;
+    let (app, mut client) = app_and_client(backend).await;
     let key = unique_key("reentry-retention");
-    let request = TryStartRequest {
-        attempt_id: "a".into(),
-        retention: secs(1),
-        lease_ttl: millis(500),
-        ..try_start(&key)
-    };
+    let request = try_start(&key)
+        .with_attempt("a")
+        .with_retention(secs(1))
+        .with_lease(millis(500));
     let first = claim(&mut client, request.clone()).await;
-    let again = claim(
-        &mut client,
-        TryStartRequest {
-            lease_ttl: secs(3600),
-            ..request
-        },
-    )
-    .await;
+    let again = claim(&mut client, request.with_lease(secs(3600))).await;
     // A re-entry (the same claim), not a fresh claim after a slow setup let the 1 s retention
     // run out: only then is the retention's stretching what is checked below.
     assert_eq!(

@@ -8,8 +8,7 @@ use crate::support::*;
 use super::{DAY, dur};
 
 async fn event_ids_are_1_to_1000_and_bad_elements_are_named_by_index(backend: Backend) {
-    let app = TestApp::spawn(backend).await;
-    let mut client = app.client().await;
+    let (app, mut client) = app_and_client(backend).await;
     let status = client
         .mark_processed(mark("c", &[]))
         .await
@@ -47,8 +46,7 @@ async fn event_ids_are_1_to_1000_and_bad_elements_are_named_by_index(backend: Ba
 }
 
 async fn event_retention_is_1s_to_30d(backend: Backend) {
-    let app = TestApp::spawn(backend).await;
-    let mut client = app.client().await;
+    let (app, mut client) = app_and_client(backend).await;
     for bad in [
         dur(0, 999_999_999),
         dur(30 * DAY as i64, 1),

@@ -8,8 +8,7 @@ use crate::support::*;
 async fn a_message_beyond_the_decoding_limit_is_refused_and_the_server_is_unharmed(
     backend: Backend,
 ) {
-    let app = TestApp::spawn(backend).await;
-    let mut client = app.client().await;
+    let (_app, mut client) = app_and_client(backend).await;
     let started = claim(&mut client, try_start("k")).await;
     // 1 MiB + 64 KiB is the decoding limit; this message is well past it.
     let status = client

@@ -11,93 +11,58 @@ use crate::support::*;
 use super::{DAY, dur};
 
 async fn lease_token_zero_is_missing_and_must_fit_the_token_range(backend: Backend) {
-    let app = TestApp::spawn(backend).await;
-    let mut client = app.client().await;
+    let (app, mut client) = app_and_client(backend).await;
     for token in [0, u64::MAX, (i64::MAX as u64) + 1] {
-        let status = client
-            .complete(complete("k", token, b"r"))
-            .await
-            .expect_err("bad token");
-        assert_invalid(&status, &["lease_token"]);
-        let status = client
-            .release(release("k", token))
-            .await
-            .expect_err("bad token");
-        assert_invalid(&status, &["lease_token"]);
-        let status = client
-            .extend_lease(extend("k", token))
-            .await
-            .expect_err("bad token");
-        assert_invalid(&status, &["lease_token"]);
+        for (rpc, answer) in guarded_writes(&client, "k", token).await {
+            assert_invalid(&answer.expect_err(rpc), &["lease_token"]);
+        }
     }
     // The largest token is well-formed: it is simply not anybody's.
-    let status = client
-        .complete(complete("k", i64::MAX as u64, b"r"))
-        .await
-        .expect_err("absent key");
-    assert_error(&status, Code::NotFound, "KEY_NOT_FOUND");
+    let absent = client.complete(complete("k", i64::MAX as u64, b"r")).await;
+    assert_refused(absent, Code::NotFound, "KEY_NOT_FOUND");
     assert_eq!(app.total_rows().await, 0);
 }
 
+/// Asserts that the holder of key `k` may not complete it with a response of `limit` + 1 bytes,
+/// the response being invalid, then completes it with one of exactly `limit` bytes.
+async fn assert_the_response_limit_is(client: &Client, token: u64, limit: usize) {
+    let over = client
+        .clone()
+        .complete(complete("k", token, &vec![1; limit + 1]))
+        .await;
+    assert_invalid(&over.expect_err("response too large"), &["response"]);
+    // Until the response at the limit, the claim is still in progress.
+    expect_held_by_another(client, "k").await;
+    complete_key(client, "k", token, &vec![1; limit]).await;
+}
+
 async fn response_is_at_most_the_configured_limit(backend: Backend) {
-    let app = TestApp::spawn_with(backend, &["--max-response-bytes", "262144"]).await;
-    let mut client = app.client().await;
+    let (_app, mut client) =
+        app_and_client_with(backend, &["--max-response-bytes", "262144"]).await;
     let started = claim(&mut client, try_start("k")).await;
-    let status = client
-        .complete(complete("k", started.lease_token, &vec![1; 262_145]))
-        .await
-        .expect_err("response too large");
-    assert_invalid(&status, &["response"]);
-    expect_in_progress(try_start_response(&client, try_start("k")).await);
-    client
-        .complete(complete("k", started.lease_token, &vec![1; 262_144]))
-        .await
-        .expect("a response at the limit");
+    assert_the_response_limit_is(&client, started.lease_token, 262_144).await;
 }
 
 async fn the_default_response_limit_is_one_mebibyte(backend: Backend) {
-    let app = TestApp::spawn(backend).await;
-    let mut client = app.client().await;
+    let (_app, mut client) = app_and_client(backend).await;
     let started = claim(&mut client, try_start("k")).await;
-    let status = client
-        .complete(complete(
-            "k",
-            started.lease_token,
-            &vec![1; 1024 * 1024 + 1],
-        ))
-        .await
-        .expect_err("response too large");
-    assert_invalid(&status, &["response"]);
-    client
-        .complete(complete("k", started.lease_token, &vec![1; 1024 * 1024]))
-        .await
-        .expect("a response of exactly 1 MiB");
+    assert_the_response_limit_is(&client, started.lease_token, 1024 * 1024).await;
 }
 
 async fn checkpoint_is_at_most_64_kib(backend: Backend) {
-    let app = TestApp::spawn(backend).await;
-    let mut client = app.client().await;
+    let (_app, mut client) = app_and_client(backend).await;
     let started = claim(&mut client, try_start("k")).await;
-    let status = client
-        .extend_lease(ExtendLeaseRequest {
-            checkpoint: Some(vec![0; 64 * 1024 + 1]),
-            ..extend("k", started.lease_token)
-        })
-        .await
-        .expect_err("checkpoint too large");
-    assert_invalid(&status, &["checkpoint"]);
-    client
-        .extend_lease(ExtendLeaseRequest {
-            checkpoint: Some(vec![0; 64 * 1024]),
-            ..extend("k", started.lease_token)
-        })
-        .await
-        .expect("a checkpoint of exactly 64 KiB");
+    let limit = 64 * 1024;
+    let with_checkpoint_of =
+        |size: usize| extend("k", started.lease_token).with_checkpoint(Some(&vec![0; size]));
+    let over = client.extend_lease(with_checkpoint_of(limit + 1)).await;
+    assert_invalid(&over.expect_err("checkpoint too large"), &["checkpoint"]);
+    // A checkpoint of exactly 64 KiB.
+    extend_response(&client, with_checkpoint_of(limit)).await;
 }
 
 async fn extend_lease_ttl_has_the_lease_bounds(backend: Backend) {
-    let app = TestApp::spawn(backend).await;
-    let mut client = app.client().await;
+    let (_app, mut client) = app_and_client(backend).await;
     let started = claim(&mut client, try_start("k")).await;
     for bad in [
         dur(0, 0),
@@ -105,62 +70,73 @@ async fn extend_lease_ttl_has_the_lease_bounds(backend: Backend) {
         dur(DAY as i64 + 1, 0),
         dur(-1, 0),
     ] {
-        let status = client
-            .extend_lease(ExtendLeaseRequest {
-                lease_ttl: bad,
-                ..extend("k", started.lease_token)
-            })
-            .await
-            .expect_err("bad ttl");
-        assert_invalid(&status, &["lease_ttl"]);
+        let refused = client
+            .extend_lease(extend("k", started.lease_token).with_lease(bad))
+            .await;
+        assert_invalid(&refused.expect_err("bad ttl"), &["lease_ttl"]);
     }
 }
 
 async fn every_rpc_validates_its_scope_and_key(backend: Backend) {
-    let app = TestApp::spawn(backend).await;
-    let mut client = app.client().await;
-    let status = client
-        .complete(CompleteRequest {
-            namespace: "bad scope".into(),
-            key: String::new(),
-            ..complete("k", 1, b"r")
-        })
-        .await
-        .expect_err("invalid");
-    assert_invalid(&status, &["namespace", "key"]);
-    let status = client
-        .release(ReleaseRequest {
-            namespace: String::new(),
-            key: "k\u{1}".into(),
-            lease_token: 0,
-        })
-        .await
-        .expect_err("invalid");
-    assert_invalid(&status, &["namespace", "key", "lease_token"]);
-    let status = client
-        .extend_lease(ExtendLeaseRequest {
-            namespace: "x".repeat(65),
-            ..extend("k", 1)
-        })
-        .await
-        .expect_err("invalid");
-    assert_invalid(&status, &["namespace"]);
-    let status = client
-        .lookup(LookupRequest {
-            namespace: "ok".into(),
-            key: "k".repeat(256),
-        })
-        .await
-        .expect_err("invalid");
-    assert_invalid(&status, &["key"]);
-    let status = client
-        .mark_processed(MarkProcessedRequest {
-            consumer: "no spaces allowed".into(),
-            ..mark("c", &["e"])
-        })
-        .await
-        .expect_err("invalid");
-    assert_invalid(&status, &["consumer"]);
+    let (app, mut client) = app_and_client(backend).await;
+    // Each RPC's answer, and the fields it must name as invalid, in order.
+    let refusals: [(Result<(), tonic::Status>, &[&str]); 5] = [
+        (
+            client
+                .complete(CompleteRequest {
+                    namespace: "bad scope".into(),
+                    key: String::new(),
+                    ..complete("k", 1, b"r")
+                })
+                .await
+                .map(drop),
+            &["namespace", "key"],
+        ),
+        (
+            client
+                .release(ReleaseRequest {
+                    namespace: String::new(),
+                    key: "k\u{1}".into(),
+                    lease_token: 0,
+                })
+                .await
+                .map(drop),
+            &["namespace", "key", "lease_token"],
+        ),
+        (
+            client
+                .extend_lease(ExtendLeaseRequest {
+                    namespace: "x".repeat(65),
+                    ..extend("k", 1)
+                })
+                .await
+                .map(drop),
+            &["namespace"],
+        ),
+        (
+            client
+                .lookup(LookupRequest {
+                    namespace: "ok".into(),
+                    key: "k".repeat(256),
+                })
+                .await
+                .map(drop),
+            &["key"],
+        ),
+        (
+            client
+                .mark_processed(MarkProcessedRequest {
+                    consumer: "no spaces allowed".into(),
+                    ..mark("c", &["e"])
+                })
+                .await
+                .map(drop),
+            &["consumer"],
+        ),
+    ];
+    for (answer, fields) in refusals {
+        assert_invalid(&answer.expect_err("invalid"), fields);
+    }
     assert_eq!(app.total_rows().await, 0);
 }
 

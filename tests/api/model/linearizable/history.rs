@@ -141,17 +141,7 @@ impl Recorder {
     }
 
     fn token(&self, key: u8, choice: TokenChoice) -> u64 {
-        let tokens = self.tokens.lock().expect("tokens");
-        let seen = &tokens[usize::from(key)];
-        match choice {
-            TokenChoice::Current => seen.last().copied().unwrap_or(1),
-            TokenChoice::Previous => seen
-                .len()
-                .checked_sub(2)
-                .map(|i| seen[i])
-                .unwrap_or(i64::MAX as u64 - 1),
-            TokenChoice::Bogus => i64::MAX as u64,
-        }
+        choice.pick(&self.tokens.lock().expect("tokens")[usize::from(key)])
     }
 
     fn saw_token(&self, key: u8, token: u64) {
@@ -348,24 +338,18 @@ async fn run_step(
                 retention_us: retention_ms.map(|ms| us(Some(ms), 0)),
             };
             recorder.invoked_key(caller, key, &op);
-            let answer = client
-                .complete(pb::CompleteRequest {
-                    namespace,
-                    key: key_name(key),
-                    lease_token: token,
-                    response: RESPONSES[usize::from(response)].to_vec(),
-                    retention: ms(retention_ms),
-                })
-                .await
-                .map(|answer| {
-                    let done = answer.into_inner();
-                    let expires_at = micros(&done.expires_at);
-                    recorder.retention_ends(expires_at);
-                    KeyRet::Completed {
-                        completed_at: micros(&done.completed_at),
-                        expires_at,
-                    }
-                });
+            let request = complete(&key_name(key), token, RESPONSES[usize::from(response)])
+                .with_retention(ms(retention_ms))
+                .in_namespace(namespace);
+            let answer = client.complete(request).await.map(|answer| {
+                let done = answer.into_inner();
+                let expires_at = micros(&done.expires_at);
+                recorder.retention_ends(expires_at);
+                KeyRet::Completed {
+                    completed_at: micros(&done.completed_at),
+                    expires_at,
+                }
+            });
             (key, op, answer)
         }
         Step::Release { key, token } => {
@@ -373,11 +357,7 @@ async fn run_step(
             let op = KeyOp::Release { token };
             recorder.invoked_key(caller, key, &op);
             let answer = client
-                .release(pb::ReleaseRequest {
-                    namespace,
-                    key: key_name(key),
-                    lease_token: token,
-                })
+                .release(release(&key_name(key), token).in_namespace(namespace))
                 .await
                 .map(|_| KeyRet::Released);
             (key, op, answer)
@@ -397,22 +377,17 @@ async fn run_step(
                 checkpoint: checkpoint.clone(),
             };
             recorder.invoked_key(caller, key, &op);
-            let answer = client
-                .extend_lease(pb::ExtendLeaseRequest {
-                    namespace,
-                    key: key_name(key),
-                    lease_token: token,
-                    lease_ttl: ms(lease_ms),
-                    checkpoint,
-                })
-                .await
-                .map(|answer| {
-                    let lease_expires_at = micros(&answer.into_inner().lease_expires_at);
-                    if lease_ms.is_some() {
-                        recorder.lease_ends(lease_expires_at);
-                    }
-                    KeyRet::Extended { lease_expires_at }
-                });
+            let request = extend(&key_name(key), token)
+                .with_lease(ms(lease_ms))
+                .with_checkpoint(checkpoint.as_deref())
+                .in_namespace(namespace);
+            let answer = client.extend_lease(request).await.map(|answer| {
+                let lease_expires_at = micros(&answer.into_inner().lease_expires_at);
+                if lease_ms.is_some() {
+                    recorder.lease_ends(lease_expires_at);
+                }
+                KeyRet::Extended { lease_expires_at }
+            });
             (key, op, answer)
         }
         Step::Lookup { key } => {
