@@ -4,52 +4,26 @@
 use super::*;
 
 async fn a_known_sequence_of_calls_is_counted_exactly(backend: Backend) {
-    let app = TestApp::spawn_with(backend, &["--metrics-listen", "127.0.0.1:0"]).await;
+    let (app, mut client) = metered(backend, &[]).await;
     let before = samples(&scrape(&app).await);
-    for method in [
-        "TryStart",
-        "Complete",
-        "Release",
-        "ExtendLease",
-        "Lookup",
-        "MarkProcessed",
-    ] {
+    for method in RPCS {
         let series = format!("grpc_server_started_total{{{}}}", api(method));
         assert_eq!(value(&before, &series), 0.0, "{series} starts at zero");
     }
 
-    let mut client = app.client().await;
     let key = unique_key("counted");
     let started = claim(&mut client, try_start(&key)).await;
-    expect_in_progress(try_start_response(&client, try_start(&key)).await);
-    client
-        .complete(complete(&key, started.lease_token, b"done"))
-        .await
-        .expect("Complete");
+    expect_held_by_another(&client, &key).await;
+    complete_key(&client, &key, started.lease_token, b"done").await;
     expect_completed(try_start_response(&client, try_start(&key)).await);
-    let mismatch = pb::TryStartRequest {
-        fingerprint: b"another".to_vec(),
-        ..try_start(&key)
-    };
+    let mismatch = try_start(&key).with_fingerprint(b"another");
     expect_mismatch(try_start_response(&client, mismatch).await);
-    let refused = client
-        .extend_lease(extend(&key, started.lease_token))
-        .await
-        .expect_err("a completed key's lease cannot be extended");
-    assert_error(&refused, Code::FailedPrecondition, "ALREADY_COMPLETED");
-    let stale = client
-        .release(release(&key, started.lease_token + 1_000_000))
-        .await
-        .expect_err("another token");
-    assert_error(&stale, Code::Aborted, "LEASE_LOST");
-    client
-        .mark_processed(mark("metrics-consumer", &["a", "b"]))
-        .await
-        .expect("MarkProcessed");
-    client
-        .mark_processed(mark("metrics-consumer", &["b", "c"]))
-        .await
-        .expect("MarkProcessed");
+    // A completed key's lease cannot be extended.
+    let completed = client.extend_lease(extend(&key, started.lease_token)).await;
+    assert_refused(completed, Code::FailedPrecondition, "ALREADY_COMPLETED");
+    refuse_a_release_with_another_token(&client, &key, started.lease_token).await;
+    mark_results(&client, mark("metrics-consumer", &["a", "b"])).await;
+    mark_results(&client, mark("metrics-consumer", &["b", "c"])).await;
     let invalid = client
         .lookup(lookup(""))
         .await
@@ -212,9 +186,7 @@ async fn a_known_sequence_of_calls_is_counted_exactly(backend: Backend) {
         ),
         ("idempotency_tokens_loaded".into(), 0.0),
     ];
-    for (series, wanted) in &expected {
-        assert_eq!(value(&after, series), *wanted, "{series}");
-    }
+    assert_values(&after, &expected);
     // Calls that failed sent no message; no other code was counted for them.
     let release_sent = format!("grpc_server_msg_sent_total{{{}}}", api("Release"));
     assert_eq!(after.get(&release_sent).copied().unwrap_or(0.0), 0.0);
@@ -233,14 +205,19 @@ async fn a_known_sequence_of_calls_is_counted_exactly(backend: Backend) {
     }
 }
 
+/// A Release of `key` with a token that is not its holder's, refused: one refusal to count.
+async fn refuse_a_release_with_another_token(client: &Client, key: &str, token: u64) {
+    let stale = client
+        .clone()
+        .release(release(key, token + 1_000_000))
+        .await;
+    assert_refused(stale, Code::Aborted, "LEASE_LOST");
+}
+
 async fn takeovers_and_reentries_are_counted_apart(backend: Backend) {
-    let app = TestApp::spawn_with(backend, &["--metrics-listen", "127.0.0.1:0"]).await;
-    let mut client = app.client().await;
-    let with_attempt = |key: &str, attempt: &str| pb::TryStartRequest {
-        attempt_id: attempt.into(),
-        lease_ttl: millis(300),
-        ..try_start(key)
-    };
+    let (app, mut client) = metered(backend, &[]).await;
+    let with_attempt =
+        |key: &str, attempt: &str| try_start(key).with_attempt(attempt).with_lease(millis(300));
     // A fresh claim, then its holder's re-entry.
     let kept = unique_key("reentered");
     let first = claim(&mut client, with_attempt(&kept, "a")).await;
@@ -263,26 +240,18 @@ async fn takeovers_and_reentries_are_counted_apart(backend: Backend) {
     );
 
     let after = samples(&scrape(&app).await);
-    for (series, wanted) in [
-        ("idempotency_try_start_total{outcome=\"started\"}", 5.0),
-        ("idempotency_try_start_takeovers_total", 1.0),
-        ("idempotency_try_start_reentries_total", 2.0),
-    ] {
-        assert_eq!(value(&after, series), wanted, "{series}");
-    }
+    assert_values(
+        &after,
+        &[
+            ("idempotency_try_start_total{outcome=\"started\"}", 5.0),
+            ("idempotency_try_start_takeovers_total", 1.0),
+            ("idempotency_try_start_reentries_total", 2.0),
+        ],
+    );
 }
 
 async fn namespaces_become_labels_with_the_flag(backend: Backend) {
-    let labelled = TestApp::spawn_with(
-        backend,
-        &[
-            "--metrics-listen",
-            "127.0.0.1:0",
-            "--metrics-namespace-labels",
-        ],
-    )
-    .await;
-    let mut client = labelled.client().await;
+    let (labelled, mut client) = metered(backend, &["--metrics-namespace-labels"]).await;
     let key = unique_key("labelled");
     let started = claim(&mut client, try_start(&key)).await;
     let other = pb::TryStartRequest {
@@ -290,18 +259,11 @@ async fn namespaces_become_labels_with_the_flag(backend: Backend) {
         ..try_start(&key)
     };
     claim(&mut client, other).await;
-    let stale = client
-        .release(release(&key, started.lease_token + 1_000_000))
-        .await
-        .expect_err("another token");
-    assert_error(&stale, Code::Aborted, "LEASE_LOST");
-    client
-        .mark_processed(mark("labelled-consumer", &["a", "b"]))
-        .await
-        .expect("MarkProcessed");
+    refuse_a_release_with_another_token(&client, &key, started.lease_token).await;
+    mark_results(&client, mark("labelled-consumer", &["a", "b"])).await;
     let exposition = scrape(&labelled).await;
     let after = samples(&exposition);
-    for (series, wanted) in [
+    let expected = [
         (
             "idempotency_try_start_total{outcome=\"started\",namespace=\"tests\"}",
             1.0,
@@ -318,9 +280,8 @@ async fn namespaces_become_labels_with_the_flag(backend: Backend) {
             "idempotency_events_total{result=\"new\",namespace=\"labelled-consumer\"}",
             2.0,
         ),
-    ] {
-        assert_eq!(value(&after, series), wanted, "{series}");
-    }
+    ];
+    assert_values(&after, &expected);
     // The gRPC server metrics never carry a namespace, nor does anything carry a key.
     assert!(
         exposition
@@ -335,13 +296,9 @@ async fn namespaces_become_labels_with_the_flag(backend: Backend) {
 /// A test of its own: the recorder is the process's, and would still hold the series a
 /// labelled server made.
 async fn namespaces_are_not_labels_by_default(backend: Backend) {
-    let plain = TestApp::spawn_with(backend, &["--metrics-listen", "127.0.0.1:0"]).await;
-    let mut client = plain.client().await;
+    let (plain, mut client) = metered(backend, &[]).await;
     claim(&mut client, try_start(&unique_key("plain"))).await;
-    client
-        .mark_processed(mark("plain-consumer", &["a"]))
-        .await
-        .expect("MarkProcessed");
+    mark_results(&client, mark("plain-consumer", &["a"])).await;
     let exposition = scrape(&plain).await;
     assert!(!exposition.contains("namespace="), "{exposition}");
     assert!(!exposition.contains("plain-consumer"), "{exposition}");

@@ -19,28 +19,13 @@ async fn the_exposition_passes_promtool(backend: Backend) {
     let promtool = promtool().expect(
         "promtool is not installed: run scripts/services (Debian's prometheus), or set PROMTOOL",
     );
-    let app = TestApp::spawn_with(
+    let (app, mut client) = metered(
         backend,
-        &[
-            "--metrics-listen",
-            "127.0.0.1:0",
-            "--metrics-namespace-labels",
-            "--reaper-interval",
-            "100ms",
-        ],
+        &["--metrics-namespace-labels", "--reaper-interval", "100ms"],
     )
     .await;
-    let mut client = app.client().await;
-    let key = unique_key("promtool");
-    let started = claim(&mut client, try_start(&key)).await;
-    client
-        .complete(complete(&key, started.lease_token, b"ok"))
-        .await
-        .expect("Complete");
-    client
-        .mark_processed(mark("c", &["x"]))
-        .await
-        .expect("MarkProcessed");
+    claim_and_complete(&mut client, &unique_key("promtool"), b"ok").await;
+    mark_results(&client, mark("c", &["x"])).await;
     // Every kind of series is there: the reaper's lag, once it has swept, too.
     series_reaches(&app, "idempotency_reaper_lag_seconds{table=\"keys\"}", 0.0).await;
     let exposition = scrape(&app).await;

@@ -95,6 +95,20 @@ async fn coordinator(args: &[&str]) -> std::process::Output {
         .expect("run the binary")
 }
 
+/// A server with `/metrics` on a free port (and `flags`), and a client of it.
+pub(crate) async fn metered(backend: Backend, flags: &[&str]) -> (TestApp, Client) {
+    let flags = [&["--metrics-listen", "127.0.0.1:0"], flags].concat();
+    app_and_client_with(backend, &flags).await
+}
+
+/// Asserts that each series reads its wanted value in `samples`.
+fn assert_values<S: AsRef<str>>(samples: &HashMap<String, f64>, expected: &[(S, f64)]) {
+    for (series, wanted) in expected {
+        let series = series.as_ref();
+        assert_eq!(value(samples, series), *wanted, "{series}");
+    }
+}
+
 /// Waits until `series` reads `wanted` in a scrape.
 async fn series_reaches(app: &TestApp, series: &str, wanted: f64) {
     eventually(

@@ -4,11 +4,9 @@ use super::*;
 
 async fn a_full_queue_shows_in_its_depth_and_its_own_refusals(backend: Backend) {
     // One executor, batches of one: the TryStart coalescer takes 16 calls, queued or running.
-    let app = TestApp::spawn_with(
+    let (app, client) = metered(
         backend,
         &[
-            "--metrics-listen",
-            "127.0.0.1:0",
             "--coalesce-executors",
             "1",
             "--coalesce-max-batch",
@@ -18,7 +16,6 @@ async fn a_full_queue_shows_in_its_depth_and_its_own_refusals(backend: Backend) 
         ],
     )
     .await;
-    let client = app.client().await;
     let depth = "idempotency_coalescer_queue_depth{coalescer=\"TryStart\"}";
     let before = samples(&scrape(&app).await);
     assert_eq!(value(&before, depth), 0.0);
@@ -34,59 +31,41 @@ async fn a_full_queue_shows_in_its_depth_and_its_own_refusals(backend: Backend) 
     let held = unique_key("held");
     claim(&mut client.clone(), try_start(&held)).await;
     let hold = app.database.hold_key(&held).await;
-    let mut calls = Vec::new();
-    for index in 0..16 {
-        let mut client = client.clone();
-        let request = if index == 0 {
-            try_start(&held)
-        } else {
-            try_start(&unique_key("queued"))
-        };
-        calls.push(tokio::spawn(async move { client.try_start(request).await }));
-        if index == 0 {
-            series_reaches(&app, depth, 1.0).await;
-        }
+    let mut calls = vec![spawn_try_start(&client, try_start(&held))];
+    series_reaches(&app, depth, 1.0).await;
+    for _ in 1..16 {
+        calls.push(spawn_try_start(&client, try_start(&unique_key("queued"))));
     }
     series_reaches(&app, depth, 16.0).await;
-    let refused = client
+    let one_too_many = client
         .clone()
         .try_start(try_start(&unique_key("one-too-many")))
-        .await
-        .expect_err("the queue is full");
-    assert_error(&refused, Code::Unavailable, "STORE_UNAVAILABLE");
+        .await;
+    assert_refused(one_too_many, Code::Unavailable, "STORE_UNAVAILABLE");
     hold.release().await;
+    // A queued TryStart is answered once the store is free.
     for call in calls {
-        call.await
-            .expect("a queued call's task")
-            .expect("a queued TryStart is answered once the store is free");
+        answer_of(call).await;
     }
     series_reaches(&app, depth, 0.0).await;
     let after = samples(&scrape(&app).await);
-    for (series, wanted) in [
-        (
-            "idempotency_coalescer_refusals_total{coalescer=\"TryStart\"}",
-            1.0,
-        ),
-        (
-            "idempotency_refusals_total{rpc=\"TryStart\",reason=\"STORE_UNAVAILABLE\"}",
-            1.0,
-        ),
-    ] {
-        assert_eq!(value(&after, series), wanted, "{series}");
-    }
+    assert_values(
+        &after,
+        &[
+            (
+                "idempotency_coalescer_refusals_total{coalescer=\"TryStart\"}",
+                1.0,
+            ),
+            (
+                "idempotency_refusals_total{rpc=\"TryStart\",reason=\"STORE_UNAVAILABLE\"}",
+                1.0,
+            ),
+        ],
+    );
 }
 
 async fn the_reapers_lag_is_the_age_of_what_it_could_not_delete(backend: Backend) {
-    let app = TestApp::spawn_with(
-        backend,
-        &[
-            "--metrics-listen",
-            "127.0.0.1:0",
-            "--reaper-interval",
-            "100ms",
-        ],
-    )
-    .await;
+    let (app, _client) = metered(backend, &["--reaper-interval", "100ms"]).await;
     let keys = "idempotency_reaper_lag_seconds{table=\"keys\"}";
     let events = "idempotency_reaper_lag_seconds{table=\"events\"}";
     // Nothing expired: no lag.

@@ -1,8 +1,8 @@
 //! Claims at the same time: exactly one winner among concurrent claims and among concurrent
 //! takeovers, and a claim that waited for the row acts on the key as it is once it has it.
 
+use idempotency_coordinator::proto::idempotency::v1::TryStartRequest;
 use idempotency_coordinator::proto::idempotency::v1::try_start_response::Outcome;
-use idempotency_coordinator::proto::idempotency::v1::{TryStartRequest, lookup_response::State};
 
 use crate::support::*;
 
@@ -13,19 +13,11 @@ async fn two_hundred_concurrent_claims_of_one_key_have_exactly_one_winner(backen
     // about the machine's speed: a generous timeout keeps a loaded machine's stalls out of it.
     // The replay cache is off, so that a call answered without a statement was answered from
     // the answer before it, not from memory.
-    let app = TestApp::spawn_with(
+    let (app, client) = crate::metrics::metered(
         backend,
-        &[
-            "--operation-timeout",
-            "30s",
-            "--metrics-listen",
-            "127.0.0.1:0",
-            "--replay-cache-bytes",
-            "0",
-        ],
+        &["--operation-timeout", "30s", "--replay-cache-bytes", "0"],
     )
     .await;
-    let client = app.client().await;
     let key = unique_key("race");
 
     // Each call its own attempt, as the clients send them: only a holder's own attempt would
@@ -47,10 +39,7 @@ async fn two_hundred_concurrent_claims_of_one_key_have_exactly_one_winner(backen
             );
             // The winner completes at once, so that later callers may see `completed`.
             if let Outcome::Started(started) = &outcome {
-                client
-                    .complete(complete(&key, started.lease_token, b"the one result"))
-                    .await
-                    .expect("Complete");
+                complete_key(&client, &key, started.lease_token, b"the one result").await;
             }
             outcome
         })
@@ -84,35 +73,16 @@ async fn two_hundred_concurrent_claims_of_one_key_have_exactly_one_winner(backen
 }
 
 async fn concurrent_takeovers_of_an_expired_lease_have_exactly_one_winner(backend: Backend) {
-    let app = TestApp::spawn(backend).await;
-    let mut client = app.client().await;
+    let (app, mut client) = app_and_client(backend).await;
     let key = unique_key("takeover-race");
-    let first = claim(
-        &mut client,
-        TryStartRequest {
-            lease_ttl: millis(100),
-            ..try_start(&key)
-        },
-    )
-    .await;
-    wait_for_lease_expiry(&app, &client, &key).await;
+    let first = claim_and_let_lapse(&app, &mut client, try_start(&key)).await;
 
-    let calls = (0..50).map(|_| {
-        let mut client = client.clone();
-        let key = key.clone();
-        tokio::spawn(async move {
-            outcome(
-                client
-                    .try_start(try_start(&key))
-                    .await
-                    .expect("TryStart")
-                    .into_inner(),
-            )
-        })
-    });
+    let calls: Vec<_> = (0..50)
+        .map(|_| spawn_try_start(&client, try_start(&key)))
+        .collect();
     let mut winners = Vec::new();
-    for answer in futures::future::join_all(calls).await {
-        match answer.expect("task") {
+    for call in calls {
+        match outcome(answer_of(call).await) {
             Outcome::Started(started) => winners.push(started),
             Outcome::InProgress(in_progress) => assert_eq!(in_progress.attempt, 2),
             other => panic!("unexpected outcome {other:?}"),
@@ -126,23 +96,16 @@ async fn concurrent_takeovers_of_an_expired_lease_have_exactly_one_winner(backen
 async fn a_claim_that_waited_while_the_key_expired_claims_it_afresh(backend: Backend) {
     // The row stays locked for the key's whole retention (2 s): the claim must be let wait for
     // it (a fifth of the operation timeout) rather than be told to retry.
-    let app = TestApp::spawn_with(backend, &["--operation-timeout", "20s"]).await;
-    let mut client = app.client().await;
+    let (app, mut client) = app_and_client_with(backend, &["--operation-timeout", "20s"]).await;
     let key = unique_key("expired-while-waiting");
-    let request = TryStartRequest {
-        attempt_id: "holder".into(),
-        retention: secs(2),
-        lease_ttl: millis(200),
-        ..try_start(&key)
-    };
+    let request = try_start(&key)
+        .with_attempt("holder")
+        .with_retention(secs(2))
+        .with_lease(millis(200));
     let held = claim(&mut client, request.clone()).await;
     let lock = app.database.hold_key(&key).await;
     // The holder's retry starts while the key is live, then waits for the row...
-    let retry = tokio::spawn({
-        let mut client = client.clone();
-        let request = request.clone();
-        async move { client.try_start(request).await }
-    });
+    let retry = spawn_try_start(&client, request);
     app.wait_for_blocked(1).await;
     // ...during which the key's retention ends, so that the key is absent for everyone. (Were
     // the setup slower than the retention, the retry would not have waited while the key was
@@ -153,18 +116,13 @@ async fn a_claim_that_waited_while_the_key_expired_claims_it_afresh(backend: Bac
         blocked_at < expires_at,
         "the retry was seen waiting at {blocked_at}, after the key expired at {expires_at}"
     );
-    eventually(
-        std::time::Duration::from_secs(5),
-        "the key expired",
-        || async { app.db_now().await > expires_at },
-    )
-    .await;
-    assert!(matches!(key_state(&client, &key).await, State::Absent(_)));
+    wait_for_db_clock_past(&app, expires_at, "the key expired").await;
+    assert!(is_absent(&client, &key).await);
     lock.release().await;
 
     // The waiting claim must act on the key as it is now (absent), not as it was when the call
     // began: a fresh claim, not a re-entry that would revive the expired one.
-    let fresh = expect_started(retry.await.expect("task").expect("TryStart").into_inner());
+    let fresh = expect_started(answer_of(retry).await);
     assert_eq!(fresh.attempt, 1);
     assert!(
         fresh.lease_token > held.lease_token,
@@ -173,42 +131,17 @@ async fn a_claim_that_waited_while_the_key_expired_claims_it_afresh(backend: Bac
 }
 
 async fn a_claim_racing_the_reaper_for_an_expired_key_starts_fresh(backend: Backend) {
-    let app = TestApp::spawn(backend).await;
-    let mut client = app.client().await;
+    let (app, mut client) = app_and_client(backend).await;
     let key = unique_key("reaped");
-    claim(
-        &mut client,
-        TryStartRequest {
-            retention: secs(1),
-            lease_ttl: millis(100),
-            ..try_start(&key)
-        },
-    )
-    .await;
-    eventually(
-        std::time::Duration::from_secs(5),
-        "the key expired",
-        || async { matches!(key_state(&client, &key).await, State::Absent(_)) },
-    )
-    .await;
+    claim_and_let_expire(&mut client, &key).await;
     // A reaper's transaction holds the expired row; the claim waits for it; the reaper deletes
     // the row and commits.
     let reaper = app.database.hold_key(&key).await;
-    let claiming = tokio::spawn({
-        let mut client = client.clone();
-        let key = key.clone();
-        async move { client.try_start(try_start(&key)).await }
-    });
+    let claiming = spawn_try_start(&client, try_start(&key));
     app.wait_for_blocked(1).await;
     reaper.delete_and_commit(&key).await;
 
-    let started = expect_started(
-        claiming
-            .await
-            .expect("task")
-            .expect("TryStart")
-            .into_inner(),
-    );
+    let started = expect_started(answer_of(claiming).await);
     assert_eq!(started.attempt, 1);
     assert_eq!(app.count_rows("idempotency_keys").await, 1);
 }
