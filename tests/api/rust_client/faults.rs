@@ -12,7 +12,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 
-use super::{PAYMENTS, PaymentError, Runs};
+use super::{PAYMENTS, PaymentError, Runs, payments_state};
 use crate::support::process::ServerProcess;
 use crate::support::*;
 
@@ -131,19 +131,10 @@ async fn a_lost_try_start_answer_is_retried_with_the_same_attempt_and_claims_onc
         })
     };
     // The claim is made and its answer is on the way back, and lost.
-    let mut lookup_request = lookup(&key);
-    lookup_request.namespace = PAYMENTS.into();
     eventually(
         Duration::from_secs(10),
         "TryStart claimed the key",
-        || async {
-            let answer = raw
-                .clone()
-                .lookup(lookup_request.clone())
-                .await
-                .expect("Lookup");
-            matches!(state(answer.into_inner()), State::InProgress(_))
-        },
+        || async { matches!(payments_state(&raw, &key).await, State::InProgress(_)) },
     )
     .await;
     eventually(
@@ -169,8 +160,10 @@ async fn a_lost_try_start_answer_is_retried_with_the_same_attempt_and_claims_onc
         "the same claim, not a takeover"
     );
     assert_eq!(runs.count(), 1);
-    let answer = raw.clone().lookup(lookup_request).await.expect("Lookup");
-    assert!(matches!(state(answer.into_inner()), State::Completed(_)));
+    assert!(matches!(
+        payments_state(&raw, &key).await,
+        State::Completed(_)
+    ));
     assert_eq!(
         app.count_rows("idempotency_keys").await,
         1,

@@ -6,7 +6,7 @@ use std::time::Duration;
 use idempotency_client::{Error, Outcome, RunError};
 use idempotency_coordinator::proto::idempotency::v1::lookup_response::State;
 
-use super::{PAYMENTS, PaymentError, Runs, client_for};
+use super::{PAYMENTS, PaymentError, Runs, app_and_clients, client_for, payments_state};
 use crate::support::*;
 
 async fn work_three_times_longer_than_its_lease_stays_the_only_holder(backend: Backend) {
@@ -63,26 +63,21 @@ async fn work_three_times_longer_than_its_lease_stays_the_only_holder(backend: B
         "never taken over"
     );
     let raw = app.client().await;
-    let mut lookup_request = lookup(&key);
-    lookup_request.namespace = PAYMENTS.into();
-    let stored = state(
-        raw.clone()
-            .lookup(lookup_request)
-            .await
-            .expect("Lookup")
-            .into_inner(),
-    );
-    let State::Completed(stored) = stored else {
-        panic!("expected completed, got {stored:?}");
-    };
-    assert_eq!(stored.response, format!("[{token},3]").into_bytes());
+    let stored = stored_response(&raw, &key).await;
+    assert_eq!(stored, format!("[{token},3]").into_bytes());
+}
+
+/// The response stored for `key` in the payments namespace, which must be completed.
+async fn stored_response(raw: &Client, key: &str) -> Vec<u8> {
+    match payments_state(raw, key).await {
+        State::Completed(stored) => stored.response,
+        other => panic!("expected completed, got {other:?}"),
+    }
 }
 
 async fn a_lost_lease_cancels_the_work_and_the_new_holders_result_stands(backend: Backend) {
     const LEASE: Duration = Duration::from_millis(300);
-    let app = TestApp::spawn(backend).await;
-    let client = client_for(&app).await;
-    let raw = app.client().await;
+    let (app, client, raw) = app_and_clients(backend).await;
     let key = unique_key("export");
     let (started_tx, started_rx) = tokio::sync::oneshot::channel();
     let (cancelled_tx, cancelled_rx) = tokio::sync::oneshot::channel();
@@ -114,24 +109,11 @@ async fn a_lost_lease_cancels_the_work_and_the_new_holders_result_stands(backend
         })
     };
     started_rx.await.expect("the first work started");
-    let mut lookup_request = lookup(&key);
-    lookup_request.namespace = PAYMENTS.into();
-    let expires = match state(
-        raw.clone()
-            .lookup(lookup_request.clone())
-            .await
-            .expect("Lookup")
-            .into_inner(),
-    ) {
+    let expires = match payments_state(&raw, &key).await {
         State::InProgress(held) => instant(&held.lease_expires_at),
         other => panic!("expected in_progress, got {other:?}"),
     };
-    eventually(
-        Duration::from_secs(10),
-        "the first lease ran out",
-        || async { app.db_now().await > expires },
-    )
-    .await;
+    wait_for_db_clock_past(&app, expires, "the first lease ran out").await;
 
     let second = client
         .run_once(PAYMENTS, &key)
@@ -163,17 +145,7 @@ async fn a_lost_lease_cancels_the_work_and_the_new_holders_result_stands(backend
         matches!(first, Err(RunError::Coordinator(Error::LeaseLost(_)))),
         "the first caller learns it lost the key: {first:?}"
     );
-    let stored = state(
-        raw.clone()
-            .lookup(lookup_request)
-            .await
-            .expect("Lookup")
-            .into_inner(),
-    );
-    let State::Completed(stored) = stored else {
-        panic!("expected completed, got {stored:?}");
-    };
-    assert_eq!(stored.response, br#""second""#);
+    assert_eq!(stored_response(&raw, &key).await, br#""second""#);
     let replay = client
         .run_once(PAYMENTS, &key)
         .run(|_lease| async { Ok::<_, PaymentError>("third".to_owned()) })
@@ -229,15 +201,7 @@ async fn a_service_unreachable_until_the_lease_runs_out_cancels_the_work(backend
         panic!("expected LeaseLost, got {outcome:?}");
     };
     assert_eq!(cause.code, tonic::Code::Unavailable, "{cause:?}");
-    let mut lookup_request = lookup(&key);
-    lookup_request.namespace = PAYMENTS.into();
-    let stored = state(
-        raw.clone()
-            .lookup(lookup_request)
-            .await
-            .expect("Lookup")
-            .into_inner(),
-    );
+    let stored = payments_state(&raw, &key).await;
     assert!(
         matches!(stored, State::InProgress(_)),
         "never completed: {stored:?}"

@@ -25,6 +25,17 @@ pub async fn client_for(app: &TestApp) -> Client {
         .expect("connect to the test server")
 }
 
+/// A server on `backend`, a Rust client of it, and a generated client of it (`raw`) to look at
+/// or hold keys from outside the Rust client.
+pub async fn app_and_clients(
+    backend: crate::support::Backend,
+) -> (TestApp, Client, crate::support::Client) {
+    let app = TestApp::spawn(backend).await;
+    let client = client_for(&app).await;
+    let raw = app.client().await;
+    (app, client, raw)
+}
+
 /// The state of `key` in the payments namespace, read with the generated client.
 pub async fn payments_state(
     raw: &crate::support::Client,
@@ -32,13 +43,10 @@ pub async fn payments_state(
 ) -> idempotency_coordinator::proto::idempotency::v1::lookup_response::State {
     let mut request = crate::support::lookup(key);
     request.namespace = PAYMENTS.into();
-    crate::support::state(
-        raw.clone()
-            .lookup(request)
-            .await
-            .expect("Lookup")
-            .into_inner(),
-    )
+    crate::support::state(crate::support::answered(
+        raw.clone().lookup(request).await,
+        "Lookup",
+    ))
 }
 
 /// Counts how often a work ran.

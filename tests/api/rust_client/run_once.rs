@@ -6,7 +6,7 @@ use std::time::Duration;
 use idempotency_client::{Error, Outcome, RunError};
 use serde::{Deserialize, Serialize};
 
-use super::{PAYMENTS, PaymentError, Runs, TryStarts, client_for, payments_state};
+use super::{PAYMENTS, PaymentError, Runs, TryStarts, app_and_clients, client_for, payments_state};
 use crate::support::*;
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -16,9 +16,7 @@ struct Charge {
 }
 
 async fn two_concurrent_callers_run_the_work_once_and_get_the_same_result(backend: Backend) {
-    let app = TestApp::spawn(backend).await;
-    let client = client_for(&app).await;
-    let raw = app.client().await;
+    let (app, client, raw) = app_and_clients(backend).await;
     let key = unique_key("charge");
     let runs = Runs::default();
     let try_starts = TryStarts::capture();
@@ -115,9 +113,7 @@ async fn two_concurrent_callers_run_the_work_once_and_get_the_same_result(backen
 }
 
 async fn failed_work_is_released_and_the_next_call_runs_it_again(backend: Backend) {
-    let app = TestApp::spawn(backend).await;
-    let client = client_for(&app).await;
-    let raw = app.client().await;
+    let (_app, client, raw) = app_and_clients(backend).await;
     let key = unique_key("charge");
     let runs = Runs::default();
 
@@ -158,9 +154,7 @@ async fn failed_work_is_released_and_the_next_call_runs_it_again(backend: Backen
 }
 
 async fn a_caller_that_gives_up_mid_work_releases_the_key(backend: Backend) {
-    let app = TestApp::spawn(backend).await;
-    let client = client_for(&app).await;
-    let raw = app.client().await;
+    let (_app, client, raw) = app_and_clients(backend).await;
     let key = unique_key("charge");
     let (started_tx, started_rx) = tokio::sync::oneshot::channel();
     let abandoned = {
@@ -272,25 +266,39 @@ async fn a_key_reused_for_another_request_is_a_typed_mismatch(backend: Backend) 
     assert_eq!(runs.count(), 0);
 }
 
-async fn a_key_held_elsewhere_is_a_typed_in_progress_with_when_to_retry(backend: Backend) {
-    let app = TestApp::spawn(backend).await;
-    let client = client_for(&app).await;
-    let mut raw = app.client().await;
-    let key = unique_key("charge");
-    let mut request = try_start(&key);
+/// Claims `key` in the payments namespace with the generated client, as another caller of the
+/// same (fingerprint-less) request would, for 30 s; answers the claim.
+async fn hold_elsewhere(
+    raw: &mut crate::support::Client,
+    key: &str,
+) -> idempotency_coordinator::proto::idempotency::v1::ClaimStarted {
+    let mut request = try_start(key).with_fingerprint(b"").with_lease(secs(30));
     request.namespace = PAYMENTS.into();
-    request.fingerprint = Vec::new();
-    request.lease_ttl = secs(30);
-    let held = claim(&mut raw, request).await;
-    let try_starts = TryStarts::capture();
+    claim(raw, request).await
+}
 
+/// Runs a work on `key` that may wait 1.5 s for the key's holder; answers how the run ended and
+/// how long it took.
+async fn run_waiting_for_the_holder(
+    client: &idempotency_client::Client,
+    key: &str,
+) -> (Result<Outcome<()>, RunError<PaymentError>>, Duration) {
     let asked_at = std::time::Instant::now();
-    let busy = client
-        .run_once(PAYMENTS, &key)
+    let ended = client
+        .run_once(PAYMENTS, key)
         .wait(Duration::from_millis(1500))
         .run(|_lease| async { Ok::<_, PaymentError>(()) })
         .await;
-    let waited = asked_at.elapsed();
+    (ended, asked_at.elapsed())
+}
+
+async fn a_key_held_elsewhere_is_a_typed_in_progress_with_when_to_retry(backend: Backend) {
+    let (_app, client, mut raw) = app_and_clients(backend).await;
+    let key = unique_key("charge");
+    let held = hold_elsewhere(&mut raw, &key).await;
+    let try_starts = TryStarts::capture();
+
+    let (busy, waited) = run_waiting_for_the_holder(&client, &key).await;
     let Err(RunError::Coordinator(Error::InProgress {
         attempt,
         retry_after,
@@ -322,20 +330,10 @@ async fn a_service_at_its_waiter_limit_is_asked_again_after_pauses_not_hammered(
     let client = client_for(&app).await;
     let mut raw = app.client().await;
     let key = unique_key("charge");
-    let mut request = try_start(&key);
-    request.namespace = PAYMENTS.into();
-    request.fingerprint = Vec::new();
-    request.lease_ttl = secs(30);
-    claim(&mut raw, request).await;
+    hold_elsewhere(&mut raw, &key).await;
     let try_starts = TryStarts::capture();
 
-    let asked_at = std::time::Instant::now();
-    let busy = client
-        .run_once(PAYMENTS, &key)
-        .wait(Duration::from_millis(1500))
-        .run(|_lease| async { Ok::<_, PaymentError>(()) })
-        .await;
-    let waited = asked_at.elapsed();
+    let (busy, waited) = run_waiting_for_the_holder(&client, &key).await;
     assert!(
         matches!(busy, Err(RunError::Coordinator(Error::InProgress { .. }))),
         "{busy:?}"
