@@ -17,14 +17,13 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
-use clap::Parser;
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper::{HeaderMap, Request, Response, StatusCode};
 use hyper_util::client::legacy::Client as HttpClient;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::{TokioExecutor, TokioIo};
-use idempotency_coordinator::config::{Cli, Command};
+use idempotency_coordinator::config::Command;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
@@ -258,10 +257,7 @@ impl TestGateway {
         .map(|s| s.to_string())
         .collect();
         args.extend(flags.iter().map(|s| s.to_string()));
-        let Command::Gateway(args) = Cli::try_parse_from(args)
-            .expect("valid flags")
-            .into_command()
-        else {
+        let Command::Gateway(args) = crate::support::app::parse_command(args) else {
             panic!("the gateway subcommand");
         };
         let settings = args.settings().expect("valid settings");
@@ -356,6 +352,18 @@ impl Http {
         self.try_send(method, url, headers, body)
             .await
             .expect("the gateway answers")
+    }
+
+    /// Sends the same request twice, one after the other: a retry. Answers both answers.
+    pub async fn send_twice(
+        &self,
+        method: &str,
+        url: &str,
+        headers: &[(&str, &str)],
+        body: &str,
+    ) -> (Answer, Answer) {
+        let first = self.send(method, url, headers, body).await;
+        (first, self.send(method, url, headers, body).await)
     }
 
     /// Like [`Http::send`], answering `None` when the connection breaks instead of an answer.

@@ -2,7 +2,7 @@
 //! namespace in its scopes is refused by the coordinator (and nothing is forwarded), and it
 //! reaches a coordinator over TLS with the CA it is given.
 
-use crate::support::security::{Pki, TokensFile, server_tls_flags, token};
+use crate::support::security::{Pki, TokensFile, start_with_tls, token};
 use clap::Parser;
 
 use crate::support::{Backend, TestApp};
@@ -32,23 +32,15 @@ async fn the_gateways_token_and_its_scopes_apply() {
     assert_eq!(http.post(&url, &key, "{}").await.status, 201);
     assert!(http.post(&url, &key, "{}").await.replayed());
 
-    let refused =
-        TestGateway::start(&upstream, &app.endpoint(), &["--token-file", &wrong_scope]).await;
-    http.post(
-        &format!("{}/orders", refused.url()),
-        &super::key("scope"),
-        "{}",
-    )
-    .await
-    .assert_problem(500, "coordinator-refused");
-    let anonymous = TestGateway::start(&upstream, &app.endpoint(), &[]).await;
-    http.post(
-        &format!("{}/orders", anonymous.url()),
-        &super::key("none"),
-        "{}",
-    )
-    .await
-    .assert_problem(500, "coordinator-refused");
+    // A gateway with a token of another scope, then one with no token: the coordinator refuses.
+    let other_scope = ["--token-file", wrong_scope.as_str()];
+    for (flags, label) in [(&other_scope[..], "scope"), (&[][..], "none")] {
+        let refused = TestGateway::start(&upstream, &app.endpoint(), flags).await;
+        let url = format!("{}/orders", refused.url());
+        http.post(&url, &super::key(label), "{}")
+            .await
+            .assert_problem(500, "coordinator-refused");
+    }
     assert_eq!(
         upstream.executions(),
         1,
@@ -60,12 +52,8 @@ async fn the_gateways_token_and_its_scopes_apply() {
 /// gateway refuses to start.
 #[tokio::test]
 async fn the_gateway_reaches_a_tls_coordinator_with_its_ca() {
-    let dir = tempfile::tempdir().expect("a folder for the PEM files");
     let pki = Pki::new("coordinator CA");
-    let flags = server_tls_flags(dir.path(), &pki, None);
-    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
-    let database = crate::support::TestDatabase::create(Backend::Postgres).await;
-    let app = TestApp::start_on(database, None, &flags).await;
+    let (app, dir) = start_with_tls(Backend::Postgres, &pki, None).await;
     let ca = dir.path().join("ca.pem");
     std::fs::write(&ca, pki.ca_pem()).expect("write the CA");
     let ca = ca.to_str().expect("UTF-8 path");

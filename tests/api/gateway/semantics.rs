@@ -65,11 +65,8 @@ async fn a_completed_key_is_replayed_byte_for_byte_without_the_upstream(backend:
     assert!(bare.replayed());
     assert_eq!(upstream.executions(), 1);
     // Unguarded methods pass through, key or not.
-    let get = http
-        .send("GET", &url, &[("idempotency-key", "\"g\"")], "")
-        .await;
-    let get_again = http
-        .send("GET", &url, &[("idempotency-key", "\"g\"")], "")
+    let (get, get_again) = http
+        .send_twice("GET", &url, &[("idempotency-key", "\"g\"")], "")
         .await;
     assert!(!get.replayed() && !get_again.replayed());
     assert_eq!(upstream.executions(), 3);
@@ -145,11 +142,8 @@ async fn key_header_syntax_and_bounds(backend: Backend) {
     let custom =
         TestGateway::start(&upstream, &app.endpoint(), &["--header", "X-Request-Key"]).await;
     let url = format!("{}/orders", custom.url());
-    let first = http
-        .send("POST", &url, &[("x-request-key", "\"c\"")], "{}")
-        .await;
-    let second = http
-        .send("POST", &url, &[("x-request-key", "\"c\"")], "{}")
+    let (first, second) = http
+        .send_twice("POST", &url, &[("x-request-key", "\"c\"")], "{}")
         .await;
     assert!(!first.replayed() && second.replayed());
 }

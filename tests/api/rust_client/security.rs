@@ -6,7 +6,7 @@ use idempotency_client::{
 };
 
 use super::{PaymentError, Runs};
-use crate::support::security::{Pki, TokensFile, server_tls_flags, token};
+use crate::support::security::{Pki, TokensFile, start_with_tls, token};
 use crate::support::*;
 
 async fn a_token_is_sent_and_a_scope_it_lacks_is_a_typed_permission_error(backend: Backend) {
@@ -65,10 +65,7 @@ async fn a_token_is_sent_and_a_scope_it_lacks_is_a_typed_permission_error(backen
 async fn mutual_tls_settings_reach_a_server_that_requires_them(backend: Backend) {
     let servers = Pki::new("server CA");
     let clients = Pki::new("client CA");
-    let dir = tempfile::tempdir().expect("a temporary folder");
-    let flags = server_tls_flags(dir.path(), &servers, Some(&clients));
-    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
-    let app = TestApp::start_on(TestDatabase::create(backend).await, None, &flags).await;
+    let (app, _pem_files) = start_with_tls(backend, &servers, Some(&clients)).await;
     let endpoint = format!("https://{}", app.addr);
     let trust = || {
         ClientTlsConfig::new()

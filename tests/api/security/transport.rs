@@ -11,10 +11,7 @@ use crate::support::*;
 
 async fn tls_serves_clients_that_trust_its_certificate(backend: Backend) {
     let pki = Pki::new("server CA");
-    let dir = tempfile::tempdir().expect("a temporary folder");
-    let flags = server_tls_flags(dir.path(), &pki, None);
-    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
-    let app = TestApp::start_on(TestDatabase::create(backend).await, None, &flags).await;
+    let (app, _pem_files) = start_with_tls(backend, &pki, None).await;
 
     let channel = tls_channel(app.addr, &pki, None)
         .await
@@ -42,10 +39,7 @@ async fn mutual_tls_requires_a_client_certificate_from_its_ca(backend: Backend) 
     let servers = Pki::new("server CA");
     let clients = Pki::new("client CA");
     let strangers = Pki::new("stranger CA");
-    let dir = tempfile::tempdir().expect("a temporary folder");
-    let flags = server_tls_flags(dir.path(), &servers, Some(&clients));
-    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
-    let app = TestApp::start_on(TestDatabase::create(backend).await, None, &flags).await;
+    let (app, _pem_files) = start_with_tls(backend, &servers, Some(&clients)).await;
 
     let admitted = clients.client("payments-service");
     let channel = tls_channel(app.addr, &servers, Some(&admitted))

@@ -57,6 +57,20 @@ pub async fn authed_client(endpoint: String, bearer: Bearer) -> AuthedClient {
     IdempotencyServiceClient::with_interceptor(channel, bearer)
 }
 
+/// After a reload of the tokens file (SIGHUP): waits until the token of `admitted`, new in the
+/// file, is in force, then asserts that the token of `revoked`, gone from it, is refused.
+pub async fn assert_the_reload_took_effect(admitted: &AuthedClient, revoked: &AuthedClient) {
+    let lookup = || super::lookup("k");
+    super::eventually(
+        std::time::Duration::from_secs(10),
+        "the reload took effect",
+        || async { admitted.clone().lookup(lookup()).await.is_ok() },
+    )
+    .await;
+    let status = revoked.clone().lookup(lookup()).await.expect_err("revoked");
+    assert_eq!(status.code(), tonic::Code::Unauthenticated);
+}
+
 /// A tokens file in a temporary folder, rewritten at will.
 pub struct TokensFile {
     _dir: tempfile::TempDir,
@@ -159,6 +173,21 @@ pub fn server_tls_flags(dir: &std::path::Path, pki: &Pki, client_ca: Option<&Pki
         flags.extend(["--tls-client-ca".to_owned(), ca.display().to_string()]);
     }
     flags
+}
+
+/// A server on a fresh `backend` database that serves TLS with a certificate of `pki` and, given
+/// `client_ca`, requires a client certificate of it; and the folder of its PEM files, which
+/// must outlive it. Not waited for: the caller waits for what it expects to work.
+pub async fn start_with_tls(
+    backend: super::Backend,
+    pki: &Pki,
+    client_ca: Option<&Pki>,
+) -> (super::TestApp, tempfile::TempDir) {
+    let dir = tempfile::tempdir().expect("a folder for the PEM files");
+    let flags = server_tls_flags(dir.path(), pki, client_ca);
+    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+    let database = super::TestDatabase::create(backend).await;
+    (super::TestApp::start_on(database, None, &flags).await, dir)
 }
 
 /// A TLS channel that trusts `ca` and, for mTLS, shows `identity`.
