@@ -7,7 +7,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore, oneshot};
 use tokio::time::Instant;
 use tracing::Span;
 
-use super::{Coalescer, FollowsEarlier};
+use super::Coalescer;
 use crate::domain::batch::Batchable;
 use crate::service::CoordinatorError;
 use crate::service::in_flight::InFlightGuard;
@@ -91,11 +91,7 @@ fn take(
         .ok_or(CoordinatorError::Busy)
 }
 
-impl<C, R> Coalescer<C, R>
-where
-    C: Batchable + FollowsEarlier<R> + Clone + Send + 'static,
-    R: Send + 'static,
-{
+impl<C: Batchable, R> Coalescer<C, R> {
     /// Queues `command` and waits for its own result. A command that finds the coalescer
     /// idle (nothing queued or running, an executor free) runs at once as a batch of its own,
     /// without waiting for the dispatcher to take it: the same batch the dispatcher would have
