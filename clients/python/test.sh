@@ -9,13 +9,8 @@
 set -euo pipefail
 cd "$(dirname "$0")"
 
-python="${PYTHON:-python3}"
-venv=.venv
-if [ ! -x "$venv/bin/python" ]; then
-  "$python" -m venv "$venv"
-fi
-pip=("$venv/bin/python" -m pip --quiet --disable-pip-version-check)
-"${pip[@]}" install --upgrade pip
+# shellcheck source=scripts/venv.sh
+source scripts/venv.sh
 "${pip[@]}" install -r requirements-test.txt
 # Not editable, and rebuilt every run: the tests must pass against the package as pip installs it.
 "${pip[@]}" install .

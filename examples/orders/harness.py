@@ -27,7 +27,6 @@ from typing import Any
 import aio_pika
 import grpc
 import psycopg
-from grpc_health.v1 import health_pb2
 from idempotency_client._proto.idempotency.v1 import idempotency_pb2 as pb
 from idempotency_client._rpc import Stub
 from psycopg import sql
@@ -175,24 +174,13 @@ class Coordinator:
         return process
 
     def _await_serving(self) -> None:
-        with grpc.insecure_channel(self.address) as channel:
-            check = channel.unary_unary(
-                "/grpc.health.v1.Health/Check",
-                request_serializer=health_pb2.HealthCheckRequest.SerializeToString,
-                response_deserializer=health_pb2.HealthCheckResponse.FromString,
-            )
+        # The binary's own health check, as a container HEALTHCHECK runs it: exit status 0 once
+        # the service answers SERVING for its API.
+        def serving() -> bool:
+            check = [str(BINARY), "healthcheck", "--addr", self.address, "--timeout", "1s"]
+            return subprocess.run(check, capture_output=True, check=False).returncode == 0
 
-            def serving() -> bool:
-                try:
-                    answer = check(
-                        health_pb2.HealthCheckRequest(service="idempotency.v1.IdempotencyService"),
-                        timeout=1,
-                    )
-                except grpc.RpcError:
-                    return False
-                return bool(answer.status == health_pb2.HealthCheckResponse.SERVING)
-
-            await_condition(serving, "the coordinator to be SERVING")
+        await_condition(serving, "the coordinator to be SERVING")
 
 
 @dataclass

@@ -12,13 +12,8 @@
 set -euo pipefail
 cd "$(dirname "$0")"
 
-python="${PYTHON:-python3}"
-venv=.venv
-if [ ! -x "$venv/bin/python" ]; then
-  "$python" -m venv "$venv"
-fi
-pip=("$venv/bin/python" -m pip --quiet --disable-pip-version-check)
-"${pip[@]}" install --upgrade pip
+# shellcheck source=../../clients/python/scripts/venv.sh
+source ../../clients/python/scripts/venv.sh
 "${pip[@]}" install ../../clients/python
 "${pip[@]}" install -r requirements-test.txt
 # Not editable, and rebuilt every run: the scenarios run the example as pip installs it.

@@ -36,6 +36,34 @@ def start_back_end(system: System, *skip: str) -> dict[str, Process]:
     return started
 
 
+def place_orders(system: System) -> Driver:
+    """Starts the client placing ORDER_COUNT orders with the API (which must be started)."""
+    driver = Driver(system.run_id, system.api_address, ORDER_COUNT)
+    driver.start()
+    return driver
+
+
+def start_with_faulty_relay(system: System, point: str, action: str) -> tuple[Process, Driver]:
+    """Starts a relay whose fault hook acts (`action`) at `point` in its second batch, the rest
+    of the example, and the client placing orders."""
+    relay = system.start("relay", **system.fault(point, action, after=2))
+    start_back_end(system, "relay")
+    system.start("api")
+    return relay, place_orders(system)
+
+
+def publishing_rows(system: System) -> list[str]:
+    """The outbox rows a relay has claimed and not yet marked published."""
+    rows = system.orders_query("SELECT id::text FROM outbox WHERE status = 'PUBLISHING'")
+    return [row[0] for row in rows]
+
+
+def claims_of(system: System, event_ids: list[str]) -> dict[str, int]:
+    """How many times a relay claimed each of the outbox rows."""
+    query = "SELECT id::text, claims FROM outbox WHERE id::text = ANY(%s)"
+    return dict(system.orders_query(query, event_ids))
+
+
 def settle(system: System, driver: Driver) -> None:
     driver.join()
     system.await_settled(ORDER_COUNT)
@@ -93,8 +121,7 @@ def test_1_api_killed_after_commit_before_answering(tmp_path: Path) -> None:
             LEASE_TTL=SHORT_LEASE,
             **system.fault("api.after_commit", "kill", after=ORDER_COUNT // 3),
         )
-        driver = Driver(system.run_id, system.api_address, ORDER_COUNT)
-        driver.start()
+        driver = place_orders(system)
         assert api.wait(60) == -signal.SIGKILL
         restarted = system.start("api", LEASE_TTL=SHORT_LEASE)
         settle(system, driver)
@@ -110,30 +137,16 @@ def test_1_api_killed_after_commit_before_answering(tmp_path: Path) -> None:
 
 def test_2_relay_killed_after_publishing_before_marking(tmp_path: Path) -> None:
     with running_system("2 relay kill -9 after publish", tmp_path) as system:
-        relay = system.start("relay", **system.fault("relay.after_publish", "kill", after=2))
-        start_back_end(system, "relay")
-        system.start("api")
-        driver = Driver(system.run_id, system.api_address, ORDER_COUNT)
-        driver.start()
+        relay, driver = start_with_faulty_relay(system, "relay.after_publish", "kill")
         assert relay.wait(60) == -signal.SIGKILL
-        stranded = [
-            row[0]
-            for row in system.orders_query(
-                "SELECT id::text FROM outbox WHERE status = 'PUBLISHING'"
-            )
-        ]
+        stranded = publishing_rows(system)
         assert stranded, "the killed relay's batch should be left PUBLISHING"
         system.start("relay")
         settle(system, driver)
 
         # The replacement reset the stranded batch after the stuck timeout and published it a
         # second time: claimed twice, and delivered twice to the notifications consumer.
-        claims = dict(
-            system.orders_query(
-                "SELECT id::text, claims FROM outbox WHERE id::text = ANY(%s)", stranded
-            )
-        )
-        assert claims == dict.fromkeys(stranded, 2)
+        assert claims_of(system, stranded) == dict.fromkeys(stranded, 2)
         await_delivered_twice(system, stranded)
         counts = check(system, driver)
         assert counts.events_republished == len(stranded)
@@ -156,29 +169,15 @@ def await_delivered_twice(system: System, event_ids: list[str]) -> None:
 
 def test_3_relay_stuck_holding_publishing_rows(tmp_path: Path) -> None:
     with running_system("3 relay SIGSTOP holding rows", tmp_path) as system:
-        stuck_relay = system.start("relay", **system.fault("relay.after_claim", "stop", after=2))
-        start_back_end(system, "relay")
-        system.start("api")
-        driver = Driver(system.run_id, system.api_address, ORDER_COUNT)
-        driver.start()
+        stuck_relay, driver = start_with_faulty_relay(system, "relay.after_claim", "stop")
         await_condition(stuck_relay.stopped_by_signal, "the relay to stop itself")
-        held = [
-            row[0]
-            for row in system.orders_query(
-                "SELECT id::text FROM outbox WHERE status = 'PUBLISHING'"
-            )
-        ]
+        held = publishing_rows(system)
         assert held, "the stopped relay should hold its batch PUBLISHING"
         other_relay = system.start("relay")
         settle(system, driver)
 
         # The other relay reset the held rows once they were stuck, and published them.
-        claims = dict(
-            system.orders_query(
-                "SELECT id::text, claims FROM outbox WHERE id::text = ANY(%s)", held
-            )
-        )
-        assert claims == dict.fromkeys(held, 2)
+        assert claims_of(system, held) == dict.fromkeys(held, 2)
 
         # Woken, the stuck relay publishes its stale batch too: a second copy of each event,
         # which the consumers deduplicate; then both relays stop cleanly.
@@ -200,8 +199,7 @@ def test_4_payments_killed_after_the_provider_call(tmp_path: Path) -> None:
         survivor = system.start("payments", LEASE_TTL=SHORT_LEASE)
         start_back_end(system, "payments-1", "payments-2")
         system.start("api")
-        driver = Driver(system.run_id, system.api_address, ORDER_COUNT)
-        driver.start()
+        driver = place_orders(system)
         assert doomed.wait(60) == -signal.SIGKILL
         replacement = system.start("payments", LEASE_TTL=SHORT_LEASE)
         settle(system, driver)
@@ -225,16 +223,10 @@ def test_5_sigterm_to_every_component_under_load(tmp_path: Path) -> None:
             **start_back_end(system, "relay"),
             "api": system.start("api"),
         }
-        driver = Driver(system.run_id, system.api_address, ORDER_COUNT)
-        driver.start()
+        driver = place_orders(system)
         # The relay holds a claimed batch until it is told to stop: SIGTERM lands mid-batch.
         await_condition(relay_in_batch.exists, "the relay to be in the middle of a batch")
-        held = [
-            row[0]
-            for row in system.orders_query(
-                "SELECT id::text FROM outbox WHERE status = 'PUBLISHING'"
-            )
-        ]
+        held = publishing_rows(system)
         assert held, "the relay should be holding a claimed batch"
         answered_before = driver.answered
         for process in components.values():
@@ -262,8 +254,7 @@ def test_6_coordinator_restarted_under_load(tmp_path: Path) -> None:
     with running_system("6 coordinator restart", tmp_path) as system:
         start_back_end(system)
         system.start("api")
-        driver = Driver(system.run_id, system.api_address, ORDER_COUNT)
-        driver.start()
+        driver = place_orders(system)
         await_condition(lambda: driver.answered >= ORDER_COUNT // 3, "a third of the orders")
         coordinator = system.coordinator
         assert coordinator is not None
@@ -283,8 +274,7 @@ def test_7_notifications_killed_between_its_commit_and_the_record(tmp_path: Path
         )
         start_back_end(system, "notifications")
         system.start("api")
-        driver = Driver(system.run_id, system.api_address, ORDER_COUNT)
-        driver.start()
+        driver = place_orders(system)
         assert doomed.wait(60) == -signal.SIGKILL
         system.start("notifications")
         settle(system, driver)

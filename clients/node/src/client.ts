@@ -2,7 +2,9 @@
 // and runOnce and processOnce, which run-once.ts carries out.
 import * as grpc from '@grpc/grpc-js';
 
-import { errorFromStatus } from './errors';
+import { retrying } from './backoff';
+import { DEFAULTS } from './defaults';
+import { errorFromStatus, isRefusedAtTheDoor } from './errors';
 import { proto, type IdempotencyServiceClient } from './protocol';
 import { RunOnce } from './run-once';
 import type {
@@ -10,6 +12,7 @@ import type {
   ClientOptions,
   CompletedAt,
   KeyState,
+  LeaseCalls,
   Lease,
   MarkProcessedResult,
   RetryOptions,
@@ -20,17 +23,28 @@ import type {
 } from './types';
 import type { Duration } from './generated/google/protobuf/Duration';
 import type { Timestamp__Output } from './generated/google/protobuf/Timestamp';
-import type { CompleteResponse__Output } from './generated/idempotency/v1/CompleteResponse';
-import type { ExtendLeaseResponse__Output } from './generated/idempotency/v1/ExtendLeaseResponse';
-import type { LookupResponse__Output } from './generated/idempotency/v1/LookupResponse';
-import type { MarkProcessedResponse__Output } from './generated/idempotency/v1/MarkProcessedResponse';
-import type { ReleaseResponse__Output } from './generated/idempotency/v1/ReleaseResponse';
-import type { TryStartResponse__Output } from './generated/idempotency/v1/TryStartResponse';
 
 export type * from './types';
 
-const DEFAULT_CALL_TIMEOUT_MS = 5_000;
-const DEFAULT_RETRY: RetryOptions = { initialBackoffMs: 50, maxBackoffMs: 2_000, totalMs: 15_000 };
+const DEFAULT_RETRY: RetryOptions = {
+  initialBackoffMs: DEFAULTS.retry.initialBackoffMs,
+  maxBackoffMs: DEFAULTS.retry.maxBackoffMs,
+  multiplier: DEFAULTS.retry.multiplier,
+  totalMs: DEFAULTS.retry.budgetMs,
+};
+
+/** The service's methods, by their names on the generated client. */
+type Rpc = 'tryStart' | 'complete' | 'release' | 'extendLease' | 'lookup' | 'markProcessed';
+/** What `method` is sent, and what it answers (read from the generated client's signatures). */
+type RequestOf<M extends Rpc> = Parameters<IdempotencyServiceClient[M]>[0];
+type AnswerOf<M extends Rpc> =
+  Parameters<IdempotencyServiceClient[M]>[1] extends grpc.requestCallback<infer A> ? A : never;
+type UnaryMethod<M extends Rpc> = (
+  request: RequestOf<M>,
+  metadata: grpc.Metadata,
+  options: grpc.CallOptions,
+  callback: grpc.requestCallback<AnswerOf<M>>,
+) => grpc.ClientUnaryCall;
 
 const DEFAULT_CHANNEL_OPTIONS: grpc.ChannelOptions = {
   // grpc-js backs reconnection off from 1 s up to 120 s; a coordinator that restarts (a
@@ -40,7 +54,7 @@ const DEFAULT_CHANNEL_OPTIONS: grpc.ChannelOptions = {
   'grpc.max_reconnect_backoff_ms': 2_000,
 };
 
-export class IdempotencyClient {
+export class IdempotencyClient implements LeaseCalls {
   private readonly stub: IdempotencyServiceClient;
   private readonly token: string | undefined;
   private readonly callTimeoutMs: number;
@@ -50,7 +64,7 @@ export class IdempotencyClient {
   /** @param address `host:port` of the coordinator, e.g. `127.0.0.1:50051`. */
   constructor(address: string, options: ClientOptions = {}) {
     this.token = options.token;
-    this.callTimeoutMs = options.callTimeoutMs ?? DEFAULT_CALL_TIMEOUT_MS;
+    this.callTimeoutMs = options.callTimeoutMs ?? DEFAULTS.callTimeoutMs;
     this.retry = { ...DEFAULT_RETRY, ...options.retry };
     this.run = new RunOnce(this, this.retry, this.callTimeoutMs);
     this.stub = new proto.idempotency.v1.IdempotencyService(address, channelCredentials(options.tls), {
@@ -67,22 +81,17 @@ export class IdempotencyClient {
   // ---- One call per RPC -------------------------------------------------------------------
 
   async tryStart(request: TryStartRequest, options: CallOptions = {}): Promise<TryStartOutcome> {
-    const answer = await this.unary<TryStartResponse__Output>(
-      (metadata, callOptions, callback) =>
-        this.stub.tryStart(
-          {
-            namespace: request.namespace,
-            key: request.key,
-            fingerprint: request.fingerprint,
-            leaseTtl: durationFromMs('leaseTtlMs', request.leaseTtlMs),
-            retention: durationFromMs('retentionMs', request.retentionMs),
-            attemptId: request.attemptId,
-            wait: request.waitMs ? durationFromMs('waitMs', request.waitMs) : undefined,
-          },
-          metadata,
-          callOptions,
-          callback,
-        ),
+    const answer = await this.unary(
+      'tryStart',
+      {
+        namespace: request.namespace,
+        key: request.key,
+        fingerprint: request.fingerprint,
+        leaseTtl: durationFromMs('leaseTtlMs', request.leaseTtlMs),
+        retention: durationFromMs('retentionMs', request.retentionMs),
+        attemptId: request.attemptId,
+        wait: request.waitMs ? durationFromMs('waitMs', request.waitMs) : undefined,
+      },
       options,
     );
     switch (answer.outcome) {
@@ -96,22 +105,11 @@ export class IdempotencyClient {
           checkpoint: started._checkpoint === 'checkpoint' ? (started.checkpoint ?? Buffer.alloc(0)) : undefined,
         };
       }
-      case 'inProgress': {
-        const inProgress = answer.inProgress!;
-        return {
-          kind: 'inProgress',
-          leaseExpiresAt: dateFromTimestamp(inProgress.leaseExpiresAt),
-          attempt: inProgress.attempt ?? 0,
-        };
-      }
+      case 'inProgress':
+        return { kind: 'inProgress', ...holderOf(answer.inProgress!) };
       case 'completed': {
         const completed = answer.completed!;
-        return {
-          kind: 'completed',
-          response: completed.response ?? Buffer.alloc(0),
-          completedAt: dateFromTimestamp(completed.completedAt),
-          expiresAt: dateFromTimestamp(completed.expiresAt),
-        };
+        return { kind: 'completed', response: completed.response ?? Buffer.alloc(0), ...completionTimes(completed) };
       }
       case 'fingerprintMismatch':
         return { kind: 'fingerprintMismatch' };
@@ -127,31 +125,13 @@ export class IdempotencyClient {
     response: Uint8Array,
     options: CallOptions & { retentionMs?: number } = {},
   ): Promise<CompletedAt> {
-    const answer = await this.unary<CompleteResponse__Output>(
-      (metadata, callOptions, callback) =>
-        this.stub.complete(
-          {
-            namespace,
-            key,
-            leaseToken: leaseToken.toString(),
-            response,
-            retention: durationFromMs('retentionMs', options.retentionMs),
-          },
-          metadata,
-          callOptions,
-          callback,
-        ),
-      options,
-    );
-    return { completedAt: dateFromTimestamp(answer.completedAt), expiresAt: dateFromTimestamp(answer.expiresAt) };
+    const retention = durationFromMs('retentionMs', options.retentionMs);
+    const answer = await this.unary('complete', { ...heldKey(namespace, key, leaseToken), response, retention }, options);
+    return completionTimes(answer);
   }
 
   async release(namespace: string, key: string, leaseToken: bigint, options: CallOptions = {}): Promise<void> {
-    await this.unary<ReleaseResponse__Output>(
-      (metadata, callOptions, callback) =>
-        this.stub.release({ namespace, key, leaseToken: leaseToken.toString() }, metadata, callOptions, callback),
-      options,
-    );
+    await this.unary('release', heldKey(namespace, key, leaseToken), options);
   }
 
   /** Moves the lease's expiry to now + leaseTtlMs (and saves `checkpoint` when given). */
@@ -161,41 +141,23 @@ export class IdempotencyClient {
     leaseToken: bigint,
     options: CallOptions & { leaseTtlMs?: number; checkpoint?: Uint8Array } = {},
   ): Promise<Date> {
-    const answer = await this.unary<ExtendLeaseResponse__Output>(
-      (metadata, callOptions, callback) =>
-        this.stub.extendLease(
-          {
-            namespace,
-            key,
-            leaseToken: leaseToken.toString(),
-            leaseTtl: durationFromMs('leaseTtlMs', options.leaseTtlMs),
-            checkpoint: options.checkpoint,
-          },
-          metadata,
-          callOptions,
-          callback,
-        ),
+    const leaseTtl = durationFromMs('leaseTtlMs', options.leaseTtlMs);
+    const answer = await this.unary(
+      'extendLease',
+      { ...heldKey(namespace, key, leaseToken), leaseTtl, checkpoint: options.checkpoint },
       options,
     );
     return dateFromTimestamp(answer.leaseExpiresAt);
   }
 
   async lookup(namespace: string, key: string, options: CallOptions = {}): Promise<KeyState> {
-    const answer = await this.unary<LookupResponse__Output>(
-      (metadata, callOptions, callback) => this.stub.lookup({ namespace, key }, metadata, callOptions, callback),
-      options,
-    );
+    const answer = await this.unary('lookup', { namespace, key }, options);
     switch (answer.state) {
       case 'absent':
         return { kind: 'absent' };
       case 'inProgress': {
         const inProgress = answer.inProgress!;
-        return {
-          kind: 'inProgress',
-          leaseExpiresAt: dateFromTimestamp(inProgress.leaseExpiresAt),
-          attempt: inProgress.attempt ?? 0,
-          fingerprint: inProgress.fingerprint ?? Buffer.alloc(0),
-        };
+        return { kind: 'inProgress', ...holderOf(inProgress), fingerprint: inProgress.fingerprint ?? Buffer.alloc(0) };
       }
       case 'completed': {
         const completed = answer.completed!;
@@ -203,8 +165,7 @@ export class IdempotencyClient {
           kind: 'completed',
           response: completed.response ?? Buffer.alloc(0),
           fingerprint: completed.fingerprint ?? Buffer.alloc(0),
-          completedAt: dateFromTimestamp(completed.completedAt),
-          expiresAt: dateFromTimestamp(completed.expiresAt),
+          ...completionTimes(completed),
         };
       }
       default:
@@ -215,22 +176,19 @@ export class IdempotencyClient {
   /**
    * Records that `consumer` handled `eventIds` (1-1000, atomically) and says which are new.
    * This records *that* events were handled; for an effect that must happen exactly once, use
-   * processOnce, which claims the event before the effect.
+   * processOnce, which claims the event before the effect. Retried (within `retry.totalMs`) only
+   * when refused at the door (RATE_LIMITED, OVERLOADED): after a lost answer a retry would
+   * report the events as already processed, and the caller would skip them.
    */
   async markProcessed(
     consumer: string,
     eventIds: readonly string[],
     options: CallOptions & { retentionMs?: number } = {},
   ): Promise<MarkProcessedResult> {
-    const answer = await this.unary<MarkProcessedResponse__Output>(
-      (metadata, callOptions, callback) =>
-        this.stub.markProcessed(
-          { consumer, eventIds: [...eventIds], retention: durationFromMs('retentionMs', options.retentionMs) },
-          metadata,
-          callOptions,
-          callback,
-        ),
-      options,
+    const retention = durationFromMs('retentionMs', options.retentionMs);
+    const answer = await retrying(
+      () => this.unary('markProcessed', { consumer, eventIds: [...eventIds], retention }, options),
+      { retry: this.retry, when: isRefusedAtTheDoor, signal: options.signal },
     );
     const events = answer.results.map((result) => ({
       eventId: result.eventId ?? '',
@@ -273,12 +231,11 @@ export class IdempotencyClient {
     return this.runOnce(consumer, eventId, work, options);
   }
 
-  private unary<R>(
-    start: (metadata: grpc.Metadata, options: grpc.CallOptions, callback: grpc.requestCallback<R>) => grpc.ClientUnaryCall,
-    options: CallOptions,
-  ): Promise<R> {
+  /** One call of `method`, with the token and the deadline; `options.signal` cancels it. */
+  private unary<M extends Rpc>(method: M, request: RequestOf<M>, options: CallOptions): Promise<AnswerOf<M>> {
     const { signal } = options;
-    return new Promise<R>((resolve, reject) => {
+    const send = this.stub[method] as UnaryMethod<M>;
+    return new Promise<AnswerOf<M>>((resolve, reject) => {
       if (signal?.aborted) {
         reject(signal.reason);
         return;
@@ -291,15 +248,38 @@ export class IdempotencyClient {
         call.cancel();
         reject(signal?.reason);
       };
-      const call = start(metadata, { deadline: Date.now() + (options.timeoutMs ?? this.callTimeoutMs) }, (error, answer) => {
+      const deadline = Date.now() + (options.timeoutMs ?? this.callTimeoutMs);
+      const call = send.call(this.stub, request, metadata, { deadline }, (error, answer) => {
         signal?.removeEventListener('abort', onAbort);
         if (cancelled) return;
         if (error) reject(errorFromStatus(error));
-        else resolve(answer as R);
+        else resolve(answer as AnswerOf<M>);
       });
       signal?.addEventListener('abort', onAbort, { once: true });
     });
   }
+}
+
+/** The key a lease holds, as Complete, Release and ExtendLease name it. */
+function heldKey(
+  namespace: string,
+  key: string,
+  leaseToken: bigint,
+): { namespace: string; key: string; leaseToken: string } {
+  return { namespace, key, leaseToken: leaseToken.toString() };
+}
+
+/** Who holds a key in progress, as TryStart and Lookup answer it. */
+function holderOf(inProgress: { leaseExpiresAt?: Timestamp__Output; attempt?: number }): {
+  leaseExpiresAt: Date;
+  attempt: number;
+} {
+  return { leaseExpiresAt: dateFromTimestamp(inProgress.leaseExpiresAt), attempt: inProgress.attempt ?? 0 };
+}
+
+/** When a key was completed and when it expires, as Complete, TryStart and Lookup answer it. */
+function completionTimes(completed: { completedAt?: Timestamp__Output; expiresAt?: Timestamp__Output }): CompletedAt {
+  return { completedAt: dateFromTimestamp(completed.completedAt), expiresAt: dateFromTimestamp(completed.expiresAt) };
 }
 
 function channelCredentials(tls: ClientOptions['tls']): grpc.ChannelCredentials {

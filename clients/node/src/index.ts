@@ -14,7 +14,9 @@ export {
   type TryStartOutcome,
   type TryStartRequest,
 } from './client';
+export { canonicalJson, canonicalJsonText, CanonicalJsonError, type CanonicalJsonErrorReason } from './canonical';
 export { bytesCodec, jsonCodec, type Codec } from './codec';
+export { DEFAULTS } from './defaults';
 export * from './errors';
-export { fingerprintOf } from './fingerprint';
+export { fingerprintOf, fingerprintOfJson } from './fingerprint';
 export type { FieldViolation } from './status-details';

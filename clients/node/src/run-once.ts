@@ -1,26 +1,27 @@
 // runOnce: the whole protocol in one call, on top of the client's one-call-per-RPC methods.
 import { randomUUID } from 'node:crypto';
+import { performance } from 'node:perf_hooks';
+import * as grpc from '@grpc/grpc-js';
 
-import { Backoff, sleep } from './backoff';
+import { Backoff, retrying, sleep } from './backoff';
 import { jsonCodec, type Codec } from './codec';
+import { DEFAULTS } from './defaults';
 import {
   AlreadyCompletedError,
+  CoordinatorError,
   FingerprintMismatchError,
   InProgressError,
   KeyNotFoundError,
   LeaseLostError,
-  RateLimitedError,
+  ResultNotStoredError,
   isTransient,
-  type CoordinatorError,
 } from './errors';
 import { fingerprintOf } from './fingerprint';
-import type { IdempotencyClient } from './client';
-import type { Lease, RetryOptions, RunOnceOptions, RunOnceResult, TryStartOutcome, TryStartRequest } from './types';
+import type { Lease, LeaseCalls, RetryOptions, RunOnceOptions, RunOnceResult, TryStartOutcome, TryStartRequest } from './types';
 
-const DEFAULT_LEASE_TTL_MS = 30_000;
 // Pauses before asking again when the service answered in_progress without waiting (it is at
 // its waiter limit): often at first, at most once a second.
-const IN_PROGRESS_POLL = { initialMs: 100, maxMs: 1_000 };
+const IN_PROGRESS_POLL = { initialMs: 50, maxMs: 1_000, multiplier: 1.5 };
 const MIN_POLL_MS = 25;
 /** The longest wait one TryStart may ask the service for. */
 const MAX_SERVER_WAIT_MS = 60_000;
@@ -40,7 +41,7 @@ const HEARTBEAT_RETRY_MS = 1_000;
  */
 export class RunOnce {
   constructor(
-    private readonly client: IdempotencyClient,
+    private readonly client: LeaseCalls,
     private readonly retry: RetryOptions,
     private readonly callTimeoutMs: number,
   ) {}
@@ -52,7 +53,7 @@ export class RunOnce {
     options: RunOnceOptions<T> = {},
   ): Promise<RunOnceResult<T>> {
     const codec = options.codec ?? jsonCodec<T>();
-    const leaseTtlMs = options.leaseTtlMs ?? DEFAULT_LEASE_TTL_MS;
+    const leaseTtlMs = options.leaseTtlMs ?? DEFAULTS.leaseTtlMs;
     const request: TryStartRequest = {
       namespace,
       key,
@@ -64,7 +65,7 @@ export class RunOnce {
       // was lost is given back to us instead of locking us out until its lease runs out.
       attemptId: options.attemptId ?? randomUUID(),
     };
-    const outcome = await this.claim(request, options.waitMs ?? 0, options.signal);
+    const { outcome, askedAt } = await this.claim(request, options.waitMs ?? DEFAULTS.waitMs, options.signal);
     switch (outcome.kind) {
       case 'completed':
         return { value: codec.decode(outcome.response), replayed: true };
@@ -78,9 +79,9 @@ export class RunOnce {
           await this.releaseQuietly(namespace, key, outcome.leaseToken);
           throw options.signal.reason;
         }
-        return this.runHolding(request, outcome, work, codec, {
+        return this.runHolding(request, outcome, askedAt, work, codec, {
           leaseTtlMs,
-          heartbeatIntervalMs: options.heartbeatIntervalMs ?? leaseTtlMs / 3,
+          heartbeatIntervalMs: options.heartbeatIntervalMs ?? leaseTtlMs / DEFAULTS.heartbeatDivisor,
           retentionMs: options.retentionMs,
           signal: options.signal,
           errorAsResult: options.errorAsResult,
@@ -93,13 +94,19 @@ export class RunOnce {
    * waits for a holder. Each TryStart asks the service to wait (what is left of `waitMs`, at most
    * 60 s) and is given that long on top of the call timeout; a service that answers `inProgress`
    * clearly before the wait it was asked for (it is at its waiter limit) is asked again after a
-   * short pause, so that a full service is not hammered.
+   * short pause, so that a full service is not hammered. Answers also when the winning TryStart
+   * was first sent (performance.now()), from which the lease is counted.
    */
-  private async claim(request: TryStartRequest, waitMs: number, signal: AbortSignal | undefined): Promise<TryStartOutcome> {
+  private async claim(
+    request: TryStartRequest,
+    waitMs: number,
+    signal: AbortSignal | undefined,
+  ): Promise<{ outcome: TryStartOutcome; askedAt: number }> {
     const waitEnds = Date.now() + waitMs;
     const poll = new Backoff(IN_PROGRESS_POLL);
     for (;;) {
       const askedAt = Date.now();
+      const askedAtMonotonic = performance.now();
       const askedWaitMs = serverWaitMs(waitEnds);
       let outcome: TryStartOutcome;
       try {
@@ -116,7 +123,7 @@ export class RunOnce {
         throw error;
       }
       const remainingMs = waitEnds - Date.now();
-      if (outcome.kind !== 'inProgress' || remainingMs < WAIT_SLACK_MS) return outcome;
+      if (outcome.kind !== 'inProgress' || remainingMs < WAIT_SLACK_MS) return { outcome, askedAt: askedAtMonotonic };
       if (Date.now() - askedAt < askedWaitMs / 2) {
         await sleep(Math.min(remainingMs, poll.nextDelayMs(MIN_POLL_MS)), signal);
       }
@@ -141,6 +148,7 @@ export class RunOnce {
   private async runHolding<T>(
     request: TryStartRequest,
     started: Extract<TryStartOutcome, { kind: 'started' }>,
+    askedAt: number,
     work: (lease: Lease) => Promise<T> | T,
     codec: Codec<T>,
     options: {
@@ -153,7 +161,7 @@ export class RunOnce {
   ): Promise<RunOnceResult<T>> {
     const { namespace, key } = request;
     const token = started.leaseToken;
-    const lease = new HeldLease(this.client, namespace, key, started, options.leaseTtlMs, options.signal);
+    const lease = new HeldLease(this.client, namespace, key, started, askedAt, options.leaseTtlMs, options.signal);
     const heartbeat = new Heartbeat(lease, options.heartbeatIntervalMs);
     let value: T;
     try {
@@ -174,14 +182,22 @@ export class RunOnce {
       lease.detach();
     }
     if (lease.lostError) throw lease.lostError;
-    await this.completeHeld(namespace, key, token, codec.encode(value), options.retentionMs);
+    try {
+      await this.completeHeld(namespace, key, token, codec.encode(value), options.retentionMs);
+    } catch (error) {
+      // The work ran: its result goes to the caller with the news that it is not stored, unlike
+      // a failure before the work, after which nothing happened. A lost lease stays what it is.
+      if (error instanceof LeaseLostError || !(error instanceof CoordinatorError)) throw error;
+      throw new ResultNotStoredError(value, error);
+    }
     return { value, replayed: false };
   }
 
   /**
    * Complete, retried on transient failures (a repeated Complete with the same response
    * succeeds again). ALREADY_COMPLETED counts as success when the stored response is ours: an
-   * earlier try of this same Complete got through.
+   * earlier try of this same Complete got through. A key that is gone (it expired or was
+   * released under the work) is a lost lease.
    */
   private async completeHeld(
     namespace: string,
@@ -193,6 +209,7 @@ export class RunOnce {
     try {
       await this.withRetries(() => this.client.complete(namespace, key, token, response, { retentionMs }), undefined);
     } catch (error) {
+      if (error instanceof KeyNotFoundError) throw lostLease(error, 'the key expired or was released while the work ran');
       if (!(error instanceof AlreadyCompletedError)) throw error;
       const state = await this.withRetries(() => this.client.lookup(namespace, key), undefined);
       if (state.kind !== 'completed' || !state.response.equals(response)) throw error;
@@ -213,22 +230,11 @@ export class RunOnce {
   }
 
   /**
-   * Repeats `call` while it fails with UNAVAILABLE, a deadline or a rate limit, with backoff,
-   * for at most `retry.totalMs`. Only for calls that are safe to repeat.
+   * Repeats `call` while it fails with UNAVAILABLE, DEADLINE_EXCEEDED, RATE_LIMITED or
+   * OVERLOADED, with backoff, for at most `retry.totalMs`. Only for calls that are safe to repeat.
    */
-  private async withRetries<R>(call: () => Promise<R>, signal: AbortSignal | undefined): Promise<R> {
-    const giveUpAt = Date.now() + this.retry.totalMs;
-    const backoff = new Backoff({ initialMs: this.retry.initialBackoffMs, maxMs: this.retry.maxBackoffMs });
-    for (;;) {
-      try {
-        return await call();
-      } catch (error) {
-        if (!(isTransient(error) || error instanceof RateLimitedError)) throw error;
-        const delayMs = backoff.nextDelayMs((error as CoordinatorError).retryDelayMs ?? 0);
-        if (Date.now() + delayMs > giveUpAt) throw error;
-        await sleep(delayMs, signal);
-      }
-    }
+  private withRetries<R>(call: () => Promise<R>, signal: AbortSignal | undefined): Promise<R> {
+    return retrying(call, { retry: this.retry, when: isTransient, signal });
   }
 }
 
@@ -239,18 +245,23 @@ class HeldLease implements Lease {
   readonly checkpoint: Buffer | undefined;
   expiresAt: Date;
   lostError: LeaseLostError | undefined;
+  /** When the lease runs out at the latest (performance.now()), unless extended. */
+  private runsOutAt: number;
   private readonly controller = new AbortController();
   private readonly callerSignal: AbortSignal | undefined;
   private readonly onCallerAbort = () => this.controller.abort(this.callerSignal?.reason);
 
   constructor(
-    private readonly client: IdempotencyClient,
+    private readonly client: LeaseCalls,
     readonly namespace: string,
     readonly key: string,
     started: Extract<TryStartOutcome, { kind: 'started' }>,
+    askedAt: number,
     private readonly leaseTtlMs: number,
     callerSignal: AbortSignal | undefined,
   ) {
+    // Counted from before the TryStart was sent, so never later than the service's expiry.
+    this.runsOutAt = askedAt + leaseTtlMs;
     this.token = started.leaseToken;
     this.attempt = started.attempt;
     this.checkpoint = started.checkpoint;
@@ -266,11 +277,13 @@ class HeldLease implements Lease {
 
   /** Extends the lease, optionally saving a checkpoint; a lost lease aborts the work. */
   async extend(checkpoint?: Uint8Array): Promise<void> {
+    const sentAt = performance.now();
     try {
       this.expiresAt = await this.client.extendLease(this.namespace, this.key, this.token, {
         leaseTtlMs: this.leaseTtlMs,
         checkpoint,
       });
+      this.runsOutAt = sentAt + this.leaseTtlMs;
     } catch (error) {
       if (error instanceof LeaseLostError || error instanceof KeyNotFoundError || error instanceof AlreadyCompletedError) {
         this.markLost(error);
@@ -285,6 +298,28 @@ class HeldLease implements Lease {
     return this.extend(checkpoint);
   }
 
+  /**
+   * After a heartbeat failed for another reason than a lost lease (the coordinator unreachable):
+   * once no extension has succeeded for a whole lease, the lease may have run out and another
+   * caller may hold the key, so the work is cancelled as for a lost lease. Returns whether it was.
+   */
+  loseIfRunOut(cause: unknown): boolean {
+    if (this.lostError || performance.now() < this.runsOutAt) return this.lostError !== undefined;
+    const why = cause instanceof Error ? cause.message : String(cause);
+    this.lostError = new LeaseLostError(
+      `the lease ran out while the coordinator was unreachable: ${why}`,
+      cause instanceof CoordinatorError ? cause.code : grpc.status.UNAVAILABLE,
+      {
+        reason: cause instanceof CoordinatorError ? cause.reason : undefined,
+        fieldViolations: [],
+        retryDelayMs: undefined,
+      },
+      { cause },
+    );
+    this.controller.abort(this.lostError);
+    return true;
+  }
+
   /** Stops following the caller's signal once the run is over. */
   detach(): void {
     this.callerSignal?.removeEventListener('abort', this.onCallerAbort);
@@ -293,15 +328,7 @@ class HeldLease implements Lease {
   private markLost(cause: CoordinatorError): void {
     if (this.lostError) return;
     // A key that vanished or was completed under our token is lost to us just the same.
-    this.lostError =
-      cause instanceof LeaseLostError
-        ? cause
-        : new LeaseLostError(
-            `the lease on this key is lost: ${cause.message}`,
-            cause.code,
-            { reason: cause.reason, fieldViolations: [], retryDelayMs: undefined },
-            { cause },
-          );
+    this.lostError = lostLease(cause, 'the lease on this key is lost');
     this.controller.abort(this.lostError);
   }
 }
@@ -337,11 +364,23 @@ class Heartbeat {
     try {
       await this.lease.extend();
       this.schedule(this.intervalMs);
-    } catch {
+    } catch (error) {
       // A lost lease has aborted the work: no more beats. Anything else (the coordinator or its
       // store briefly unreachable) does not mean the lease is gone: a holder nobody replaced
-      // may still extend, so try again soon.
-      if (!this.lease.lostError) this.schedule(Math.min(this.intervalMs, HEARTBEAT_RETRY_MS));
+      // may still extend, so try again soon, until no extension has succeeded for a whole
+      // lease: then the work is cancelled (loseIfRunOut).
+      if (!this.lease.loseIfRunOut(error)) this.schedule(Math.min(this.intervalMs, HEARTBEAT_RETRY_MS));
     }
   }
+}
+
+/** A CoordinatorError that means this holder no longer holds the key, as a LeaseLostError. */
+function lostLease(cause: CoordinatorError, message: string): LeaseLostError {
+  if (cause instanceof LeaseLostError) return cause;
+  return new LeaseLostError(
+    `${message}: ${cause.message}`,
+    cause.code,
+    { reason: cause.reason, fieldViolations: [], retryDelayMs: undefined },
+    { cause },
+  );
 }

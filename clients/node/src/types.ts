@@ -13,11 +13,13 @@ export interface TlsOptions {
 }
 
 export interface RetryOptions {
-  /** Ceiling of the first pause after a transient failure. Default 50 ms. */
+  /** The first step of the pauses after a transient failure. Default 50 ms. */
   initialBackoffMs: number;
-  /** Largest pause between two tries. Default 2000 ms. */
+  /** The largest step. Default 2000 ms. */
   maxBackoffMs: number;
-  /** Total time a call may spend retrying before its last error is thrown. Default 15000 ms. */
+  /** How each step grows from the one before. Default 2. */
+  multiplier: number;
+  /** All the tries of one call, pauses included, stop within this. Default 30000 ms. */
   totalMs: number;
 }
 
@@ -26,9 +28,12 @@ export interface ClientOptions {
   token?: string;
   /** `true` for TLS with the system's roots, an object for custom roots or mutual TLS. Default: plaintext. */
   tls?: boolean | TlsOptions;
-  /** Deadline of each single call, in milliseconds. Default 5000. */
+  /** Deadline of each single call, in milliseconds. Default 10000. */
   callTimeoutMs?: number;
-  /** Retries of TryStart, Complete and Release on UNAVAILABLE, deadlines and rate limiting. */
+  /**
+   * Retries of runOnce's calls on UNAVAILABLE, DEADLINE_EXCEEDED, RATE_LIMITED and OVERLOADED,
+   * and of markProcessed on RATE_LIMITED and OVERLOADED.
+   */
   retry?: Partial<RetryOptions>;
   /** Extra @grpc/grpc-js channel options; they override this client's defaults. */
   channelOptions?: grpc.ChannelOptions;
@@ -63,6 +68,29 @@ export type KeyState =
   | { kind: 'absent' }
   | { kind: 'inProgress'; leaseExpiresAt: Date; attempt: number; fingerprint: Buffer }
   | { kind: 'completed'; response: Buffer; fingerprint: Buffer; completedAt: Date; expiresAt: Date };
+
+/**
+ * The calls runOnce makes on a lease, as the client answers them: what run-once.ts needs from
+ * IdempotencyClient, stated here so that the two modules do not import each other.
+ */
+export interface LeaseCalls {
+  tryStart(request: TryStartRequest, options?: CallOptions): Promise<TryStartOutcome>;
+  complete(
+    namespace: string,
+    key: string,
+    leaseToken: bigint,
+    response: Uint8Array,
+    options?: CallOptions & { retentionMs?: number },
+  ): Promise<CompletedAt>;
+  release(namespace: string, key: string, leaseToken: bigint, options?: CallOptions): Promise<void>;
+  extendLease(
+    namespace: string,
+    key: string,
+    leaseToken: bigint,
+    options?: CallOptions & { leaseTtlMs?: number; checkpoint?: Uint8Array },
+  ): Promise<Date>;
+  lookup(namespace: string, key: string, options?: CallOptions): Promise<KeyState>;
+}
 
 export interface CompletedAt {
   completedAt: Date;

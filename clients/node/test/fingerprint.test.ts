@@ -4,7 +4,7 @@ import assert from 'node:assert/strict';
 import { createHash } from 'node:crypto';
 import { test } from 'node:test';
 
-import { fingerprintOf } from '../src';
+import { CanonicalJsonError, fingerprintOf } from '../src';
 
 const sha256 = (text: string | Buffer) => createHash('sha256').update(text).digest();
 
@@ -23,5 +23,5 @@ test('bytes are fingerprinted as they are', () => {
 });
 
 test('a request that is not JSON is refused', () => {
-  assert.throws(() => fingerprintOf(() => 1), TypeError);
+  assert.throws(() => fingerprintOf(() => 1), CanonicalJsonError);
 });

@@ -2,9 +2,43 @@
 // failure, heartbeats, lost leases.
 import assert from 'node:assert/strict';
 
-import { InProgressError, LeaseLostError, type Lease } from '../src';
-import { deferred, delay, testOnEveryStore } from './support/harness';
+import { InProgressError, LeaseLostError, type IdempotencyClient, type Lease, type RunOnceResult } from '../src';
+import { deferred, delay, testOnEveryStore, type StoreContext } from './support/harness';
 import { TryStartRecorder } from './support/recorder';
+
+/** A runOnce whose work holds `key` until `finish` is called, and then returns `value`. */
+async function holdKey(
+  client: IdempotencyClient,
+  key: string,
+  value: string,
+): Promise<{ first: Promise<RunOnceResult<string>>; finish: () => void }> {
+  const holding = deferred();
+  const finished = deferred();
+  const first = client.runOnce('payments', key, async () => {
+    holding.resolve();
+    await finished.promise;
+    return value;
+  });
+  await holding.promise;
+  return { first, finish: () => finished.resolve() };
+}
+
+/**
+ * A second caller of a held `key`, allowed to wait `waitMs`, that is expected to give up: its
+ * error, how long it took, and the TryStarts it sent.
+ */
+async function waitForHeldKey(
+  newClient: StoreContext<unknown>['newClient'],
+  key: string,
+  waitMs: number,
+): Promise<{ error: unknown; waited: number; tryStarts: number }> {
+  const recorder = new TryStartRecorder();
+  const askedAt = Date.now();
+  const error = await newClient({ channelOptions: { interceptors: [recorder.interceptor] } })
+    .runOnce('payments', key, () => assert.fail('the work must not run twice'), { waitMs })
+    .then(() => assert.fail('expected InProgressError'), (caught: unknown) => caught);
+  return { error, waited: Date.now() - askedAt, tryStarts: recorder.calls.length };
+}
 
 testOnEveryStore('concurrent runOnce with one key: the work runs once and every caller gets its result', async ({ client, newClient }) => {
   const callers = [client, newClient(), newClient(), newClient()];
@@ -28,14 +62,7 @@ testOnEveryStore('concurrent runOnce with one key: the work runs once and every 
 });
 
 testOnEveryStore('a caller that may not wait is told when to retry', async ({ client, newClient }) => {
-  const holding = deferred();
-  const finish = deferred();
-  const first = client.runOnce('payments', 'order-2', async () => {
-    holding.resolve();
-    await finish.promise;
-    return 'done';
-  });
-  await holding.promise;
+  const holder = await holdKey(client, 'order-2', 'done');
   const error = await newClient()
     .runOnce('payments', 'order-2', () => assert.fail('the work must not run twice'))
     .then(() => assert.fail('expected InProgressError'), (caught: unknown) => caught);
@@ -43,19 +70,12 @@ testOnEveryStore('a caller that may not wait is told when to retry', async ({ cl
   assert.equal(error.attempt, 1);
   assert.ok(error.leaseExpiresAt.getTime() > Date.now(), 'the holder lease runs in the future');
   assert.ok(error.retryAfterSeconds >= 1);
-  finish.resolve();
-  assert.deepEqual(await first, { value: 'done', replayed: false });
+  holder.finish();
+  assert.deepEqual(await holder.first, { value: 'done', replayed: false });
 });
 
 testOnEveryStore('a caller with a wait gets the holder result right after it finishes, from one TryStart held by the service', async ({ client, newClient }) => {
-  const holding = deferred();
-  const finish = deferred();
-  const first = client.runOnce('payments', 'order-wait', async () => {
-    holding.resolve();
-    await finish.promise;
-    return 'ch_wait';
-  });
-  await holding.promise;
+  const holder = await holdKey(client, 'order-wait', 'ch_wait');
   const recorder = new TryStartRecorder();
   let answered = false;
   const second = newClient({ channelOptions: { interceptors: [recorder.interceptor] } })
@@ -67,62 +87,37 @@ testOnEveryStore('a caller with a wait gets the holder result right after it fin
   // While the holder holds, the waiting caller is not answered: its TryStart waits on the service.
   await delay(500);
   assert.equal(answered, false, 'the second caller waits while the holder holds');
-  finish.resolve();
+  holder.finish();
   const finishedAt = Date.now();
-  assert.deepEqual(await first, { value: 'ch_wait', replayed: false });
+  assert.deepEqual(await holder.first, { value: 'ch_wait', replayed: false });
   assert.deepEqual(await second, { value: 'ch_wait', replayed: true });
   assert.ok(Date.now() - finishedAt < 3_000, `answered ${Date.now() - finishedAt} ms after the holder finished`);
   assert.equal(recorder.calls.length, 1, 'one TryStart, held by the service, instead of polls');
 });
 
 testOnEveryStore('a wait that runs out is an InProgressError after about the caller limit, from one TryStart', async ({ client, newClient }) => {
-  const holding = deferred();
-  const finish = deferred();
-  const first = client.runOnce('payments', 'order-wait-out', async () => {
-    holding.resolve();
-    await finish.promise;
-    return 'done';
-  });
-  await holding.promise;
-  const recorder = new TryStartRecorder();
-  const askedAt = Date.now();
-  const error = await newClient({ channelOptions: { interceptors: [recorder.interceptor] } })
-    .runOnce('payments', 'order-wait-out', () => assert.fail('the work must not run twice'), { waitMs: 1_500 })
-    .then(() => assert.fail('expected InProgressError'), (caught: unknown) => caught);
-  const waited = Date.now() - askedAt;
+  const holder = await holdKey(client, 'order-wait-out', 'done');
+  const { error, waited, tryStarts } = await waitForHeldKey(newClient, 'order-wait-out', 1_500);
   assert.ok(error instanceof InProgressError, `got ${String(error)}`);
   assert.equal(error.attempt, 1);
   assert.ok(waited >= 1_200 && waited < 4_000, `gave up after ${waited} ms`);
-  assert.equal(recorder.calls.length, 1, 'one TryStart, held by the service for the whole limit');
-  finish.resolve();
-  assert.deepEqual(await first, { value: 'done', replayed: false });
+  assert.equal(tryStarts, 1, 'one TryStart, held by the service for the whole limit');
+  holder.finish();
+  assert.deepEqual(await holder.first, { value: 'done', replayed: false });
 });
 
 testOnEveryStore(
   'a service at its waiter limit is asked again after pauses, not hammered',
   async ({ client, newClient }) => {
-    const holding = deferred();
-    const finish = deferred();
-    const first = client.runOnce('payments', 'order-no-waiters', async () => {
-      holding.resolve();
-      await finish.promise;
-      return 'done';
-    });
-    await holding.promise;
-    const recorder = new TryStartRecorder();
-    const askedAt = Date.now();
-    const error = await newClient({ channelOptions: { interceptors: [recorder.interceptor] } })
-      .runOnce('payments', 'order-no-waiters', () => assert.fail('the work must not run twice'), { waitMs: 1_500 })
-      .then(() => assert.fail('expected InProgressError'), (caught: unknown) => caught);
-    const waited = Date.now() - askedAt;
+    const holder = await holdKey(client, 'order-no-waiters', 'done');
+    const { error, waited, tryStarts } = await waitForHeldKey(newClient, 'order-no-waiters', 1_500);
     assert.ok(error instanceof InProgressError, `got ${String(error)}`);
     assert.ok(waited >= 1_400, `gave up after ${waited} ms`);
     // Asked again while the limit lasted, but after pauses (100 ms growing to 1 s): a handful of
     // TryStarts, not one per round trip.
-    const sent = recorder.calls.length;
-    assert.ok(sent >= 3 && sent <= 20, `${sent} TryStarts in ${waited} ms`);
-    finish.resolve();
-    assert.deepEqual(await first, { value: 'done', replayed: false });
+    assert.ok(tryStarts >= 3 && tryStarts <= 20, `${tryStarts} TryStarts in ${waited} ms`);
+    holder.finish();
+    assert.deepEqual(await holder.first, { value: 'done', replayed: false });
   },
   // With no waiter slots, every TryStart is answered at once, as without `wait`.
   async () => ({ serverOptions: { extraArgs: ['--max-waiters', '0'] }, fixture: undefined }),

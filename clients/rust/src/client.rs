@@ -16,6 +16,21 @@ use crate::proto::{MarkProcessedRequest, MarkProcessedResponse};
 /// The generated client over the channel.
 pub(crate) type Grpc = IdempotencyServiceClient<Channel>;
 
+// The defaults every client shares: `clients/conformance/defaults.json` (the table in
+// docs/contract.md, "Client defaults"), which a test compares with these.
+
+/// The deadline of one call ([`ClientBuilder::call_timeout`]); a waiting TryStart gets its wait
+/// on top.
+pub const DEFAULT_CALL_TIMEOUT: Duration = Duration::from_secs(10);
+/// The lease `run_once` asks for ([`crate::RunOnce::lease_ttl`]).
+pub const DEFAULT_LEASE_TTL: Duration = Duration::from_secs(30);
+/// `run_once` renews the lease every `lease_ttl / HEARTBEAT_DIVISOR`.
+pub const HEARTBEAT_DIVISOR: u32 = 3;
+/// How long `run_once` waits for another holder ([`crate::RunOnce::wait`]); zero answers at once.
+pub const DEFAULT_WAIT: Duration = Duration::ZERO;
+/// Each pause between tries is drawn between this fraction of its step and the whole step.
+pub const JITTER_LOW_FRACTION: f64 = 0.5;
+
 /// How calls that failed with `UNAVAILABLE`, a deadline or a rate limit are retried:
 /// exponential backoff with jitter, from `initial_delay` up to `max_delay` between tries, for at
 /// most `total` in all. A `RetryInfo` from the service lengthens a pause, never shortens it.
@@ -68,7 +83,9 @@ impl Iterator for Backoff {
     type Item = Duration;
 
     fn next(&mut self) -> Option<Duration> {
-        let pause = self.step.mul_f64(0.5 + fastrand::f64() / 2.0);
+        let pause = self
+            .step
+            .mul_f64(JITTER_LOW_FRACTION + fastrand::f64() * (1.0 - JITTER_LOW_FRACTION));
         self.step = self.max.min(self.step.mul_f64(self.multiplier.max(1.0)));
         Some(pause)
     }
@@ -79,13 +96,14 @@ impl Iterator for Backoff {
 pub(crate) enum Retry {
     /// Never (a heartbeat: the next beat is the retry).
     Never,
-    /// Unreachable, slow, store down or rate limited: for calls whose repetition is harmless
-    /// (TryStart with its attempt_id, Complete with the same response, Release, ExtendLease,
-    /// Lookup).
+    /// Unreachable, slow, store down, rate limited or overloaded: for calls whose repetition is
+    /// harmless (TryStart with its attempt_id, Complete with the same response, Release,
+    /// ExtendLease, Lookup).
     Transient,
-    /// Only when refused at the door before anything ran (rate limited): for MarkProcessed,
-    /// whose repetition after a lost answer would report the events as already seen.
-    RateLimitedOnly,
+    /// Only when refused at the door before anything ran (rate limited, overloaded): for
+    /// MarkProcessed, whose repetition after a lost answer would report the events as already
+    /// seen.
+    AtTheDoor,
 }
 
 impl Retry {
@@ -93,7 +111,7 @@ impl Retry {
         match self {
             Self::Never => false,
             Self::Transient => error.is_transient(),
-            Self::RateLimitedOnly => matches!(error, Error::RateLimited(_)),
+            Self::AtTheDoor => error.is_refused_at_the_door(),
         }
     }
 }
@@ -225,7 +243,7 @@ impl Client {
             endpoint: endpoint.into(),
             token: None,
             tls: None,
-            call_timeout: Duration::from_secs(10),
+            call_timeout: DEFAULT_CALL_TIMEOUT,
             connect_timeout: Duration::from_secs(5),
             retry: RetryPolicy::default(),
             max_decoding_message_size: None,
@@ -352,16 +370,16 @@ impl MarkProcessed<'_> {
     }
 
     /// Sends the call and answers the ids that were new, in request order (an id twice in one
-    /// call is new the first time). Retried only when rate limited: a retry after a lost answer
-    /// would report the events as seen, and the caller would skip them, so the error is
-    /// returned instead.
+    /// call is new the first time). Retried only when refused at the door (rate limited or
+    /// overloaded): a retry after a lost answer would report the events as seen, and the caller
+    /// would skip them, so the error is returned instead.
     pub async fn send(self) -> Result<Vec<String>, Error> {
         let answer: MarkProcessedResponse = self
             .client
             .call(
                 "MarkProcessed",
                 &self.request,
-                Retry::RateLimitedOnly,
+                Retry::AtTheDoor,
                 |mut grpc, request| async move { grpc.mark_processed(request).await },
             )
             .await?;

@@ -4,6 +4,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use sha2::{Digest, Sha256};
 
+use crate::canonical::{canonical_json, canonical_json_text};
 use crate::error::{BoxError, Error};
 
 /// Turns a work's result into the stored response bytes and back.
@@ -41,11 +42,21 @@ impl Codec<Vec<u8>> for Bytes {
     }
 }
 
-/// SHA-256 of the request's RFC 8785 canonical JSON: equal requests hash alike whatever the
-/// order of their fields or the language that made them (the Python client computes the same
-/// bytes).
-pub fn fingerprint_of<R: Serialize>(request: &R) -> Result<Vec<u8>, Error> {
-    let canonical = serde_json_canonicalizer::to_vec(request).map_err(Error::Fingerprint)?;
+/// SHA-256 of the request's RFC 8785 canonical JSON ([`crate::canonical_json`]): equal
+/// requests hash alike whatever the order of their fields or the language that made them.
+/// [`Error::Fingerprint`] for a request JSON cannot carry exactly (an integer beyond
+/// ±(2^53−1): send it as a string; NaN).
+pub fn fingerprint_of<R: Serialize + ?Sized>(request: &R) -> Result<Vec<u8>, Error> {
+    let canonical = canonical_json(request).map_err(Error::Fingerprint)?;
+    Ok(Sha256::digest(&canonical).to_vec())
+}
+
+/// SHA-256 of the canonical form of a JSON text ([`crate::canonical_json_text`]), e.g. a
+/// request body as it arrived: the fingerprint [`fingerprint_of`] gives the value it holds,
+/// whatever its spacing and member order. [`Error::Fingerprint`] for a text that is not JSON or
+/// that JSON cannot carry exactly (a member twice, an integer literal beyond ±(2^53−1)).
+pub fn fingerprint_of_json(text: &str) -> Result<Vec<u8>, Error> {
+    let canonical = canonical_json_text(text).map_err(Error::Fingerprint)?;
     Ok(Sha256::digest(&canonical).to_vec())
 }
 

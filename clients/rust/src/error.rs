@@ -167,15 +167,32 @@ pub enum Error {
     /// retries ran out.
     #[error("rate limited: {0}")]
     RateLimited(CallError),
+    /// `RESOURCE_EXHAUSTED` / `OVERLOADED`: the service is short of room for responses not yet
+    /// read and refused a call that wrote nothing; returned once retries ran out.
+    #[error("coordinator overloaded: {0}")]
+    Overloaded(CallError),
     /// `INTERNAL`: an unexpected failure inside the service, a bug to report.
     #[error("internal error in the coordinator: {0}")]
     Internal(CallError),
     /// Any other status (e.g. `OUT_OF_RANGE` for a message over the service's size limit).
     #[error("call failed: {0}")]
     Call(CallError),
-    /// The request could not be turned into canonical JSON for the fingerprint.
+    /// The work ran and returned a result, encoded here as `response`, but Complete could not
+    /// store it: `source` says why (the service unreachable for the whole retry budget, or a
+    /// refusal). The key stays claimed until its lease runs out, and a retry after that runs the
+    /// work again: answer with the result (decode `response` with the run's codec) if the effect
+    /// must not be repeated, knowing it is not recorded. A lost lease is `LeaseLost` instead.
+    #[error("the work ran but its result was not stored: {source}")]
+    ResultNotStored {
+        /// The work's result, as the codec encoded it for Complete.
+        response: Vec<u8>,
+        /// Complete's failure.
+        source: Box<Error>,
+    },
+    /// The request could not be turned into canonical JSON for the fingerprint (its
+    /// [`crate::CanonicalJsonError::kind`] says why); nothing was sent.
     #[error("the request cannot be fingerprinted: {0}")]
-    Fingerprint(#[source] serde_json::Error),
+    Fingerprint(#[source] crate::CanonicalJsonError),
     /// The work's result could not be encoded for storing; the key was released.
     #[error("the result cannot be encoded: {0}")]
     Encode(#[source] BoxError),
@@ -211,6 +228,7 @@ impl Error {
             Some("UNAUTHENTICATED") => Self::Unauthenticated(call),
             Some("PERMISSION_DENIED") => Self::PermissionDenied(call),
             Some("RATE_LIMITED") => Self::RateLimited(call),
+            Some("OVERLOADED") => Self::Overloaded(call),
             Some("INTERNAL") => Self::Internal(call),
             _ => match call.code {
                 Code::InvalidArgument => Self::InvalidArgument(call),
@@ -221,7 +239,8 @@ impl Error {
                 Code::DeadlineExceeded => Self::DeadlineExceeded(call),
                 Code::Unauthenticated => Self::Unauthenticated(call),
                 Code::PermissionDenied => Self::PermissionDenied(call),
-                Code::ResourceExhausted => Self::RateLimited(call),
+                // RESOURCE_EXHAUSTED without a reason is not the service's refusal (tonic answers
+                // it for a message over its own limit, which no retry cures): `Call`.
                 Code::Internal => Self::Internal(call),
                 _ => Self::Call(call),
             },
@@ -248,8 +267,10 @@ impl Error {
             | Self::Unauthenticated(call)
             | Self::PermissionDenied(call)
             | Self::RateLimited(call)
+            | Self::Overloaded(call)
             | Self::Internal(call)
             | Self::Call(call) => Some(call),
+            Self::ResultNotStored { source, .. } => source.call(),
             _ => None,
         }
     }
@@ -271,16 +292,28 @@ impl Error {
         }
     }
 
-    /// A failure after which the same call may succeed: the service was unreachable, slow, or
-    /// asked the caller to slow down. Retried for calls whose repetition is harmless.
+    /// The work's encoded result, for [`Error::ResultNotStored`].
+    pub fn unstored_response(&self) -> Option<&[u8]> {
+        match self {
+            Self::ResultNotStored { response, .. } => Some(response),
+            _ => None,
+        }
+    }
+
+    /// A failure after which the same call may succeed: the service was unreachable
+    /// (`UNAVAILABLE`), slow (`DEADLINE_EXCEEDED`) or refused it at the door. Retried for calls
+    /// whose repetition is harmless.
     pub(crate) fn is_transient(&self) -> bool {
         matches!(
             self,
-            Self::Unavailable(_)
-                | Self::StoreUnavailable(_)
-                | Self::DeadlineExceeded(_)
-                | Self::RateLimited(_)
-        )
+            Self::Unavailable(_) | Self::StoreUnavailable(_) | Self::DeadlineExceeded(_)
+        ) || self.is_refused_at_the_door()
+    }
+
+    /// Refused before anything ran (`RESOURCE_EXHAUSTED` with reason `RATE_LIMITED` or
+    /// `OVERLOADED`): even a call whose repetition is not harmless may be sent again.
+    pub(crate) fn is_refused_at_the_door(&self) -> bool {
+        matches!(self, Self::RateLimited(_) | Self::Overloaded(_))
     }
 }
 
@@ -388,6 +421,27 @@ mod tests {
         assert!(matches!(error, Error::Call(ref call) if call.code == Code::OutOfRange));
         let error = Error::from_status(&Status::deadline_exceeded("slow"));
         assert!(error.is_transient());
+    }
+
+    /// What is retried (the contract's "Client defaults"): a reason of the door is retried even
+    /// for MarkProcessed; RESOURCE_EXHAUSTED without one is tonic's own limit, never retried.
+    #[test]
+    fn refusals_at_the_door_are_retried_and_a_bare_resource_exhausted_is_not() {
+        for reason in ["RATE_LIMITED", "OVERLOADED"] {
+            let mut details = ErrorDetails::with_error_info(reason, ERROR_DOMAIN, []);
+            details.set_retry_info(Some(Duration::from_millis(300)));
+            let error = Error::from_status(&status(Code::ResourceExhausted, details));
+            assert!(
+                error.is_transient() && error.is_refused_at_the_door(),
+                "{error:?}"
+            );
+            assert_eq!(error.retry_after(), Some(Duration::from_millis(300)));
+        }
+        let error = Error::from_status(&Status::resource_exhausted("message too large"));
+        assert!(matches!(error, Error::Call(_)), "{error:?}");
+        assert!(!error.is_transient() && !error.is_refused_at_the_door());
+        let error = Error::from_status(&Status::unavailable("down"));
+        assert!(error.is_transient() && !error.is_refused_at_the_door());
     }
 
     #[test]

@@ -23,6 +23,7 @@
 //!
 //! See the crate's README for every option and error.
 
+mod canonical;
 mod client;
 mod codec;
 mod error;
@@ -37,8 +38,15 @@ pub mod proto {
 
 use std::time::{Duration, SystemTime};
 
-pub use client::{Client, ClientBuilder, MarkProcessed, RetryPolicy};
-pub use codec::{Bytes, Codec, Json, fingerprint_of, fingerprint_of_bytes};
+pub use canonical::{
+    CanonicalJsonError, CanonicalJsonErrorKind, MAX_SAFE_INTEGER, canonical_json,
+    canonical_json_text,
+};
+pub use client::{
+    Client, ClientBuilder, DEFAULT_CALL_TIMEOUT, DEFAULT_LEASE_TTL, DEFAULT_WAIT,
+    HEARTBEAT_DIVISOR, JITTER_LOW_FRACTION, MarkProcessed, RetryPolicy,
+};
+pub use codec::{Bytes, Codec, Json, fingerprint_of, fingerprint_of_bytes, fingerprint_of_json};
 pub use error::{BoxError, CallError, ERROR_DOMAIN, Error, FieldViolation, RunError};
 pub use run::{Lease, Outcome, RunOnce};
 pub use tokio_util::sync::CancellationToken;

@@ -2,6 +2,7 @@
 //! and `mark_processed` as a user calls them, on both stores, with the faults the client exists
 //! to absorb (a lost TryStart answer, a restart, a lost lease).
 
+mod conformance;
 mod faults;
 mod leases;
 mod run_once;

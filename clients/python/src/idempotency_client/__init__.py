@@ -8,13 +8,15 @@ with IdempotencyClient("127.0.0.1:50051") as client:
     outcome.value, outcome.replayed
 """
 
-from ._core import BytesCodec, Codec, JsonCodec, Outcome, RetryPolicy, TlsConfig, fingerprint_of
+from ._canonical import canonical_json, canonical_json_text, fingerprint_of, fingerprint_of_json
+from ._core import BytesCodec, Codec, JsonCodec, Outcome, RetryPolicy, TlsConfig
 from .aio import AsyncIdempotencyClient, AsyncLease
 from .client import IdempotencyClient, Lease
 from .decorator import idempotent
 from .errors import (
     AlreadyCompleted,
     CallError,
+    CanonicalJsonError,
     DeadlineExceeded,
     FieldViolation,
     FingerprintMismatch,
@@ -24,8 +26,10 @@ from .errors import (
     InvalidArgument,
     KeyNotFound,
     LeaseLost,
+    Overloaded,
     PermissionDenied,
     RateLimited,
+    ResultNotStored,
     StoreUnavailable,
     Unauthenticated,
     Unavailable,
@@ -37,6 +41,7 @@ __all__ = [
     "AsyncLease",
     "BytesCodec",
     "CallError",
+    "CanonicalJsonError",
     "Codec",
     "DeadlineExceeded",
     "FieldViolation",
@@ -51,13 +56,18 @@ __all__ = [
     "Lease",
     "LeaseLost",
     "Outcome",
+    "Overloaded",
     "PermissionDenied",
     "RateLimited",
+    "ResultNotStored",
     "RetryPolicy",
     "StoreUnavailable",
     "TlsConfig",
     "Unauthenticated",
     "Unavailable",
+    "canonical_json",
+    "canonical_json_text",
     "fingerprint_of",
+    "fingerprint_of_json",
     "idempotent",
 ]

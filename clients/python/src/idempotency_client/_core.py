@@ -1,29 +1,50 @@
 """What the sync and asyncio clients share: options, encodings, and reading the service's answers.
 
-Nothing here does I/O, so both clients make the same decisions from the same answers.
+Nothing here does I/O, so both clients make the same decisions from the same answers; the calls
+that carry those decisions out are written once too, in `_protocol`.
 """
 
 from __future__ import annotations
 
 import datetime as dt
-import hashlib
 import json
 import random
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any, Generic, Protocol, TypeVar
+from typing import Any, Generic, Protocol, TypedDict, TypeVar
 
 import grpc
-import rfc8785
 from google.protobuf import duration_pb2, timestamp_pb2
 
+from ._canonical import fingerprint_of
 from ._proto.idempotency.v1 import idempotency_pb2 as pb
-from .errors import CallError, DeadlineExceeded, FingerprintMismatch, RateLimited, Unavailable
+from .errors import (
+    CallError,
+    DeadlineExceeded,
+    FingerprintMismatch,
+    Overloaded,
+    RateLimited,
+    Unavailable,
+)
 
 T = TypeVar("T")
 
 #: A duration: seconds as a number, or a timedelta.
 Duration = float | dt.timedelta
+
+
+# The defaults every client shares: clients/conformance/defaults.json, which a test compares
+# with these.
+DEFAULT_CALL_TIMEOUT = 10.0
+"""Seconds: the deadline of one call (a waiting TryStart gets its wait on top)."""
+DEFAULT_LEASE_TTL = 30.0
+"""Seconds: the lease `run_once` asks for."""
+HEARTBEAT_DIVISOR = 3
+"""`run_once` renews the lease every `lease_ttl / HEARTBEAT_DIVISOR`."""
+DEFAULT_WAIT = 0.0
+"""Seconds `run_once` waits for another holder (0: `InProgress` at once)."""
+JITTER_LOW_FRACTION = 0.5
+"""Each pause between tries is drawn between this fraction of its step and the whole step."""
 
 
 def seconds(duration: Duration) -> float:
@@ -57,7 +78,7 @@ class RetryPolicy:
         callers that failed together do not retry together."""
         step = self.initial_delay
         while True:
-            yield random.uniform(step / 2, step)
+            yield random.uniform(step * JITTER_LOW_FRACTION, step)
             step = min(self.max_delay, step * self.multiplier)
 
 
@@ -66,16 +87,18 @@ RetryWhen = Callable[[CallError], bool]
 
 
 def is_transient(error: CallError) -> bool:
-    """A failure after which the same call may succeed: the service was unreachable, slow, or
-    asked the caller to slow down. For calls whose repetition is harmless (TryStart with its
-    attempt_id, Complete with the same response, Release, ExtendLease, Lookup)."""
-    return isinstance(error, Unavailable | DeadlineExceeded | RateLimited)
+    """A failure after which the same call may succeed: the service was unreachable
+    (`UNAVAILABLE`), slow (`DEADLINE_EXCEEDED`), or refused it at the door (`RATE_LIMITED`,
+    `OVERLOADED`). For calls whose repetition is harmless (TryStart with its attempt_id,
+    Complete with the same response, Release, ExtendLease, Lookup)."""
+    return isinstance(error, Unavailable | DeadlineExceeded) or refused_at_the_door(error)
 
 
-def is_rate_limited(error: CallError) -> bool:
-    """Refused at the door before anything ran, so that even a call whose repetition is not
-    harmless (MarkProcessed) may be sent again."""
-    return isinstance(error, RateLimited)
+def refused_at_the_door(error: CallError) -> bool:
+    """Refused before anything ran (`RESOURCE_EXHAUSTED` with reason `RATE_LIMITED` or
+    `OVERLOADED`), so that even a call whose repetition is not harmless (MarkProcessed) may be
+    sent again."""
+    return isinstance(error, RateLimited | Overloaded)
 
 
 @dataclass(frozen=True)
@@ -134,15 +157,6 @@ class BytesCodec:
 JSON = JsonCodec()
 
 
-def fingerprint_of(request: object) -> bytes:
-    """SHA-256 of the request: of its bytes as they are, or of its RFC 8785 canonical JSON, so
-    that equal requests hash alike whatever the order of their keys or the language that made
-    them."""
-    if isinstance(request, bytes | bytearray | memoryview):
-        return hashlib.sha256(request).digest()
-    return hashlib.sha256(rfc8785.dumps(request)).digest()  # type: ignore[arg-type]
-
-
 @dataclass(frozen=True)
 class Outcome(Generic[T]):
     """What `run_once` returns: the result, and whether it was replayed from an earlier run
@@ -154,6 +168,25 @@ class Outcome(Generic[T]):
 
 #: Turns an error raised by the work into a final result to store, or None to release the key.
 ErrorResult = Callable[[Exception], Any]
+
+
+class RunOptions(TypedDict, total=False):
+    """How a run holds its key and stores its result: the options `@idempotent` shares with
+    `run_once` (the README says what each means; `RunSpec.build` holds their defaults)."""
+
+    lease_ttl: Duration
+    retention: Duration | None
+    wait: Duration
+    heartbeat: bool | Duration
+    codec: Codec
+    error_result: ErrorResult | None
+
+
+class RunOnceOptions(RunOptions, total=False):
+    """The keyword arguments of `run_once` and `process_once`, in both clients."""
+
+    request: object
+    fingerprint: bytes | None
 
 
 @dataclass(frozen=True)
@@ -176,14 +209,14 @@ class RunSpec:
         namespace: str,
         key: str,
         *,
-        request: object,
-        fingerprint: bytes | None,
-        lease_ttl: Duration,
-        retention: Duration | None,
-        wait: Duration,
-        heartbeat: bool | Duration,
-        codec: Codec,
-        error_result: ErrorResult | None,
+        request: object = None,
+        fingerprint: bytes | None = None,
+        lease_ttl: Duration = DEFAULT_LEASE_TTL,
+        retention: Duration | None = None,
+        wait: Duration = DEFAULT_WAIT,
+        heartbeat: bool | Duration = True,
+        codec: Codec = JSON,
+        error_result: ErrorResult | None = None,
     ) -> RunSpec:
         # Only what the service cannot judge is checked here; it refuses bad names, keys and
         # bounds itself, naming the field, and a second copy of its rules would drift.
@@ -192,7 +225,7 @@ class RunSpec:
         if waiting < 0:
             raise ValueError(f"wait must not be negative (got {waiting}s)")
         if heartbeat is True:
-            interval: float | None = ttl / 3
+            interval: float | None = ttl / HEARTBEAT_DIVISOR
         elif heartbeat is False:
             interval = None
         else:

@@ -5,54 +5,39 @@ from __future__ import annotations
 import functools
 import inspect
 from collections.abc import Awaitable, Callable
-from typing import Any, ParamSpec, TypeVar, overload
+from typing import TYPE_CHECKING, Any, ParamSpec, TypedDict, TypeVar, overload
 
-from ._core import JSON, Codec, Duration, ErrorResult
+from ._core import RunOptions
 from .aio import AsyncIdempotencyClient, AsyncLease
 from .client import IdempotencyClient, Lease
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 P = ParamSpec("P")
 R = TypeVar("R")
 
 
-def _fingerprint_source(
-    fingerprint: Callable[..., object] | None, args: tuple[Any, ...], kwargs: dict[str, Any]
-) -> object:
-    """What the fingerprint hashes: the caller's choice, or every argument (as canonical JSON)."""
-    if fingerprint is not None:
-        return fingerprint(*args, **kwargs)
-    return {"args": list(args), "kwargs": kwargs}
+class _Keyed(TypedDict):
+    namespace: str
+    key: Callable[..., str]
+
+
+class _IdempotentOptions(_Keyed, RunOptions, total=False):
+    """`idempotent`'s keyword arguments: `namespace` and `key` are required."""
+
+    fingerprint: Callable[..., object] | None
 
 
 @overload
 def idempotent(
-    client: IdempotencyClient,
-    *,
-    namespace: str,
-    key: Callable[..., str],
-    fingerprint: Callable[..., object] | None = None,
-    lease_ttl: Duration = 30.0,
-    retention: Duration | None = None,
-    wait: Duration = 0.0,
-    heartbeat: bool | Duration = True,
-    codec: Codec = JSON,
-    error_result: ErrorResult | None = None,
+    client: IdempotencyClient, **options: Unpack[_IdempotentOptions]
 ) -> Callable[[Callable[P, R]], Callable[P, R]]: ...
 
 
 @overload
 def idempotent(
-    client: AsyncIdempotencyClient,
-    *,
-    namespace: str,
-    key: Callable[..., str],
-    fingerprint: Callable[..., object] | None = None,
-    lease_ttl: Duration = 30.0,
-    retention: Duration | None = None,
-    wait: Duration = 0.0,
-    heartbeat: bool | Duration = True,
-    codec: Codec = JSON,
-    error_result: ErrorResult | None = None,
+    client: AsyncIdempotencyClient, **options: Unpack[_IdempotentOptions]
 ) -> Callable[[Callable[P, Awaitable[R]]], Callable[P, Awaitable[R]]]: ...
 
 
@@ -62,12 +47,7 @@ def idempotent(
     namespace: str,
     key: Callable[..., str],
     fingerprint: Callable[..., object] | None = None,
-    lease_ttl: Duration = 30.0,
-    retention: Duration | None = None,
-    wait: Duration = 0.0,
-    heartbeat: bool | Duration = True,
-    codec: Codec = JSON,
-    error_result: ErrorResult | None = None,
+    **options: Unpack[RunOptions],
 ) -> Any:
     """Makes a function run at most once per key: later calls with the same key return the
     stored result instead of running it again.
@@ -77,14 +57,14 @@ def idempotent(
     bytes); without it every argument is hashed, so they must be JSON values. The result must
     suit `codec` (JSON by default). The other options are `run_once`'s. With an
     `AsyncIdempotencyClient`, decorate `async def` functions."""
-    options: dict[str, Any] = {
-        "lease_ttl": lease_ttl,
-        "retention": retention,
-        "wait": wait,
-        "heartbeat": heartbeat,
-        "codec": codec,
-        "error_result": error_result,
-    }
+
+    def identify(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[str, object]:
+        """One call's key, and what its fingerprint hashes: the caller's choice, or every
+        argument (as canonical JSON)."""
+        call_key = key(*args, **kwargs)
+        if fingerprint is not None:
+            return call_key, fingerprint(*args, **kwargs)
+        return call_key, {"args": list(args), "kwargs": kwargs}
 
     def decorate(function: Callable[..., Any]) -> Callable[..., Any]:
         if isinstance(client, AsyncIdempotencyClient):
@@ -97,12 +77,9 @@ def idempotent(
                 async def work(_lease: AsyncLease) -> Any:
                     return await function(*args, **kwargs)
 
+                call_key, request = identify(args, kwargs)
                 outcome = await async_client.run_once(
-                    namespace,
-                    key(*args, **kwargs),
-                    work,
-                    request=_fingerprint_source(fingerprint, args, kwargs),
-                    **options,
+                    namespace, call_key, work, request=request, **options
                 )
                 return outcome.value
 
@@ -117,13 +94,8 @@ def idempotent(
             def work(_lease: Lease) -> Any:
                 return function(*args, **kwargs)
 
-            outcome = sync_client.run_once(
-                namespace,
-                key(*args, **kwargs),
-                work,
-                request=_fingerprint_source(fingerprint, args, kwargs),
-                **options,
-            )
+            call_key, request = identify(args, kwargs)
+            outcome = sync_client.run_once(namespace, call_key, work, request=request, **options)
             return outcome.value
 
         return run

@@ -12,6 +12,7 @@ from __future__ import annotations
 import datetime as dt
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
 import grpc
 from google.rpc import error_details_pb2, status_pb2
@@ -130,8 +131,47 @@ class RateLimited(CallError):
     """The token is over its rate limit (`RESOURCE_EXHAUSTED` / `RATE_LIMITED`)."""
 
 
+class Overloaded(CallError):
+    """The service is short of room for responses not yet read (`RESOURCE_EXHAUSTED` /
+    `OVERLOADED`); it refused a call that had written nothing. `retry_after` says when to try
+    again."""
+
+
 class InternalError(CallError):
     """An unexpected failure inside the service (`INTERNAL`): a bug to report."""
+
+
+class ResultNotStored(CallError):
+    """The work ran and returned `result`, but Complete could not store it (the service was
+    unreachable for the whole retry budget, or refused it): `error` (also the `__cause__`) says
+    why, and `code`, `reason` and `retry_after` are its. The key stays claimed until its lease
+    runs out, and a retry after that runs the work again: answer with `result` if the effect
+    must not be repeated, knowing it is not recorded. A lost lease is `LeaseLost` instead."""
+
+    def __init__(self, result: Any, error: CallError) -> None:
+        super().__init__(
+            f"the work ran but its result was not stored: {error}",
+            code=error.code,
+            reason=error.reason,
+            field_violations=error.field_violations,
+            retry_after=error.retry_after,
+        )
+        self.result = result
+        self.error = error
+
+
+class CanonicalJsonError(IdempotencyError, ValueError):
+    """A request cannot be written as canonical JSON (RFC 8785), so it has no fingerprint.
+
+    `reason` says why: `invalid_json` (a text that is not JSON), `not_json` (a value of another
+    type, or a key that is not a str), `duplicate_key`, `lone_surrogate`, `unsafe_integer` (an
+    integer beyond ±(2^53-1): send it as a string) or `number_out_of_range` (NaN, an infinity,
+    or a literal beyond the largest double)."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+        self.message = message
 
 
 class InProgress(IdempotencyError):
@@ -174,6 +214,7 @@ _BY_REASON: dict[str, type[CallError]] = {
     "UNAUTHENTICATED": Unauthenticated,
     "PERMISSION_DENIED": PermissionDenied,
     "RATE_LIMITED": RateLimited,
+    "OVERLOADED": Overloaded,
     "INTERNAL": InternalError,
 }
 
@@ -186,7 +227,8 @@ _BY_CODE: dict[grpc.StatusCode, type[CallError]] = {
     grpc.StatusCode.DEADLINE_EXCEEDED: DeadlineExceeded,
     grpc.StatusCode.UNAUTHENTICATED: Unauthenticated,
     grpc.StatusCode.PERMISSION_DENIED: PermissionDenied,
-    grpc.StatusCode.RESOURCE_EXHAUSTED: RateLimited,
+    # RESOURCE_EXHAUSTED without a reason is not the service's refusal (grpc answers it for a
+    # message over its own limit, which no retry cures): a plain CallError, never retried.
     grpc.StatusCode.INTERNAL: InternalError,
 }
 

@@ -10,7 +10,7 @@ use std::time::{Duration, SystemTime};
 use tokio::time::Instant;
 use tokio_util::sync::{CancellationToken, WaitForCancellationFuture};
 
-use crate::client::{Client, Retry};
+use crate::client::{Client, DEFAULT_LEASE_TTL, DEFAULT_WAIT, HEARTBEAT_DIVISOR, Retry};
 use crate::codec::{Codec, fingerprint_of, fingerprint_of_bytes};
 use crate::error::{CallError, Error, RunError};
 use crate::proto::{
@@ -49,8 +49,6 @@ pub struct RunOnce<'c, T, E, C> {
     _types: PhantomData<fn() -> (T, E)>,
 }
 
-const DEFAULT_LEASE_TTL: Duration = Duration::from_secs(30);
-
 impl<'c> RunOnce<'c, (), (), crate::Json> {
     pub(crate) fn new<T, E>(
         client: &'c Client,
@@ -64,7 +62,7 @@ impl<'c> RunOnce<'c, (), (), crate::Json> {
             fingerprint: Ok(Vec::new()),
             lease_ttl: DEFAULT_LEASE_TTL,
             retention: None,
-            wait: Duration::ZERO,
+            wait: DEFAULT_WAIT,
             heartbeat: None,
             heartbeat_auto: true,
             cancel_grace: Duration::from_secs(5),
@@ -167,7 +165,7 @@ impl<'c, T, E, C> RunOnce<'c, T, E, C> {
 
     fn heartbeat_interval_checked(&self) -> Result<Option<Duration>, Error> {
         match (self.heartbeat_auto, self.heartbeat) {
-            (true, _) => Ok(Some(self.lease_ttl / 3)),
+            (true, _) => Ok(Some(self.lease_ttl / HEARTBEAT_DIVISOR)),
             (false, None) => Ok(None),
             (false, Some(interval)) if interval.is_zero() => {
                 Err(Error::config("the heartbeat interval must be positive"))
@@ -251,7 +249,19 @@ impl<T, E, C: Codec<T>> RunOnce<'_, T, E, C> {
                 return Err(Error::Encode(error).into());
             }
         };
-        complete(&shared, response).await?;
+        match complete(&shared, response.clone()).await {
+            Ok(()) => {}
+            Err(lost @ Error::LeaseLost(_)) => return Err(lost.into()),
+            // The work ran: its result goes to the caller with the news that it is not stored,
+            // unlike a failure before the work, after which nothing happened.
+            Err(error) => {
+                return Err(Error::ResultNotStored {
+                    response,
+                    source: Box::new(error),
+                }
+                .into());
+            }
+        }
         Ok(Outcome {
             value,
             replayed: false,

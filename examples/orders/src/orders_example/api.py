@@ -28,15 +28,7 @@ from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool
 
 from . import schema
-from .common import (
-    Shutdown,
-    announce_ready,
-    configure_logging,
-    fault_point,
-    seconds,
-    setting,
-    write_address_file,
-)
+from .common import Shutdown, fault_point, run_component, seconds, serve_http, setting
 
 log = logging.getLogger("orders_example.api")
 
@@ -165,7 +157,6 @@ async def serve() -> None:
     shutdown.install()
     database_url = setting("ORDERS_DATABASE_URL")
     await asyncio.to_thread(schema.ensure, database_url, schema.ORDERS)
-    host, _, port = setting("API_LISTEN", "127.0.0.1:8080").rpartition(":")
     async with (
         AsyncConnectionPool(database_url, min_size=1, max_size=8, open=False) as pool,
         AsyncIdempotencyClient(setting("COORDINATOR_ADDRESS", "127.0.0.1:50051")) as coordinator,
@@ -175,21 +166,14 @@ async def serve() -> None:
         app.router.add_post("/orders", api.create_order)
         # On shutdown the runner stops accepting, then gives requests in flight this long.
         runner = web.AppRunner(app, shutdown_timeout=seconds("SHUTDOWN_GRACE", 20.0))
-        await runner.setup()
-        site = web.TCPSite(runner, host, int(port))
-        await site.start()
-        bound_host, bound_port = runner.addresses[0][:2]
-        write_address_file(setting("API_ADDRESS_FILE", ""), bound_host, bound_port)
-        log.info("orders API listening on %s:%d", bound_host, bound_port)
-        announce_ready()
-        await shutdown.requested.wait()
-        await runner.cleanup()
+        listen = setting("API_LISTEN", "127.0.0.1:8080")
+        address_file = setting("API_ADDRESS_FILE", "")
+        await serve_http(runner, listen, address_file, "orders API", shutdown)
     log.info("stopped")
 
 
 def main() -> None:
-    configure_logging("api")
-    asyncio.run(serve())
+    run_component("api", serve)
 
 
 if __name__ == "__main__":

@@ -1,5 +1,5 @@
 """What every component of the example shares: settings from the environment, the test-only
-fault hook, graceful-shutdown wiring, the broker's topology and the address file."""
+fault hook, graceful-shutdown wiring, serving HTTP, the broker's topology and the address file."""
 
 from __future__ import annotations
 
@@ -8,11 +8,14 @@ import logging
 import os
 import signal
 import sys
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import aio_pika
 from aio_pika.abc import AbstractChannel, AbstractExchange, AbstractQueue
+from aiohttp import web
 
 log = logging.getLogger("orders_example")
 
@@ -34,6 +37,12 @@ def configure_logging(component: str) -> None:
         format=f"%(asctime)s {component}[{os.getpid()}] %(levelname)s %(message)s",
         stream=sys.stderr,
     )
+
+
+def run_component(component: str, serve: Callable[[], Coroutine[Any, Any, None]]) -> None:
+    """A component's entry point: its logging, then `serve` until it returns."""
+    configure_logging(component)
+    asyncio.run(serve())
 
 
 # --- The fault hook (test-only) -------------------------------------------------------------
@@ -130,6 +139,23 @@ def announce_ready() -> None:
     ready_file = os.environ.get("READY_FILE")
     if ready_file:
         Path(ready_file).touch()
+
+
+async def serve_http(
+    runner: web.AppRunner, listen: str, address_file: str, what: str, shutdown: Shutdown
+) -> None:
+    """Serves `runner`'s app on `listen` (host:port; port 0 picks one) until shutdown is
+    requested: writes the bound address to `address_file`, if named, and announces readiness
+    once it listens. The runner's cleanup stops accepting, then lets requests in flight finish."""
+    host, _, port = listen.rpartition(":")
+    await runner.setup()
+    await web.TCPSite(runner, host, int(port)).start()
+    bound_host, bound_port = runner.addresses[0][:2]
+    write_address_file(address_file, bound_host, bound_port)
+    log.info("%s listening on %s:%d", what, bound_host, bound_port)
+    announce_ready()
+    await shutdown.requested.wait()
+    await runner.cleanup()
 
 
 def write_address_file(path: str | None, host: str, port: int) -> None:

@@ -19,7 +19,7 @@ from idempotency_client import AsyncIdempotencyClient, IdempotencyError
 from psycopg_pool import AsyncConnectionPool
 
 from . import schema
-from .common import configure_logging, fault_point, setting
+from .common import fault_point, run_component, setting
 from .consumer import consume
 
 log = logging.getLogger("orders_example.notifications")
@@ -70,8 +70,7 @@ async def run() -> None:
 
 
 def main() -> None:
-    configure_logging("notifications")
-    asyncio.run(run())
+    run_component("notifications", run)
 
 
 if __name__ == "__main__":

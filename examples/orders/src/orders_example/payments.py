@@ -20,7 +20,7 @@ import aiohttp
 from aio_pika.abc import AbstractIncomingMessage
 from idempotency_client import AsyncIdempotencyClient, AsyncLease, IdempotencyError
 
-from .common import configure_logging, fault_point, seconds, setting
+from .common import fault_point, run_component, seconds, setting
 from .consumer import consume
 
 log = logging.getLogger("orders_example.payments")
@@ -96,8 +96,7 @@ async def run() -> None:
 
 
 def main() -> None:
-    configure_logging("payments")
-    asyncio.run(run())
+    run_component("payments", run)
 
 
 if __name__ == "__main__":

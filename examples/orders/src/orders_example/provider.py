@@ -9,7 +9,6 @@ State is in memory: the stub is never crashed by the scenarios.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import uuid
@@ -17,7 +16,7 @@ from dataclasses import dataclass
 
 from aiohttp import web
 
-from .common import Shutdown, announce_ready, configure_logging, setting, write_address_file
+from .common import Shutdown, run_component, serve_http, setting
 
 log = logging.getLogger("orders_example.provider")
 
@@ -56,21 +55,13 @@ async def serve() -> None:
     app = web.Application()
     app.router.add_post("/charges", create_charge)
     app.router.add_get("/stats", stats)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    host, _, port = setting("PROVIDER_LISTEN", "127.0.0.1:8090").rpartition(":")
-    await web.TCPSite(runner, host, int(port)).start()
-    bound_host, bound_port = runner.addresses[0][:2]
-    write_address_file(setting("PROVIDER_ADDRESS_FILE", ""), bound_host, bound_port)
-    log.info("payment provider listening on %s:%d", bound_host, bound_port)
-    announce_ready()
-    await shutdown.requested.wait()
-    await runner.cleanup()
+    listen = setting("PROVIDER_LISTEN", "127.0.0.1:8090")
+    address_file = setting("PROVIDER_ADDRESS_FILE", "")
+    await serve_http(web.AppRunner(app), listen, address_file, "payment provider", shutdown)
 
 
 def main() -> None:
-    configure_logging("provider")
-    asyncio.run(serve())
+    run_component("provider", serve)
 
 
 if __name__ == "__main__":

@@ -26,8 +26,8 @@ from .common import (
     Topology,
     amqp_url,
     announce_ready,
-    configure_logging,
     fault_point,
+    run_component,
     seconds,
     setting,
 )
@@ -147,8 +147,7 @@ async def serve() -> None:
 
 
 def main() -> None:
-    configure_logging("relay")
-    asyncio.run(serve())
+    run_component("relay", serve)
 
 
 if __name__ == "__main__":
