@@ -6,6 +6,7 @@ mod conformance;
 mod faults;
 mod leases;
 mod run_once;
+mod scenarios;
 mod security;
 
 use std::sync::Arc;
