@@ -6,11 +6,13 @@
 #      ones in idempotencyv1/;
 #   3. go mod tidy -diff, gofmt -l, go vet, staticcheck;
 #   4. go test -race against the real binaries, each test starting its own coordinator on port 0
-#      (PostgreSQL and SQLite) and, for the middleware, the real gateway.
+#      (PostgreSQL and SQLite) and, for the middleware, the real gateway; the scenario vectors
+#      with the fault-proxy between the client and the coordinator.
 # The binaries come from IDEMPOTENCY_COORDINATOR_BIN (default: the repository's
 # target/debug/idempotency-coordinator) and IDEMPOTENCY_GATEWAY_BIN (default:
 # target/debug/idempotency-gateway; when that does not exist, the coordinator's own `gateway`
-# subcommand is used).
+# subcommand is used); the scenario vectors' fault proxy from FAULT_PROXY_BIN (default:
+# target/debug/fault-proxy).
 set -euo pipefail
 cd "$(dirname "$0")"
 here=$(pwd)
@@ -23,8 +25,13 @@ MODULE=github.com/idempotency-coordinator/idempotency-coordinator/clients/go
 
 export IDEMPOTENCY_COORDINATOR_BIN="${IDEMPOTENCY_COORDINATOR_BIN:-$repo_root/target/debug/idempotency-coordinator}"
 export IDEMPOTENCY_GATEWAY_BIN="${IDEMPOTENCY_GATEWAY_BIN:-$repo_root/target/debug/idempotency-gateway}"
+export FAULT_PROXY_BIN="${FAULT_PROXY_BIN:-$repo_root/target/debug/fault-proxy}"
 if [ ! -x "$IDEMPOTENCY_COORDINATOR_BIN" ]; then
   echo "no coordinator binary at $IDEMPOTENCY_COORDINATOR_BIN: run cargo build, or set IDEMPOTENCY_COORDINATOR_BIN" >&2
+  exit 1
+fi
+if [ ! -x "$FAULT_PROXY_BIN" ]; then
+  echo "no fault-proxy binary at $FAULT_PROXY_BIN: run cargo build, or set FAULT_PROXY_BIN" >&2
   exit 1
 fi
 if [ ! -x "$IDEMPOTENCY_GATEWAY_BIN" ]; then

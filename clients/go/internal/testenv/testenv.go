@@ -1,7 +1,8 @@
 // Package testenv starts the real coordinator and gateway binaries for the tests, each on a port
 // of its own (port 0, the bound address read from --address-file) and a store of its own: a fresh
-// PostgreSQL database or a SQLite file in a fresh folder, removed again when the test ends. It
-// also holds the setup the packages' tests share (Main, OnEachStore, NewClient).
+// PostgreSQL database or a SQLite file in a fresh folder, removed again when the test ends; and
+// the fault-proxy binary in front of a coordinator, for the scenario vectors. It also holds the
+// setup the packages' tests share (Main, OnEachStore, NewClient).
 package testenv
 
 import (

@@ -1,0 +1,653 @@
+package idempotency_test
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/idempotency-coordinator/idempotency-coordinator/clients/go/idempotency"
+	"github.com/idempotency-coordinator/idempotency-coordinator/clients/go/internal/testenv"
+)
+
+// The scenario vectors every client passes (clients/conformance/scenarios.json, described in
+// its README): RunOnce against a real coordinator on SQLite, with a fault-proxy between the
+// client and the coordinator, one proxy and one fresh client per scenario, run one after the
+// other. Nothing here sleeps to synchronise: the runs' works report on channels, and await_calls
+// polls the proxy's call log.
+func TestScenarioVectors(t *testing.T) {
+	scenarios := loadScenarios(t)
+	coordinator := testenv.Start(t, testenv.SQLite)
+	// Lookups for expect_key go straight to the coordinator, not through the proxy.
+	direct := testenv.NewClient(t, coordinator.Addr)
+	var runID [6]byte
+	_, _ = rand.Read(runID[:])
+	for i := range scenarios {
+		sc := &scenarios[i]
+		t.Run(sc.Name, func(t *testing.T) {
+			r := newScenarioRunner(t, sc, coordinator, direct, fmt.Sprintf("go-%x/%s/", runID, sc.Name))
+			for i := range sc.Steps {
+				r.step(i+1, &sc.Steps[i])
+			}
+			r.checkAllJoined()
+		})
+	}
+}
+
+// scenarioLimit bounds every wait of the runner beyond what a step asks for itself (a run's
+// wait, its retry budget): generous, for a loaded machine.
+const scenarioLimit = 20 * time.Second
+
+// scenarioNamespace is the suite's own namespace; keys are made unique per run of the suite.
+const scenarioNamespace = "conformance-go"
+
+// errScenarioOver is the cause the runner cancels the runs' context with when a scenario ends,
+// so that a cancellation by the client is told apart from the runner's own.
+var errScenarioOver = errors.New("the scenario ended")
+
+// The file's shape, read strictly: a field this runner does not know fails the test rather than
+// being skipped.
+type scenarioFile struct {
+	Scenarios []scenario `json:"scenarios"`
+}
+
+type scenario struct {
+	Name   string `json:"name"`
+	What   string `json:"what"`
+	Client struct {
+		RetryBudgetMS *int64 `json:"retry_budget_ms"`
+	} `json:"client"`
+	Steps []scenarioStep `json:"steps"`
+}
+
+type scenarioStep struct {
+	Run          *scenarioRun    `json:"run"`
+	Expect       *runExpectation `json:"expect"`
+	AwaitStarted string          `json:"await_started"`
+	OpenGate     string          `json:"open_gate"`
+	Join         string          `json:"join"`
+	Fault        json.RawMessage `json:"fault"`
+	Refuse       *bool           `json:"refuse"`
+	Restore      *bool           `json:"restore"`
+	Reset        *bool           `json:"reset"`
+	AwaitCalls   *callCount      `json:"await_calls"`
+	ExpectCalls  *callCount      `json:"expect_calls"`
+	ExpectKey    *keyExpectation `json:"expect_key"`
+}
+
+type scenarioRun struct {
+	As         string          `json:"as"`
+	Key        string          `json:"key"`
+	Request    json.RawMessage `json:"request"`
+	WaitMS     *int64          `json:"wait_ms"`
+	LeaseTTLMS *int64          `json:"lease_ttl_ms"`
+	Work       struct {
+		Result         json.RawMessage `json:"result"`
+		Fail           *string         `json:"fail"`
+		Gate           bool            `json:"gate"`
+		UntilCancelled bool            `json:"until_cancelled"`
+		RefuseAtEnd    bool            `json:"refuse_at_end"`
+	} `json:"work"`
+}
+
+type runExpectation struct {
+	Result        json.RawMessage `json:"result"`
+	Error         string          `json:"error"`
+	CarriedResult json.RawMessage `json:"carried_result"`
+	WorkRan       *bool           `json:"work_ran"`
+	WorkCancelled *bool           `json:"work_cancelled"`
+	Attempt       *uint32         `json:"attempt"`
+}
+
+type callCount struct {
+	Method   string   `json:"method"`
+	Count    int      `json:"count"`
+	MinGapMS *float64 `json:"min_gap_ms"`
+}
+
+type keyExpectation struct {
+	Key   string `json:"key"`
+	State string `json:"state"`
+}
+
+// The error kinds of expect.error, in the order an error is sorted into them: an error that
+// wraps another is of the outer kind (a ResultNotStoredError carries Complete's UNAVAILABLE, a
+// lost lease the heartbeat's failure or the work's error).
+var errorKinds = []string{
+	"result_not_stored", "lease_lost", "work_failed", "mismatch", "in_progress",
+	"unauthenticated", "unavailable",
+}
+
+func loadScenarios(t *testing.T) []scenario {
+	t.Helper()
+	raw, err := os.ReadFile(filepath.Join("..", "..", "conformance", "scenarios.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	dec.DisallowUnknownFields()
+	var file scenarioFile
+	if err := dec.Decode(&file); err != nil {
+		t.Fatalf("scenarios.json: %v", err)
+	}
+	if len(file.Scenarios) == 0 {
+		t.Fatal("scenarios.json holds no scenario")
+	}
+	names := map[string]bool{}
+	for _, sc := range file.Scenarios {
+		if sc.Name == "" || names[sc.Name] {
+			t.Fatalf("scenarios.json: a scenario without a name, or a name twice: %q", sc.Name)
+		}
+		names[sc.Name] = true
+		for n, step := range sc.Steps {
+			if err := step.check(); err != nil {
+				t.Fatalf("scenarios.json: %q, step %d: %v", sc.Name, n+1, err)
+			}
+		}
+	}
+	return file.Scenarios
+}
+
+// check refuses a step this runner would misread: none or several actions, an expect where none
+// belongs, an expectation it cannot check.
+func (s *scenarioStep) check() error {
+	actions := 0
+	for _, present := range []bool{
+		s.Run != nil, s.AwaitStarted != "", s.OpenGate != "", s.Join != "", s.Fault != nil,
+		s.Refuse != nil, s.Restore != nil, s.Reset != nil, s.AwaitCalls != nil, s.ExpectCalls != nil,
+		s.ExpectKey != nil,
+	} {
+		if present {
+			actions++
+		}
+	}
+	if actions != 1 {
+		return fmt.Errorf("%d actions; a step has one", actions)
+	}
+	for _, flag := range []*bool{s.Refuse, s.Restore, s.Reset} {
+		if flag != nil && !*flag {
+			return errors.New("refuse, restore and reset are true when given")
+		}
+	}
+	wantsExpect := s.Join != "" || s.Run != nil && s.Run.As == ""
+	if wantsExpect != (s.Expect != nil) {
+		return errors.New("a run without as, and a join, have an expect; nothing else has")
+	}
+	if s.Run != nil {
+		w := s.Run.Work
+		if (w.Result != nil) == (w.Fail != nil) {
+			return errors.New("a run's work has either a result or fail")
+		}
+		if s.Run.Key == "" || s.Run.Request == nil {
+			return errors.New("a run has a key and a request")
+		}
+	}
+	if e := s.Expect; e != nil {
+		if (e.Result != nil) == (e.Error != "") {
+			return errors.New("an expect has either a result or an error")
+		}
+		if e.Error != "" && e.Error != "other" && !contains(errorKinds, e.Error) {
+			return fmt.Errorf("unknown error kind %q", e.Error)
+		}
+		if e.CarriedResult != nil && e.Error != "result_not_stored" {
+			return errors.New("carried_result belongs to result_not_stored")
+		}
+	}
+	if s.AwaitCalls != nil && s.AwaitCalls.MinGapMS != nil {
+		return errors.New("min_gap_ms belongs to expect_calls")
+	}
+	for _, c := range []*callCount{s.AwaitCalls, s.ExpectCalls} {
+		if c != nil && (c.Method == "" || c.Count < 0 || c.MinGapMS != nil && c.Count < 2) {
+			return fmt.Errorf("a call count needs a method, a count, and two calls for a gap: %+v", *c)
+		}
+	}
+	if k := s.ExpectKey; k != nil && !contains([]string{"absent", "in_progress", "completed"}, k.State) {
+		return fmt.Errorf("unknown key state %q", k.State)
+	}
+	return nil
+}
+
+func contains(list []string, s string) bool {
+	for _, x := range list {
+		if x == s {
+			return true
+		}
+	}
+	return false
+}
+
+// scenarioRunner runs one scenario's steps.
+type scenarioRunner struct {
+	t      *testing.T
+	sc     *scenario
+	proxy  *testenv.FaultProxy
+	client *idempotency.Client // through the proxy
+	direct *idempotency.Client // straight to the coordinator
+	prefix string              // makes the scenario's keys unique to this run of the suite
+	budget time.Duration       // the client's retry budget
+	log    *syncBuffer         // the client's log, shown when the scenario fails
+
+	ctx    context.Context // the runs' context, cancelled with errScenarioOver at the end
+	cancel context.CancelCauseFunc
+	runs   map[string]*scenarioRunState
+	all    []*scenarioRunState
+	wg     sync.WaitGroup
+}
+
+// scenarioRunState is one RunOnce and what its work saw. The fields below done are written by
+// the run's goroutine (the work runs on it) and read only once done is closed.
+type scenarioRunState struct {
+	name    string
+	spec    *scenarioRun
+	limit   time.Duration // how long a join waits for it
+	started chan struct{} // closed when the work starts
+	gate    chan struct{} // closed by open_gate (or when the scenario ends)
+	opened  bool
+	done    chan struct{} // closed when RunOnce has returned
+	joined  bool
+
+	outcome   idempotency.Outcome[any]
+	err       error
+	workRan   bool
+	attempt   uint32
+	cancelled bool  // the work's context was cancelled by the client while it ran
+	cause     error // context.Cause of that cancellation
+	workErr   error // the error a failing work returned
+	problems  []string
+}
+
+func newScenarioRunner(t *testing.T, sc *scenario, coordinator *testenv.Coordinator, direct *idempotency.Client, prefix string) *scenarioRunner {
+	t.Helper()
+	proxy := testenv.StartFaultProxy(t, coordinator.Addr)
+	log := &syncBuffer{}
+	opts := []idempotency.Option{idempotency.WithLogger(slog.New(slog.NewTextHandler(log, &slog.HandlerOptions{Level: slog.LevelDebug})))}
+	budget := idempotency.DefaultRetryPolicy().Budget
+	if ms := sc.Client.RetryBudgetMS; ms != nil {
+		budget = time.Duration(*ms) * time.Millisecond
+		opts = append(opts, idempotency.WithRetryBudget(budget))
+	}
+	client, err := idempotency.New(proxy.Addr, opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancelCause(context.Background())
+	r := &scenarioRunner{
+		t: t, sc: sc, proxy: proxy, client: client, direct: direct, prefix: prefix, budget: budget,
+		log: log, ctx: ctx, cancel: cancel, runs: map[string]*scenarioRunState{},
+	}
+	t.Cleanup(r.end)
+	return r
+}
+
+// end stops whatever still runs (a scenario that failed half-way), waits for it, and shows the
+// client's log and the proxy's call log when the scenario failed.
+func (r *scenarioRunner) end() {
+	r.cancel(errScenarioOver)
+	for _, run := range r.all {
+		if run.spec.Work.Gate && !run.opened {
+			run.opened = true
+			close(run.gate)
+		}
+	}
+	_ = r.client.Close() // calls that outlive the caller (Complete, Release) end at once
+	ended := make(chan struct{})
+	go func() { r.wg.Wait(); close(ended) }()
+	select {
+	case <-ended:
+	case <-time.After(scenarioLimit):
+		r.t.Errorf("a run still had not returned %v after the scenario ended", scenarioLimit)
+	}
+	if r.t.Failed() {
+		calls, err := r.proxy.Calls()
+		r.t.Logf("scenario %q: %s\nproxy calls: %v %v\nclient log:\n%s", r.sc.Name, r.sc.What, calls, err, r.log)
+	}
+}
+
+func (r *scenarioRunner) step(n int, s *scenarioStep) {
+	t := r.t
+	t.Helper()
+	switch {
+	case s.Run != nil && s.Run.As != "":
+		if r.runs[s.Run.As] != nil {
+			t.Fatalf("step %d: a run named %q twice", n, s.Run.As)
+		}
+		r.runs[s.Run.As] = r.start(s.Run.As, s.Run)
+	case s.Run != nil:
+		run := r.start(fmt.Sprintf("step %d", n), s.Run)
+		r.join(run, s.Expect)
+	case s.Join != "":
+		r.join(r.named(n, s.Join), s.Expect)
+	case s.AwaitStarted != "":
+		run := r.named(n, s.AwaitStarted)
+		select {
+		case <-run.started:
+		case <-run.done:
+			t.Fatalf("step %d: run %q ended without starting its work: %v", n, run.name, run.err)
+		case <-time.After(scenarioLimit):
+			t.Fatalf("step %d: run %q's work had not started after %v", n, run.name, scenarioLimit)
+		}
+	case s.OpenGate != "":
+		run := r.named(n, s.OpenGate)
+		if !run.spec.Work.Gate || run.opened {
+			t.Fatalf("step %d: run %q has no gate to open", n, run.name)
+		}
+		run.opened = true
+		close(run.gate)
+	case s.Fault != nil:
+		if err := r.proxy.AddFault(s.Fault); err != nil {
+			t.Fatalf("step %d: %v", n, err)
+		}
+	case s.Refuse != nil:
+		if err := r.proxy.Refuse(); err != nil {
+			t.Fatalf("step %d: %v", n, err)
+		}
+	case s.Restore != nil:
+		if err := r.proxy.Restore(); err != nil {
+			t.Fatalf("step %d: %v", n, err)
+		}
+	case s.Reset != nil:
+		if err := r.proxy.Reset(); err != nil {
+			t.Fatalf("step %d: %v", n, err)
+		}
+	case s.AwaitCalls != nil:
+		r.awaitCalls(n, s.AwaitCalls)
+	case s.ExpectCalls != nil:
+		r.expectCalls(n, s.ExpectCalls)
+	case s.ExpectKey != nil:
+		r.expectKey(n, s.ExpectKey)
+	}
+}
+
+func (r *scenarioRunner) named(n int, name string) *scenarioRunState {
+	run := r.runs[name]
+	if run == nil {
+		r.t.Fatalf("step %d: no run named %q was started", n, name)
+	}
+	return run
+}
+
+// start calls RunOnce on a goroutine of its own, with a work that does what the run's work says.
+func (r *scenarioRunner) start(name string, spec *scenarioRun) *scenarioRunState {
+	t := r.t
+	t.Helper()
+	request, err := decodeJSONValue(spec.Request)
+	if err != nil {
+		t.Fatalf("run %q: the request: %v", name, err)
+	}
+	var result any
+	if spec.Work.Result != nil {
+		if result, err = decodeJSONValue(spec.Work.Result); err != nil {
+			t.Fatalf("run %q: the work's result: %v", name, err)
+		}
+	}
+	var opts []idempotency.RunOption
+	wait := time.Duration(0)
+	if spec.WaitMS != nil {
+		wait = time.Duration(*spec.WaitMS) * time.Millisecond
+		opts = append(opts, idempotency.WithWait(wait))
+	}
+	if spec.LeaseTTLMS != nil {
+		opts = append(opts, idempotency.WithLease(time.Duration(*spec.LeaseTTLMS)*time.Millisecond))
+	}
+	run := &scenarioRunState{
+		name: name, spec: spec, limit: scenarioLimit + wait + r.budget,
+		started: make(chan struct{}), gate: make(chan struct{}), done: make(chan struct{}),
+	}
+	r.all = append(r.all, run)
+	work := func(ctx context.Context, lease *idempotency.Lease) (any, error) {
+		run.workRan = true
+		run.attempt = lease.Attempt
+		close(run.started)
+		if spec.Work.Gate {
+			<-run.gate
+		}
+		if spec.Work.UntilCancelled {
+			timer := time.NewTimer(scenarioLimit)
+			select {
+			case <-ctx.Done():
+			case <-timer.C:
+			}
+			timer.Stop()
+		}
+		if ctx.Err() != nil {
+			run.cause = context.Cause(ctx)
+			run.cancelled = !errors.Is(run.cause, errScenarioOver)
+		}
+		if spec.Work.RefuseAtEnd {
+			if err := r.proxy.Refuse(); err != nil {
+				run.problems = append(run.problems, err.Error())
+			}
+		}
+		if spec.Work.Fail != nil {
+			run.workErr = errors.New(*spec.Work.Fail)
+			return nil, run.workErr
+		}
+		return result, nil
+	}
+	key := r.prefix + spec.Key
+	r.wg.Go(func() {
+		defer close(run.done)
+		run.outcome, run.err = idempotency.RunOnce(r.ctx, r.client, scenarioNamespace, key, request, work, opts...)
+	})
+	return run
+}
+
+// join waits for the run to end and checks its outcome against expect.
+func (r *scenarioRunner) join(run *scenarioRunState, expect *runExpectation) {
+	t := r.t
+	t.Helper()
+	if run.joined {
+		t.Fatalf("run %q joined twice", run.name)
+	}
+	run.joined = true
+	select {
+	case <-run.done:
+	case <-time.After(run.limit):
+		t.Fatalf("run %q had not returned after %v", run.name, run.limit)
+	}
+	for _, problem := range run.problems {
+		t.Errorf("run %q: %s", run.name, problem)
+	}
+	if expect.Result != nil {
+		if run.err != nil {
+			t.Errorf("run %q: want the result %s, got the error %v", run.name, expect.Result, run.err)
+		} else {
+			if got, want := canonicalOf(run.outcome.Value), canonicalText(expect.Result); got != want {
+				t.Errorf("run %q: got the result %s, want %s", run.name, got, want)
+			}
+			if expect.WorkRan != nil && run.outcome.Replayed == *expect.WorkRan {
+				t.Errorf("run %q: Outcome.Replayed is %v, but the work ran: %v", run.name, run.outcome.Replayed, run.workRan)
+			}
+		}
+	}
+	if expect.Error != "" {
+		if run.err == nil {
+			t.Errorf("run %q: want a %s error, got the result %s", run.name, expect.Error, canonicalOf(run.outcome.Value))
+		} else if got := errorKindOf(run); got != expect.Error {
+			t.Errorf("run %q: want a %s error, got a %s error: %v", run.name, expect.Error, got, run.err)
+		}
+	}
+	if expect.CarriedResult != nil {
+		var notStored *idempotency.ResultNotStoredError[any]
+		if errors.As(run.err, &notStored) {
+			if got, want := canonicalOf(notStored.Result), canonicalText(expect.CarriedResult); got != want {
+				t.Errorf("run %q: the error carries the result %s, want %s", run.name, got, want)
+			}
+		}
+	}
+	if expect.WorkRan != nil && run.workRan != *expect.WorkRan {
+		t.Errorf("run %q: the work ran: %v, want %v", run.name, run.workRan, *expect.WorkRan)
+	}
+	if expect.WorkCancelled != nil && run.cancelled != *expect.WorkCancelled {
+		t.Errorf("run %q: the client cancelled the work: %v (cause: %v), want %v", run.name, run.cancelled, run.cause, *expect.WorkCancelled)
+	}
+	if expect.Attempt != nil {
+		switch {
+		case !run.workRan:
+			t.Errorf("run %q: want the work to see attempt %d, but it did not run", run.name, *expect.Attempt)
+		case run.attempt != *expect.Attempt:
+			t.Errorf("run %q: the work saw attempt %d, want %d", run.name, run.attempt, *expect.Attempt)
+		}
+	}
+}
+
+// errorKindOf sorts a run's error into the kinds of expect.error (see errorKinds), or "other".
+func errorKindOf(run *scenarioRunState) string {
+	err := run.err
+	var notStored *idempotency.ResultNotStoredError[any]
+	var inProgress *idempotency.InProgressError
+	for _, kind := range errorKinds {
+		var is bool
+		switch kind {
+		case "result_not_stored":
+			is = errors.Is(err, idempotency.ErrResultNotStored) && errors.As(err, &notStored)
+		case "lease_lost":
+			is = errors.Is(err, idempotency.ErrLeaseLost)
+		case "work_failed":
+			is = run.workErr != nil && errors.Is(err, run.workErr)
+		case "mismatch":
+			is = errors.Is(err, idempotency.ErrMismatch)
+		case "in_progress":
+			is = errors.Is(err, idempotency.ErrInProgress) && errors.As(err, &inProgress)
+		case "unauthenticated":
+			is = errors.Is(err, idempotency.ErrUnauthenticated)
+		case "unavailable":
+			is = errors.Is(err, idempotency.ErrUnavailable)
+		}
+		if is {
+			return kind
+		}
+	}
+	return "other"
+}
+
+// awaitCalls polls the proxy's call log until the method has been called count times.
+func (r *scenarioRunner) awaitCalls(n int, want *callCount) {
+	t := r.t
+	t.Helper()
+	deadline := time.Now().Add(scenarioLimit)
+	ticker := time.NewTicker(20 * time.Millisecond)
+	defer ticker.Stop()
+	for {
+		calls, err := r.proxy.Calls()
+		if err != nil {
+			t.Fatalf("step %d: %v", n, err)
+		}
+		if len(calls[want.Method]) >= want.Count {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("step %d: %s was called %d times after %v, want %d", n, want.Method, len(calls[want.Method]), scenarioLimit, want.Count)
+		}
+		<-ticker.C
+	}
+}
+
+// expectCalls checks the proxy's call log: exactly count calls of the method, and the second at
+// least min_gap_ms after the first.
+func (r *scenarioRunner) expectCalls(n int, want *callCount) {
+	t := r.t
+	t.Helper()
+	calls, err := r.proxy.Calls()
+	if err != nil {
+		t.Fatalf("step %d: %v", n, err)
+	}
+	at := calls[want.Method]
+	if len(at) != want.Count {
+		t.Errorf("step %d: %s was called %d times (at %v ms), want %d", n, want.Method, len(at), at, want.Count)
+		return
+	}
+	if want.MinGapMS != nil {
+		if gap := at[1] - at[0]; gap < *want.MinGapMS {
+			t.Errorf("step %d: the second %s came %.1f ms after the first, want at least %v ms", n, want.Method, gap, *want.MinGapMS)
+		}
+	}
+}
+
+// expectKey looks the key up straight from the coordinator.
+func (r *scenarioRunner) expectKey(n int, want *keyExpectation) {
+	t := r.t
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), scenarioLimit)
+	defer cancel()
+	state, err := r.direct.Lookup(ctx, scenarioNamespace, r.prefix+want.Key)
+	if err != nil {
+		t.Fatalf("step %d: Lookup: %v", n, err)
+	}
+	if got := state.Status.String(); got != want.State {
+		t.Errorf("step %d: the key %q is %s, want %s", n, want.Key, got, want.State)
+	}
+}
+
+// checkAllJoined fails a scenario that started a run in the background and never joined it.
+func (r *scenarioRunner) checkAllJoined() {
+	if r.t.Failed() {
+		return
+	}
+	for name, run := range r.runs {
+		if !run.joined {
+			r.t.Errorf("run %q was started and never joined", name)
+		}
+	}
+}
+
+// decodeJSONValue reads a JSON value into maps, slices, strings, bools and json.Numbers (which
+// keep each number's literal for the fingerprint and the codec).
+func decodeJSONValue(raw json.RawMessage) (any, error) {
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	dec.UseNumber()
+	var value any
+	if err := dec.Decode(&value); err != nil {
+		return nil, err
+	}
+	if _, err := dec.Token(); err != io.EOF {
+		return nil, errors.New("trailing data after the value")
+	}
+	return value, nil
+}
+
+// canonicalOf and canonicalText are two JSON values' canonical forms, so that the values are
+// compared whatever the order of their members or the spelling of their numbers.
+func canonicalOf(value any) string {
+	canonical, err := idempotency.CanonicalJSON(value)
+	if err != nil {
+		return fmt.Sprintf("<%T %v: %v>", value, value, err)
+	}
+	return string(canonical)
+}
+
+func canonicalText(text json.RawMessage) string {
+	canonical, err := idempotency.CanonicalJSONText(text)
+	if err != nil {
+		return fmt.Sprintf("<%s: %v>", text, err)
+	}
+	return string(canonical)
+}
+
+// syncBuffer is a bytes.Buffer for writers on several goroutines.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return strings.TrimSpace(b.buf.String())
+}
