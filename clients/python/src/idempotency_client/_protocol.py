@@ -244,6 +244,11 @@ class Calls:
             response = spec.codec.encode(value)
         except BaseException as error:
             yield StopHeartbeat(lease)
+            if lease.lost:
+                # The work failed after its lease was lost (the asyncio work is cancelled then):
+                # nothing is released, since the claim is no longer this holder's or its lease
+                # may have run out, and whoever takes the key over gets its checkpoint.
+                raise LeaseLost() from error
             yield from self.release(lease)
             if lease.lost:
                 raise LeaseLost() from error
