@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
-use sqlx::{AssertSqlSafe, Connection, PgConnection, PgPool, SqlSafeStr, SqlStr};
+use sqlx::{AssertSqlSafe, ConnectOptions, Connection, PgConnection, PgPool, SqlSafeStr, SqlStr};
 use tokio::sync::broadcast;
 
 use super::kept::{KeptConnections, PING_WHEN_IDLE_FOR};
@@ -171,4 +171,26 @@ impl PgStore {
             Err(_) => sqlx::Error::PoolTimedOut,
         }
     }
+}
+
+/// Creates the database `options` names, through the maintenance database `postgres` (as
+/// `sqlx::migrate::MigrateDatabase` does), without sqlx's warning about a slow statement: on a
+/// first start, on a busy or slow disk, creating a database may well take more than its
+/// one-second threshold, and an operator should not be warned of what is expected.
+pub(super) async fn create_database(options: &PgConnectOptions) -> Result<(), sqlx::Error> {
+    let database = options
+        .get_database()
+        .unwrap_or_default()
+        .replace('"', "\"\"");
+    let mut connection = options
+        .clone()
+        .database("postgres")
+        .disable_statement_logging()
+        .connect()
+        .await?;
+    let created = sqlx::raw_sql(AssertSqlSafe(format!("CREATE DATABASE \"{database}\"")))
+        .execute(&mut connection)
+        .await;
+    let _ = connection.close().await;
+    created.map(drop)
 }

@@ -30,7 +30,7 @@ use std::time::Duration;
 
 use sqlx::migrate::{MigrateDatabase, Migrator};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions, PgRow};
-use sqlx::{FromRow, PgPool, Postgres, SqlStr};
+use sqlx::{ConnectOptions, FromRow, PgPool, Postgres, SqlStr};
 use tokio::sync::broadcast;
 use tokio_util::sync::CancellationToken;
 
@@ -443,16 +443,19 @@ impl Store for PgStore {
         // A database that does not exist yet is created, so a first start needs nothing by
         // hand; where the role may not create databases, the original error is reported.
         if let Ok(false) = Postgres::database_exists(&self.url).await {
-            if let Err(error) = Postgres::create_database(&self.url).await {
+            if let Err(error) = connect::create_database(&self.migration_options).await {
                 tracing::warn!(error = %error, "could not create the database");
             } else {
                 tracing::info!("created the database");
             }
         }
-        // A connection of its own, without the statement timeout: a migration may take long.
+        // A connection of its own, without the statement timeout: a migration may take long,
+        // and sqlx's warning about a slow statement would only repeat what is expected of it.
         let connection = PgPoolOptions::new()
             .max_connections(1)
-            .connect_with(PgConnectOptions::clone(&self.migration_options))
+            .connect_with(
+                PgConnectOptions::clone(&self.migration_options).disable_statement_logging(),
+            )
             .await
             .map_err(classify)?;
         let migrated = MIGRATOR.run(&connection).await;
