@@ -3,9 +3,11 @@
 # dependency, protoc and the gRPC code generator come from Maven Central): generates the stubs
 # from ../../proto, compiles the client with -Xlint:all -Werror (the generated code apart), builds
 # its javadoc, and runs the tests against the real coordinator binary, on PostgreSQL
-# (postgres://postgres@127.0.0.1:5432, as scripts/services makes it) and on SQLite.
+# (postgres://postgres@127.0.0.1:5432, as scripts/services makes it) and on SQLite, the scenario
+# vectors of ../conformance/scenarios.json with the workspace's fault-proxy in front of it.
 #
 #   IDEMPOTENCY_COORDINATOR_BIN  the binary (default <repo>/target/debug/idempotency-coordinator)
+#   FAULT_PROXY_BIN              the fault-proxy of the scenario vectors (default <repo>/target/debug/fault-proxy)
 #   MAVEN_ARGS                   extra Maven arguments (e.g. -o once the dependencies are cached)
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -13,6 +15,11 @@ repo="$(cd "$here/../.." && pwd)"
 export IDEMPOTENCY_COORDINATOR_BIN="${IDEMPOTENCY_COORDINATOR_BIN:-$repo/target/debug/idempotency-coordinator}"
 if [[ ! -x "$IDEMPOTENCY_COORDINATOR_BIN" ]]; then
   echo "no coordinator binary at $IDEMPOTENCY_COORDINATOR_BIN: build it (cargo build) or set IDEMPOTENCY_COORDINATOR_BIN" >&2
+  exit 1
+fi
+export FAULT_PROXY_BIN="${FAULT_PROXY_BIN:-$repo/target/debug/fault-proxy}"
+if [[ ! -x "$FAULT_PROXY_BIN" ]]; then
+  echo "no fault-proxy binary at $FAULT_PROXY_BIN: build it (cargo build) or set FAULT_PROXY_BIN" >&2
   exit 1
 fi
 if ! command -v openssl >/dev/null; then

@@ -8,6 +8,7 @@ import com.google.rpc.RetryInfo;
 import dev.idempotency.client.IdempotencyException.Details;
 import io.grpc.Status;
 import io.grpc.protobuf.StatusProto;
+import java.io.IOException;
 import java.time.Duration;
 import java.util.ArrayList;
 import java.util.List;
@@ -61,10 +62,30 @@ final class Errors {
         }
       }
     }
-    String message = status.getDescription() != null ? status.getDescription() : status.getCode().name();
-    Details details =
-        new Details(operation, status.getCode(), reason, message, violations, retryDelay, status, status.getCause());
+    Status.Code code = status.getCode();
+    String message = status.getDescription() != null ? status.getDescription() : code.name();
+    if (code == Status.Code.UNKNOWN && reason == null && brokenConnection(status.getCause())) {
+      // grpc-java's Netty transport reports a connection that broke under a call (the coordinator
+      // killed, a reset) as UNKNOWN "channel closed" (grpc/grpc-java#10120): it is the coordinator
+      // unreachable, UNAVAILABLE as every other client sees it, and retried like it.
+      code = Status.Code.UNAVAILABLE;
+      message = "the connection was lost (" + message + ")";
+    }
+    Details details = new Details(operation, code, reason, message, violations, retryDelay, status, status.getCause());
     return byReason(details);
+  }
+
+  /**
+   * Whether a status the client made itself (one from the coordinator has no cause) comes from an
+   * I/O failure of the connection, such as a {@link java.nio.channels.ClosedChannelException}.
+   */
+  private static boolean brokenConnection(Throwable cause) {
+    for (Throwable t = cause; t != null; t = t.getCause() == t ? null : t.getCause()) {
+      if (t instanceof IOException) {
+        return true;
+      }
+    }
+    return false;
   }
 
   /** An exception of the contract: its reason, the code that stands for it without one, its constructor. */

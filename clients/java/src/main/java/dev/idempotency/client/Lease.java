@@ -26,7 +26,7 @@ public final class Lease {
   private final long attempt;
   private final Optional<byte[]> checkpoint;
   private final Duration leaseTtl;
-  private final IdempotencyClient client;
+  private final Runs runs;
   private final CompletableFuture<LeaseLostException> lostSignal = new CompletableFuture<>();
   private final AtomicBoolean beatInFlight = new AtomicBoolean();
 
@@ -43,8 +43,8 @@ public final class Lease {
   private ScheduledFuture<?> heartbeat;
   private ScheduledFuture<?> watchdog;
 
-  Lease(IdempotencyClient client, String namespace, String key, Claim.Started claim, Duration leaseTtl, long askedAt) {
-    this.client = client;
+  Lease(Runs runs, String namespace, String key, Claim.Started claim, Duration leaseTtl, long askedAt) {
+    this.runs = runs;
     this.namespace = namespace;
     this.key = key;
     this.token = claim.token();
@@ -160,7 +160,7 @@ public final class Lease {
    * @throws IllegalArgumentException for a checkpoint over 64 KiB
    */
   public void saveCheckpoint(byte[] data) {
-    IdempotencyClient.await("ExtendLease", saveCheckpointAsync(data));
+    Futures.await("ExtendLease", saveCheckpointAsync(data));
   }
 
   /**
@@ -184,8 +184,8 @@ public final class Lease {
   /** Renews the lease (and saves the checkpoint, when not null). */
   private CompletableFuture<Instant> extend(byte[] data, Caller.Retry retry) {
     long sentAt = System.nanoTime();
-    return client
-        .extendLeaseAsync(namespace, key, token, leaseTtl, data, retry)
+    return runs.rpcs()
+        .extendLease(namespace, key, token, leaseTtl, data, retry)
         .handle((expiry, failure) -> {
           if (failure != null) {
             Throwable cause = Errors.unwrap(failure);
@@ -215,7 +215,7 @@ public final class Lease {
 
   /** Starts the heartbeat (interval null: none) and the watchdog. */
   synchronized void start(Duration heartbeatInterval) {
-    var scheduler = client.scheduler();
+    var scheduler = runs.scheduler();
     if (heartbeatInterval != null) {
       long every = heartbeatInterval.toNanos();
       heartbeat = scheduler.scheduleWithFixedDelay(this::beat, every, every, TimeUnit.NANOSECONDS);
@@ -280,7 +280,7 @@ public final class Lease {
         }
       }
     }
-    client.log().log(Level.WARNING, () -> "idempotency: lease lost in namespace " + namespace + "; stopping the work: "
+    runs.log().log(Level.WARNING, () -> "idempotency: lease lost in namespace " + namespace + "; stopping the work: "
         + reason.getMessage());
     lostSignal.complete(reason);
     return reason;
@@ -306,7 +306,7 @@ public final class Lease {
     extend(null, Caller.Retry.NEVER).whenComplete((expiry, failure) -> {
       beatInFlight.set(false);
       if (failure != null && !isLost()) {
-        client.log().log(Level.INFO, () -> "idempotency: heartbeat failed; trying again at the next beat: "
+        runs.log().log(Level.INFO, () -> "idempotency: heartbeat failed; trying again at the next beat: "
             + Errors.unwrap(failure).getMessage());
       }
     });
@@ -321,7 +321,7 @@ public final class Lease {
       }
       long left = runsOutAt - System.nanoTime();
       if (left > 0) {
-        watchdog = client.scheduler().schedule(this::checkRunOut, left, TimeUnit.NANOSECONDS);
+        watchdog = runs.scheduler().schedule(this::checkRunOut, left, TimeUnit.NANOSECONDS);
         return;
       }
       why = lastBeatFailure;

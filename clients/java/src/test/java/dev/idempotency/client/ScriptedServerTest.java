@@ -16,7 +16,14 @@ import dev.idempotency.v1.LookupRequest;
 import dev.idempotency.v1.LookupResponse;
 import dev.idempotency.v1.MarkProcessedRequest;
 import dev.idempotency.v1.MarkProcessedResponse;
+import io.grpc.CallOptions;
+import io.grpc.Channel;
+import io.grpc.ClientCall;
+import io.grpc.ClientInterceptor;
+import io.grpc.ClientInterceptors;
 import io.grpc.ManagedChannel;
+import io.grpc.Metadata;
+import io.grpc.MethodDescriptor;
 import io.grpc.Server;
 import io.grpc.StatusRuntimeException;
 import io.grpc.inprocess.InProcessChannelBuilder;
@@ -24,6 +31,7 @@ import io.grpc.inprocess.InProcessServerBuilder;
 import io.grpc.protobuf.StatusProto;
 import io.grpc.stub.StreamObserver;
 import java.io.IOException;
+import java.nio.channels.ClosedChannelException;
 import java.time.Duration;
 import java.util.ArrayDeque;
 import java.util.Collections;
@@ -149,6 +157,58 @@ class ScriptedServerTest {
       script.add(status(Code.UNAVAILABLE, null));
       assertThrows(UnavailableException.class, () -> client.markProcessed("c", List.of("e")));
       assertEquals(3, calls.get(), "a lost answer is not retried: the events would read as processed");
+    }
+  }
+
+  /**
+   * grpc-java's Netty transport fails a call whose connection broke under it (the coordinator
+   * killed) with UNKNOWN "channel closed" and the ClosedChannelException as its cause: that is the
+   * coordinator unreachable, retried, and UnavailableException once the budget is spent. An
+   * UNKNOWN the server sent (no cause) stays UnexpectedStatusException (everyReasonHasItsException).
+   */
+  @Test
+  void aConnectionThatBrokeUnderACallIsUnavailableAndRetried() {
+    AtomicInteger broken = new AtomicInteger();
+    ClientInterceptor breaking = new ClientInterceptor() {
+      @Override
+      public <Q, R> ClientCall<Q, R> interceptCall(MethodDescriptor<Q, R> method, CallOptions options, Channel next) {
+        if (broken.getAndDecrement() <= 0) {
+          return next.newCall(method, options);
+        }
+        return new ClientCall<>() {
+          @Override
+          public void start(Listener<R> listener, Metadata headers) {
+            listener.onClose(io.grpc.Status.UNKNOWN.withDescription("channel closed")
+                .withCause(new ClosedChannelException()), new Metadata());
+          }
+
+          @Override
+          public void request(int n) {}
+
+          @Override
+          public void cancel(String message, Throwable cause) {}
+
+          @Override
+          public void halfClose() {}
+
+          @Override
+          public void sendMessage(Q message) {}
+        };
+      }
+    };
+    Channel flaky = ClientInterceptors.intercept(channel, breaking);
+    try (IdempotencyClient client = IdempotencyClient.builder(flaky).retryBudget(Duration.ofSeconds(5)).build()) {
+      broken.set(1);
+      assertInstanceOf(KeyState.Absent.class, client.lookup("ns", "k"));
+      assertEquals(1, calls.get(), "retried after the broken connection");
+    }
+    try (IdempotencyClient client = IdempotencyClient.builder(flaky).retryBudget(Duration.ZERO).build()) {
+      broken.set(1);
+      UnavailableException e = assertThrows(UnavailableException.class, () -> client.lookup("ns", "k"));
+      assertEquals(io.grpc.Status.Code.UNAVAILABLE, e.code());
+      assertEquals(io.grpc.Status.Code.UNKNOWN, e.status().orElseThrow().getCode(), "the status as received");
+      assertInstanceOf(ClosedChannelException.class, e.getCause());
+      assertTrue(e.isTransient());
     }
   }
 
