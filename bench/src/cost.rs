@@ -1,5 +1,7 @@
 //! What a run cost the database: CPU of every PostgreSQL process, commits of the bench's
-//! database, WAL written and synced, read before and after the run.
+//! database, WAL written and synced, statements run (its round trips, from
+//! `pg_stat_statements`, which scripts/services preloads), read before and after the run; and
+//! what it cost the coordinator: its process's CPU.
 //!
 //! CPU is read from `/proc`, so it needs PostgreSQL on this machine (the bench's case): the
 //! postmaster is the parent of the bench's own backend; its children that exited are in its
@@ -20,12 +22,18 @@ pub struct CostProbe {
     postmaster: Option<u32>,
     /// Clock ticks per second of `/proc`'s CPU times.
     ticks_per_second: u64,
+    /// The coordinator's process, whose CPU is counted too, when set.
+    service: Option<u32>,
+    /// Whether `pg_stat_statements` can be read (it is preloaded and its extension exists).
+    statements_view: bool,
 }
 
 /// The counters at one moment.
 #[derive(Debug, Clone, Copy)]
 struct Counters {
     cpu_ticks: Option<u64>,
+    service_ticks: Option<u64>,
+    statements: Option<i64>,
     commits: i64,
     wal_bytes: f64,
     wal_syncs: i64,
@@ -35,6 +43,8 @@ struct Counters {
 #[derive(Debug, Clone, Copy)]
 pub struct Cost {
     cpu: Option<Duration>,
+    service_cpu: Option<Duration>,
+    statements: Option<i64>,
     commits: i64,
     wal_bytes: f64,
     wal_syncs: i64,
@@ -62,11 +72,28 @@ impl CostProbe {
             .and_then(|out| String::from_utf8(out.stdout).ok())
             .and_then(|text| text.trim().parse().ok())
             .unwrap_or(100);
+        // Top-level statements only (the default): a PL/pgSQL function call is one round trip.
+        let statements_view = sqlx::query("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+            .execute(&mut connection)
+            .await
+            .is_ok()
+            && sqlx::query("SELECT 1 FROM pg_stat_statements LIMIT 1")
+                .execute(&mut connection)
+                .await
+                .is_ok();
         Ok(Self {
             connection: Mutex::new(connection),
             postmaster,
             ticks_per_second,
+            service: None,
+            statements_view,
         })
+    }
+
+    /// Counts the CPU of the coordinator's process `pid` as well (all its threads).
+    pub fn with_service(mut self, pid: u32) -> Self {
+        self.service = Some(pid);
+        self
     }
 
     /// Starts measuring: call it once the run's preparation is done.
@@ -109,8 +136,23 @@ impl CostProbe {
         .fetch_one(&mut *connection)
         .await
         .context("reading pg_stat_database and pg_stat_wal")?;
+        let statements = if self.statements_view {
+            // The probe's own readings are a handful per run, against thousands of calls.
+            let (calls,): (i64,) = sqlx::query_as(
+                "SELECT coalesce(sum(calls), 0)::int8 FROM pg_stat_statements
+                 WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())",
+            )
+            .fetch_one(&mut *connection)
+            .await
+            .context("reading pg_stat_statements")?;
+            Some(calls)
+        } else {
+            None
+        };
         Ok(Counters {
             cpu_ticks: self.postmaster.and_then(server_cpu_ticks),
+            service_ticks: self.service.and_then(proc_stat).map(|stat| stat.own_ticks),
+            statements,
             commits,
             wal_bytes,
             wal_syncs,
@@ -147,14 +189,20 @@ impl Started<'_> {
     pub async fn finish(self) -> anyhow::Result<Cost> {
         tokio::time::sleep(STATISTICS_SETTLE).await;
         let after = self.probe.read().await?;
-        let ticks = match (self.before.cpu_ticks, after.cpu_ticks) {
-            (Some(before), Some(after)) => Some(after.saturating_sub(before)),
+        let ticks_per_second = self.probe.ticks_per_second as f64;
+        let spent = |before: Option<u64>, after: Option<u64>| match (before, after) {
+            (Some(before), Some(after)) => Some(Duration::from_secs_f64(
+                after.saturating_sub(before) as f64 / ticks_per_second,
+            )),
             _ => None,
         };
         Ok(Cost {
-            cpu: ticks.map(|ticks| {
-                Duration::from_secs_f64(ticks as f64 / self.probe.ticks_per_second as f64)
-            }),
+            cpu: spent(self.before.cpu_ticks, after.cpu_ticks),
+            service_cpu: spent(self.before.service_ticks, after.service_ticks),
+            statements: after
+                .statements
+                .zip(self.before.statements)
+                .map(|(after, before)| after - before),
             commits: after.commits - self.before.commits,
             wal_bytes: after.wal_bytes - self.before.wal_bytes,
             wal_syncs: after.wal_syncs - self.before.wal_syncs,
@@ -165,24 +213,39 @@ impl Started<'_> {
 impl Cost {
     pub fn header() -> String {
         format!(
-            "{:>10} {:>10} {:>10} {:>11}",
-            "db CPU µs", "commits", "WAL B", "WAL syncs"
+            "{:>10} {:>10} {:>10} {:>11} {:>7} {:>11}",
+            "db CPU µs", "commits", "WAL B", "WAL syncs", "stmts", "svc CPU µs"
         )
+    }
+
+    /// The same cost without the coordinator's CPU: for a run that did not go through it (the
+    /// direct and pgbench sides), where its CPU is that of an idle process.
+    pub fn without_service(mut self) -> Self {
+        self.service_cpu = None;
+        self
     }
 
     /// The cost per operation of a run of `operations`.
     pub fn per_operation(&self, operations: u64) -> String {
         let per = |total: f64| total / operations.max(1) as f64;
-        let cpu = self.cpu.map_or_else(
-            || "n/a".to_owned(),
-            |cpu| format!("{:.1}", per(cpu.as_secs_f64() * 1e6)),
+        let micros = |cpu: Option<Duration>| {
+            cpu.map_or_else(
+                || "-".to_owned(),
+                |cpu| format!("{:.1}", per(cpu.as_secs_f64() * 1e6)),
+            )
+        };
+        let statements = self.statements.map_or_else(
+            || "-".to_owned(),
+            |statements| format!("{:.2}", per(statements as f64)),
         );
         format!(
-            "{:>10} {:>10.3} {:>10.1} {:>11.4}",
-            cpu,
+            "{:>10} {:>10.3} {:>10.1} {:>11.4} {:>7} {:>11}",
+            micros(self.cpu),
             per(self.commits as f64),
             per(self.wal_bytes),
-            per(self.wal_syncs as f64)
+            per(self.wal_syncs as f64),
+            statements,
+            micros(self.service_cpu),
         )
     }
 

@@ -176,6 +176,8 @@ pub async fn drive(
     // The postmaster reaps them at once, so their CPU is in its children's times by the time
     // `finish` reads it.
     drop(connections_kept);
-    let cost = cost::finish(measuring).await?;
+    let cost = cost::finish(measuring)
+        .await?
+        .map(cost::Cost::without_service);
     Ok(Report::new(workload, callers, tally, cost))
 }

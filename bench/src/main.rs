@@ -176,7 +176,9 @@ async fn main() -> anyhow::Result<()> {
             let coordinator = serving(&Binary::beside_current_exe()?, &url, &flags).await?;
             let idle_kib = coordinator.memory_kib("VmRSS")?;
             direct::prepare(&url).await?;
-            let probe = cost::CostProbe::connect(&url).await?;
+            let probe = cost::CostProbe::connect(&url)
+                .await?
+                .with_service(coordinator.pid()?);
             println!(
                 "{} per run; coordinator and direct alternate; PostgreSQL at {postgres_server}",
                 humantime::format_duration(duration)

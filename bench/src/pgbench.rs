@@ -158,7 +158,9 @@ pub async fn drive(
         .await
         .with_context(|| format!("running {pgbench}"))?;
     // pgbench's clients have disconnected once it exits: their statistics are published.
-    let cost = cost::finish(measuring).await?;
+    let cost = cost::finish(measuring)
+        .await?
+        .map(cost::Cost::without_service);
     let _ = std::fs::remove_file(&script_path);
     let stdout = String::from_utf8_lossy(&output.stdout);
     if !output.status.success() {
