@@ -166,6 +166,8 @@ fn upstream_from_args() -> anyhow::Result<SocketAddr> {
 async fn accept_proxied(listener: TcpListener, proxy: Arc<Proxy>) {
     loop {
         let Ok((downstream, _)) = listener.accept().await else {
+            // Out of file handles, say: pause rather than spin.
+            tokio::time::sleep(Duration::from_millis(10)).await;
             continue;
         };
         if *proxy.refusing.borrow() {
@@ -198,10 +200,13 @@ async fn serve_connection(downstream: TcpStream, proxy: Arc<Proxy>) {
     });
     let connection = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
         .serve_connection(TokioIo::new(downstream), service);
+    // Refusing comes first: once /refuse has answered, no request of this connection may be
+    // read and answered any more.
     tokio::select! {
+        biased;
+        _ = refusing.wait_for(|refusing| *refusing) => {}
         _ = connection => {}
         _ = upstream_connection => {}
-        _ = refusing.wait_for(|refusing| *refusing) => {}
     }
 }
 
@@ -217,6 +222,15 @@ async fn answer(
         .next()
         .unwrap_or_default()
         .to_owned();
+    if *proxy.refusing.borrow() {
+        // Read in the instant before the connection is dropped: never logged, never answered.
+        return grpc_status(
+            "UNAVAILABLE",
+            None,
+            None,
+            "connection refused (fault-proxy)".to_owned(),
+        );
+    }
     match proxy.arrived(&method) {
         None => forward(upstream, request).await,
         Some(Action::Status {
@@ -234,16 +248,24 @@ async fn answer(
             )
         }
         Some(Action::LoseAnswer) => {
-            let answer = forward(upstream, request).await;
             // The coordinator has acted on the call once its whole answer (trailers included)
-            // is here; only then is the answer lost.
-            let _ = answer.into_body().collect().await;
-            grpc_status(
-                "UNAVAILABLE",
-                None,
-                None,
-                "connection lost (fault-proxy)".to_owned(),
-            )
+            // is here; only then is the answer lost. If the coordinator could not be asked, the
+            // fault did not happen as ordered: say so, rather than pass for a lost answer.
+            let acted = match upstream.send_request(request).await {
+                Ok(answer) => answer.into_body().collect().await.is_ok(),
+                Err(_) => false,
+            };
+            if acted {
+                grpc_status(
+                    "UNAVAILABLE",
+                    None,
+                    None,
+                    "connection lost (fault-proxy)".to_owned(),
+                )
+            } else {
+                let message = "fault-proxy: the coordinator did not answer the call whose answer was to be lost";
+                grpc_status("INTERNAL", None, None, message.to_owned())
+            }
         }
         Some(Action::Delay { delay_ms }) => {
             let answer = forward(upstream, request).await;

@@ -122,6 +122,8 @@ struct Report {
     ran: bool,
     cancelled: bool,
     attempt: Option<u32>,
+    /// What the work failed with, when it was told to fail.
+    failure: Option<String>,
 }
 
 /// A run in the background: its gate, the signal that its work started, and its report.
@@ -156,6 +158,7 @@ impl Runner {
         let has_started = Arc::new(AtomicBool::new(false));
         let (gate, gate_opened) = oneshot::channel();
         let work = run.work.clone();
+        let failure = work.fail.clone();
         let proxy = Arc::clone(&self.proxy);
         let (ran, cancelled, attempt) = (
             Arc::new(AtomicBool::new(false)),
@@ -209,6 +212,7 @@ impl Runner {
                 ran: ran.load(Ordering::SeqCst),
                 cancelled: cancelled.load(Ordering::SeqCst),
                 attempt: (attempt > 0).then_some(attempt),
+                failure,
             }
         });
         Running {
@@ -220,6 +224,25 @@ impl Runner {
     }
 
     async fn step(&mut self, step: &Step) -> Result<(), String> {
+        let actions = [
+            step.run.is_some(),
+            step.join.is_some(),
+            step.await_started.is_some(),
+            step.open_gate.is_some(),
+            step.fault.is_some(),
+            step.refuse.is_some(),
+            step.restore.is_some(),
+            step.reset.is_some(),
+            step.await_calls.is_some(),
+            step.expect_calls.is_some(),
+            step.expect_key.is_some(),
+        ];
+        if actions.iter().filter(|action| **action).count() != 1 {
+            return Err("a step has exactly one action".into());
+        }
+        if step.expect.is_some() && step.run.is_none() && step.join.is_none() {
+            return Err("only a run or a join has an expect".into());
+        }
         if let Some(run) = &step.run {
             let running = self.start(run);
             match (&run.name, &step.expect) {
@@ -291,7 +314,11 @@ impl Runner {
                 ));
             }
         } else if let Some(expected) = &step.expect_key {
-            let key = self.key(&expected.key);
+            let key = self
+                .keys
+                .get(&expected.key)
+                .cloned()
+                .ok_or(format!("no run used the key {}", expected.key))?;
             let mut request = lookup(&key);
             request.namespace = NAMESPACE.into();
             let state = match state(answered(self.raw.clone().lookup(request).await, "Lookup")) {
@@ -351,6 +378,14 @@ fn check(report: Report, expect: &Expect) -> Result<(), String> {
     match (&report.answer, &expect.result, &expect.error) {
         (Ok(outcome), Some(result), None) if &outcome.value == result => {}
         (Err(error), None, Some(expected)) if kind(error) == expected => {
+            if let RunError::Work(WorkFailed(message)) = error
+                && Some(message) != report.failure.as_ref()
+            {
+                return Err(format!(
+                    "the work failed with {:?}, not {message:?}",
+                    report.failure
+                ));
+            }
             if let Some(carried) = &expect.carried_result {
                 let response = error.coordinator().and_then(Error::unstored_response);
                 let value = response.and_then(|bytes| serde_json::from_slice::<Value>(bytes).ok());
