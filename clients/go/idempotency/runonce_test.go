@@ -2,6 +2,7 @@ package idempotency_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"sync"
 	"sync/atomic"
@@ -215,14 +216,16 @@ func TestALostLeaseCancelsTheWork(t *testing.T) {
 // lease may have run out (another caller may take the key over), not later.
 func TestALeaseThatRanOutWhileUnreachableCancelsTheWork(t *testing.T) {
 	testenv.OnEachStore(t, func(t *testing.T, coordinator *testenv.Coordinator) {
-		proxy := testenv.StartProxy(t, coordinator.Addr)
+		proxy := testenv.StartFaultProxy(t, coordinator.Addr)
 		c := testenv.NewClient(t, proxy.Addr, idempotency.WithRetryBudget(500*time.Millisecond))
 		var claimedAt time.Time
 		var cancelledAfter time.Duration
 		var cause error
 		_, err := idempotency.RunOnce(context.Background(), c, "payments", "k", nil, func(ctx context.Context, lease *idempotency.Lease) (int, error) {
 			claimedAt = time.Now()
-			proxy.Refuse()
+			if err := proxy.Refuse(); err != nil {
+				return 0, err
+			}
 			<-ctx.Done()
 			cancelledAfter = time.Since(claimedAt)
 			cause = context.Cause(ctx)
@@ -278,10 +281,12 @@ func TestTheCoordinatorKilledMidWorkAndRestarted(t *testing.T) {
 // ResultNotStoredError, so the caller can tell that only the result was lost.
 func TestAResultThatCouldNotBeStoredIsReturnedWithTheError(t *testing.T) {
 	testenv.OnEachStore(t, func(t *testing.T, coordinator *testenv.Coordinator) {
-		proxy := testenv.StartProxy(t, coordinator.Addr)
+		proxy := testenv.StartFaultProxy(t, coordinator.Addr)
 		c := testenv.NewClient(t, proxy.Addr, idempotency.WithRetryBudget(400*time.Millisecond))
 		_, err := idempotency.RunOnce(context.Background(), c, "payments", "k", nil, func(context.Context, *idempotency.Lease) (charge, error) {
-			proxy.Refuse()
+			if err := proxy.Refuse(); err != nil {
+				return charge{}, err
+			}
 			return charge{"ch_7", 1}, nil
 		})
 		var notStored *idempotency.ResultNotStoredError[charge]
@@ -302,34 +307,24 @@ func TestAResultThatCouldNotBeStoredIsReturnedWithTheError(t *testing.T) {
 // attempt_id, gets the same claim back instead of in_progress.
 func TestATryStartWhoseAnswerWasLostGetsItsClaimBack(t *testing.T) {
 	testenv.OnEachStore(t, func(t *testing.T, coordinator *testenv.Coordinator) {
-		proxy := testenv.StartProxy(t, coordinator.Addr)
-		direct := testenv.NewClient(t, coordinator.Addr)
+		proxy := testenv.StartFaultProxy(t, coordinator.Addr)
 		c := testenv.NewClient(t, proxy.Addr, idempotency.WithCallTimeout(3*time.Second))
-		// Connect before losing answers, so that the loss is of the TryStart's answer.
-		if _, err := c.Lookup(context.Background(), "payments", "warm-up"); err != nil {
+		// The proxy lets the first TryStart reach the coordinator and answers UNAVAILABLE, as a
+		// connection lost after the request went out.
+		if err := proxy.AddFault(json.RawMessage(`{"method":"TryStart","action":"lose_answer","times":1}`)); err != nil {
 			t.Fatal(err)
 		}
-		proxy.WithholdAnswers()
-		type result struct {
-			out idempotency.Outcome[int]
-			err error
-		}
-		done := make(chan result, 1)
 		var attempts []uint32
-		go func() {
-			out, err := idempotency.RunOnce(context.Background(), c, "payments", "k", nil, func(_ context.Context, l *idempotency.Lease) (int, error) {
-				attempts = append(attempts, l.Attempt)
-				return 42, nil
-			})
-			done <- result{out, err}
-		}()
-		until(t, "the claim to reach the coordinator", 10*time.Second, func() bool {
-			return lookup(t, direct, "payments", "k").Status == idempotency.KeyInProgress
+		out, err := idempotency.RunOnce(context.Background(), c, "payments", "k", nil, func(_ context.Context, l *idempotency.Lease) (int, error) {
+			attempts = append(attempts, l.Attempt)
+			return 42, nil
 		})
-		proxy.CutAndRestore()
-		r := <-done
-		if r.err != nil || r.out.Value != 42 || len(attempts) != 1 || attempts[0] != 1 {
-			t.Fatalf("%+v, %v, attempts %v", r.out, r.err, attempts)
+		calls, callsErr := proxy.Calls()
+		if callsErr != nil || len(calls["TryStart"]) != 2 {
+			t.Fatalf("TryStart calls %v, %v: the lost answer was not retried once", calls["TryStart"], callsErr)
+		}
+		if err != nil || out.Value != 42 || len(attempts) != 1 || attempts[0] != 1 {
+			t.Fatalf("%+v, %v, attempts %v", out, err, attempts)
 		}
 	})
 }
