@@ -89,7 +89,9 @@ impl KeptConnections {
         self.waiting_for_pool.fetch_add(1, Ordering::SeqCst);
         let lent = match self.lend_kept().await {
             Some(lent) => Ok(lent),
-            None => self.pool.acquire().await.map(|connection| Lent {
+            // Boxed, as the ping below: the driver's futures for these rarer paths are several
+            // kilobytes, and every statement's future would otherwise carry (and move) them.
+            None => Box::pin(self.pool.acquire()).await.map(|connection| Lent {
                 home: self,
                 connection,
                 taken_at: Instant::now(),
@@ -105,7 +107,8 @@ impl KeptConnections {
             let mut kept = self.lock().pop()?;
             // A broken connection is dropped here: the driver's own ping on its return fails,
             // and it is closed.
-            if kept.used_at.elapsed() <= PING_WHEN_IDLE_FOR || kept.connection.ping().await.is_ok()
+            if kept.used_at.elapsed() <= PING_WHEN_IDLE_FOR
+                || Box::pin(kept.connection.ping()).await.is_ok()
             {
                 return Some(Lent {
                     home: self,
