@@ -11,8 +11,8 @@ use tracing_opentelemetry::OpenTelemetrySpanExt;
 
 use super::connections::ResponseSize;
 use super::convert;
-use super::status::reason;
-use crate::domain::{ClaimKind, KeyState, Limits, TryStartOutcome};
+use super::status::{failed, reason};
+use crate::domain::{ClaimKind, KeyState, Limits, Scope, TryStartOutcome};
 use crate::proto::idempotency::v1 as pb;
 use crate::proto::idempotency::v1::idempotency_service_server::IdempotencyService;
 use crate::service::{Coordinator, CoordinatorError};
@@ -38,11 +38,15 @@ const SERVICE: &str = "idempotency.v1.IdempotencyService";
 
 /// The RPC's span. With traces on, it is an OpenTelemetry server span named
 /// `idempotency.v1.IdempotencyService/<Method>`, the child of the caller's span when `metadata`
-/// carries its trace context (a root otherwise); off, it is the log's span only, and the
-/// metadata is not read.
+/// carries its trace context (a root otherwise). Off, it is the log's span only, at DEBUG, and
+/// the metadata is not read: at the default level no line of a call's own is written (the
+/// lines of a failure name the RPC and namespace themselves, see `status::failed`), and a span
+/// that no line shows would cost each call more than the rest of its logging (its fields
+/// formatted on creation and on each record, then freed: about 8% of a lone TryStart's
+/// instructions, BENCHMARKS.md).
 fn rpc_span(rpc: &'static str, metadata: &MetadataMap) -> Span {
     if !crate::telemetry::traces_on() {
-        return tracing::info_span!("rpc", rpc, namespace = field::Empty, outcome = field::Empty);
+        return tracing::debug_span!("rpc", rpc, namespace = field::Empty, outcome = field::Empty);
     }
     let span = tracing::info_span!(
         "rpc",
@@ -124,18 +128,29 @@ fn deadline(metadata: &tonic::metadata::MetadataMap) -> Option<tokio::time::Inst
     tokio::time::Instant::now().checked_add(timeout)
 }
 
-fn record_scope(scope: &str) {
-    Span::current().record("namespace", scope);
+/// A call of one RPC in one scope (its namespace, or consumer), once its request is parsed: what
+/// its span, its log lines and its counters say of it.
+struct Called {
+    rpc: &'static str,
+    scope: Scope,
+    /// The scope as a metrics label: kept only when `--metrics-namespace-labels` asks for it
+    /// (an empty string, which allocates nothing, otherwise).
+    label: String,
 }
 
 impl IdempotencyApi {
-    /// The namespace as a label, kept only when `--metrics-namespace-labels` asks for it (an
-    /// empty string, which allocates nothing, otherwise).
-    fn namespace_label(&self, namespace: &str) -> String {
-        if self.namespace_labels {
-            namespace.to_owned()
+    /// `rpc` called in `scope`, which the current span records.
+    fn called(&self, rpc: &'static str, scope: &Scope) -> Called {
+        Span::current().record("namespace", scope.as_str());
+        let label = if self.namespace_labels {
+            scope.as_str().to_owned()
         } else {
             String::new()
+        };
+        Called {
+            rpc,
+            scope: scope.clone(),
+            label,
         }
     }
 
@@ -145,7 +160,7 @@ impl IdempotencyApi {
         &self,
         name: &'static str,
         labels: &[(&'static str, &'static str)],
-        namespace: &str,
+        called: &Called,
         by: u64,
     ) {
         let mut all: Vec<metrics::Label> = labels
@@ -153,7 +168,7 @@ impl IdempotencyApi {
             .map(|&(key, value)| metrics::Label::from_static_parts(key, value))
             .collect();
         if self.namespace_labels {
-            all.push(metrics::Label::new("namespace", namespace.to_owned()));
+            all.push(metrics::Label::new("namespace", called.label.clone()));
         }
         metrics::counter!(name, all).increment(by);
     }
@@ -162,8 +177,7 @@ impl IdempotencyApi {
     /// failure into its status.
     fn finish<T>(
         &self,
-        rpc: &'static str,
-        namespace: &str,
+        called: &Called,
         result: Result<T, CoordinatorError>,
         outcome: impl FnOnce(&T) -> &'static str,
     ) -> Result<T, Status> {
@@ -181,18 +195,18 @@ impl IdempotencyApi {
                 span.record("outcome", name);
                 self.count(
                     "idempotency_refusals_total",
-                    &[("rpc", rpc), ("reason", name)],
-                    namespace,
+                    &[("rpc", called.rpc), ("reason", name)],
+                    called,
                     1,
                 );
                 if matches!(error, CoordinatorError::Busy) {
                     // STORE_UNAVAILABLE because this coalescer's queue was full, told apart
                     // from a store that does not answer (the coalescers bear the RPCs' names).
-                    metrics::counter!("idempotency_coalescer_refusals_total", "coalescer" => rpc)
+                    metrics::counter!("idempotency_coalescer_refusals_total", "coalescer" => called.rpc)
                         .increment(1);
                 }
                 tracing::debug!(outcome = name, "rpc refused");
-                let status = Status::from(error);
+                let status = failed(error, called.rpc, called.scope.as_str());
                 record_code(status.code());
                 Err(status)
             }
@@ -232,11 +246,9 @@ impl IdempotencyService for IdempotencyApi {
         async {
             let deadline = deadline(request.metadata());
             let call = parsed(convert::try_start_call(request.into_inner(), &self.limits))?;
-            let namespace = self.namespace_label(call.command.namespace.as_str());
-            record_scope(call.command.namespace.as_str());
+            let called = self.called("TryStart", &call.command.namespace);
             let outcome = self.finish(
-                "TryStart",
-                &namespace,
+                &called,
                 self.coordinator
                     .try_start_waiting(call.command, call.wait, deadline)
                     .await,
@@ -245,7 +257,7 @@ impl IdempotencyService for IdempotencyApi {
             self.count(
                 "idempotency_try_start_total",
                 &[("outcome", outcome.name())],
-                &namespace,
+                &called,
                 1,
             );
             if let TryStartOutcome::Started(claim) = &outcome {
@@ -255,7 +267,7 @@ impl IdempotencyService for IdempotencyApi {
                     ClaimKind::Reentry => Some("idempotency_try_start_reentries_total"),
                 };
                 if let Some(counter) = counter {
-                    self.count(counter, &[], &namespace, 1);
+                    self.count(counter, &[], &called, 1);
                 }
             }
             let response = convert::try_start_response(outcome);
@@ -280,11 +292,9 @@ impl IdempotencyService for IdempotencyApi {
                 request.into_inner(),
                 &self.limits,
             ))?;
-            record_scope(command.namespace.as_str());
-            let namespace = self.namespace_label(command.namespace.as_str());
+            let called = self.called("Complete", &command.namespace);
             let completion = self.finish(
-                "Complete",
-                &namespace,
+                &called,
                 self.coordinator.complete(command).await,
                 |_| "completed",
             )?;
@@ -301,11 +311,9 @@ impl IdempotencyService for IdempotencyApi {
         let span = rpc_span("Release", request.metadata());
         async {
             let command = parsed(convert::release_command(request.into_inner()))?;
-            record_scope(command.namespace.as_str());
-            let namespace = self.namespace_label(command.namespace.as_str());
+            let called = self.called("Release", &command.namespace);
             self.finish(
-                "Release",
-                &namespace,
+                &called,
                 self.coordinator.release(command).await,
                 |_| "released",
             )?;
@@ -325,11 +333,9 @@ impl IdempotencyService for IdempotencyApi {
                 request.into_inner(),
                 &self.limits,
             ))?;
-            record_scope(command.namespace.as_str());
-            let namespace = self.namespace_label(command.namespace.as_str());
+            let called = self.called("ExtendLease", &command.namespace);
             let lease_expires_at = self.finish(
-                "ExtendLease",
-                &namespace,
+                &called,
                 self.coordinator.extend_lease(command).await,
                 |_| "extended",
             )?;
@@ -349,18 +355,17 @@ impl IdempotencyService for IdempotencyApi {
         let span = rpc_span("Lookup", request.metadata());
         async {
             let query = parsed(convert::lookup_query(request.into_inner()))?;
-            record_scope(query.namespace.as_str());
-            let namespace = self.namespace_label(query.namespace.as_str());
-            let state = self.finish(
-                "Lookup",
-                &namespace,
-                self.coordinator.lookup(query).await,
-                |state| match state {
-                    KeyState::Absent => "absent",
-                    KeyState::InProgress { .. } => "in_progress",
-                    KeyState::Completed { .. } => "completed",
-                },
-            )?;
+            let called = self.called("Lookup", &query.namespace);
+            let state =
+                self.finish(
+                    &called,
+                    self.coordinator.lookup(query).await,
+                    |state| match state {
+                        KeyState::Absent => "absent",
+                        KeyState::InProgress { .. } => "in_progress",
+                        KeyState::Completed { .. } => "completed",
+                    },
+                )?;
             Ok(sized(convert::lookup_response(state), true))
         }
         .instrument(span)
@@ -377,11 +382,9 @@ impl IdempotencyService for IdempotencyApi {
                 request.into_inner(),
                 &self.limits,
             ))?;
-            record_scope(command.consumer.as_str());
-            let namespace = self.namespace_label(command.consumer.as_str());
+            let called = self.called("MarkProcessed", &command.consumer);
             let results = self.finish(
-                "MarkProcessed",
-                &namespace,
+                &called,
                 self.coordinator.mark_processed(command).await,
                 |_| "marked",
             )?;
@@ -392,13 +395,13 @@ impl IdempotencyService for IdempotencyApi {
             self.count(
                 "idempotency_events_total",
                 &[("result", "already_processed")],
-                &namespace,
+                &called,
                 repeated as u64,
             );
             self.count(
                 "idempotency_events_total",
                 &[("result", "new")],
-                &namespace,
+                &called,
                 (results.len() - repeated) as u64,
             );
             Ok(sized(convert::mark_processed_response(results), false))

@@ -126,32 +126,37 @@ pub fn refused(refusal: Refusal) -> Status {
     }
 }
 
-impl From<CoordinatorError> for Status {
-    fn from(error: CoordinatorError) -> Self {
-        let reason = reason(&error);
-        match error {
-            CoordinatorError::Rejected(rejection) => {
-                let code = match rejection {
-                    Rejection::KeyNotFound => Code::NotFound,
-                    Rejection::LeaseLost => Code::Aborted,
-                    Rejection::AlreadyCompleted => Code::FailedPrecondition,
-                };
-                Status::with_error_details(code, rejection.to_string(), error_info(reason))
-            }
-            transient if transient.is_transient() => {
-                tracing::warn!(error = %error_chain(&transient), "store unavailable");
-                let mut details = error_info(reason);
-                details.set_retry_info(Some(STORE_RETRY_DELAY));
-                Status::with_error_details(
-                    Code::Unavailable,
-                    "the store is unavailable; retry later",
-                    details,
-                )
-            }
-            other => {
-                tracing::error!(error = %error_chain(&other), "internal error");
-                Status::with_error_details(Code::Internal, "internal error", error_info(reason))
-            }
+/// The status of a failed call of `rpc` in `scope` (a namespace or consumer), its cause logged
+/// (a warning when the store is unavailable, an error when the service failed; a caller's
+/// rejection is not logged). The line names the RPC and the scope itself: without traces the
+/// RPC's span exists only at DEBUG (see `service::rpc_span`), so at the default level a line
+/// carries no span.
+pub fn failed(error: CoordinatorError, rpc: &'static str, scope: &str) -> Status {
+    let reason = reason(&error);
+    match error {
+        CoordinatorError::Rejected(rejection) => {
+            let code = match rejection {
+                Rejection::KeyNotFound => Code::NotFound,
+                Rejection::LeaseLost => Code::Aborted,
+                Rejection::AlreadyCompleted => Code::FailedPrecondition,
+            };
+            Status::with_error_details(code, rejection.to_string(), error_info(reason))
+        }
+        transient if transient.is_transient() => {
+            tracing::warn!(rpc, namespace = scope, error = %error_chain(&transient),
+                    "store unavailable");
+            let mut details = error_info(reason);
+            details.set_retry_info(Some(STORE_RETRY_DELAY));
+            Status::with_error_details(
+                Code::Unavailable,
+                "the store is unavailable; retry later",
+                details,
+            )
+        }
+        other => {
+            tracing::error!(rpc, namespace = scope, error = %error_chain(&other),
+                    "internal error");
+            Status::with_error_details(Code::Internal, "internal error", error_info(reason))
         }
     }
 }
