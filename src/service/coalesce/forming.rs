@@ -5,18 +5,19 @@
 use std::sync::Arc;
 
 use tokio::sync::{Semaphore, mpsc};
+use tokio_util::task::TaskTracker;
 
-use super::StartBatch;
+use super::PrepareBatch;
 use super::queue::Pending;
 use crate::domain::batch::Batchable;
 
-/// The dispatcher's loop. It ends when every handle of the coalescer is gone (the queue is
+/// The dispatcher's loop: each batch it forms runs as a task of `tasks`. It ends when every handle of the coalescer is gone (the queue is
 /// closed and empty) or the executors are closed.
 pub(super) async fn dispatch<C: Batchable, R>(
     mut waiting: mpsc::UnboundedReceiver<Pending<C, R>>,
     executors: Arc<Semaphore>,
     max_batch: usize,
-    start_batch: StartBatch<C, R>,
+    (prepare_batch, tasks): (PrepareBatch<C, R>, TaskTracker),
 ) {
     // A command taken from the queue that did not fit the batch before it.
     let mut carried: Option<Pending<C, R>> = None;
@@ -32,7 +33,7 @@ pub(super) async fn dispatch<C: Batchable, R>(
             return;
         };
         let (batch, weight) = close_batch(first, &mut waiting, max_batch, &mut carried);
-        start_batch(batch, weight, permit);
+        tasks.spawn(prepare_batch(batch, weight, permit));
     }
 }
 

@@ -4,9 +4,11 @@
 //! executor (the store is busy while all of them run), and closes the batch with whatever else
 //! queued meanwhile, up to a bound. A lone call on an idle store is therefore sent at once, on
 //! its own: there is no timer; a call that finds nothing queued or running and an executor free
-//! does not even wait for the dispatcher, and starts its batch of one itself. Under load,
-//! batches grow exactly as long as the store is busy, which is when sharing a round trip and a
-//! commit pays.
+//! does not even wait for the dispatcher, and runs its batch of one itself, in its own task
+//! (no task spawned, no hand-off between tasks; should its caller stop waiting, what is left of
+//! the run is spawned then, so that store work that has begun still runs to its end). Under
+//! load, batches grow exactly as long as the store is busy, which is when sharing a round trip
+//! and a commit pays.
 //!
 //! A batch runs in rounds, so that no statement carries two commands for the same key: the
 //! first command for each key in the first round, the second in the next, and so on, which
@@ -35,7 +37,7 @@
 //! The parts, in the order a command meets them:
 //!
 //! - `queue`: taking a place in the bounded queue and the shared [`Backlog`], or running at once
-//!   on an idle coalescer ([`Coalescer::submit`]);
+//!   on an idle coalescer ([`Coalescer::submit`]), in the caller's task (`in_place`);
 //! - `forming`: the dispatcher, which closes a batch once an [`Executors`] permit is free;
 //! - `run`: a batch's rounds, each one statement, within the commands' budgets;
 //! - `answer`: each caller answered from its round, or from its key's earlier answer
@@ -43,12 +45,14 @@
 
 mod answer;
 mod forming;
+mod in_place;
 mod queue;
 mod run;
 #[cfg(test)]
 mod tests;
 
 use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -64,9 +68,15 @@ use crate::store::StoreError;
 use crate::supervise::Lifecycle;
 use queue::Pending;
 
-/// Starts a formed batch as a tracked task of its own, holding an executor's permit until it
-/// is done: used by the dispatcher, and by a call that found the coalescer idle.
-type StartBatch<C, R> = Arc<dyn Fn(Vec<Pending<C, R>>, usize, OwnedSemaphorePermit) + Send + Sync>;
+/// A formed batch's run, which holds an executor's permit until it is done. Boxed: it is built
+/// in one place and run in another (a task of its own, or its caller's task), and a pointer is
+/// cheaper to move than the run's state.
+type BatchRun = Pin<Box<dyn Future<Output = ()> + Send>>;
+
+/// Forms a batch's run (and records the batch's size). The dispatcher spawns it as a tracked
+/// task; a call that found the coalescer idle runs it in its own task.
+type PrepareBatch<C, R> =
+    Arc<dyn Fn(Vec<Pending<C, R>>, usize, OwnedSemaphorePermit) -> BatchRun + Send + Sync>;
 
 /// The queue of one kind of command.
 pub struct Coalescer<C, R> {
@@ -74,7 +84,10 @@ pub struct Coalescer<C, R> {
     /// The executors' permits, shared with the dispatcher: a call that finds the coalescer idle
     /// takes one itself and skips the dispatcher's hand-off.
     executors: Arc<Semaphore>,
-    start_batch: StartBatch<C, R>,
+    prepare_batch: PrepareBatch<C, R>,
+    /// Where batch runs are tracked, so that shutdown waits for them: the dispatcher's, and a
+    /// run in place whose caller stopped waiting.
+    tasks: TaskTracker,
     /// The weight that may still queue (see [`CoalescerSettings::queue_capacity`]).
     room: Arc<Semaphore>,
     queue_capacity: usize,
@@ -92,7 +105,8 @@ impl<C, R> Clone for Coalescer<C, R> {
         Self {
             queue: self.queue.clone(),
             executors: self.executors.clone(),
-            start_batch: self.start_batch.clone(),
+            prepare_batch: self.prepare_batch.clone(),
+            tasks: self.tasks.clone(),
             room: self.room.clone(),
             queue_capacity: self.queue_capacity,
             backlog: self.backlog.clone(),
@@ -153,15 +167,15 @@ where
         let db_system = settings.db_system;
         // The metrics label: the operation, the last word of the name.
         let label = name.rsplit(' ').next().unwrap_or(name);
-        let start_batch: StartBatch<C, R> = Arc::new(
+        let prepare_batch: PrepareBatch<C, R> = Arc::new(
             move |batch: Vec<Pending<C, R>>, weight: usize, permit: OwnedSemaphorePermit| {
                 metrics::histogram!("idempotency_coalesced_batch_size", "coalescer" => label)
                     .record(weight as f64);
                 let execute = execute.clone();
-                tasks.spawn(async move {
+                Box::pin(async move {
                     run::run_batch(batch, execute.as_ref(), timeout, (label, db_system)).await;
                     drop(permit);
-                });
+                })
             },
         );
         lifecycle.spawn(
@@ -170,13 +184,14 @@ where
                 waiting,
                 executors.clone(),
                 settings.max_batch.max(1),
-                start_batch.clone(),
+                (prepare_batch.clone(), tasks.clone()),
             ),
         );
         Self {
             queue,
             executors,
-            start_batch,
+            prepare_batch,
+            tasks,
             room: Arc::new(Semaphore::new(queue_capacity)),
             queue_capacity,
             backlog: backlog.clone(),

@@ -8,6 +8,7 @@ use tokio::time::Instant;
 use tracing::Span;
 
 use super::Coalescer;
+use super::in_place::InPlace;
 use crate::domain::batch::Batchable;
 use crate::service::CoordinatorError;
 use crate::service::in_flight::InFlightGuard;
@@ -94,8 +95,10 @@ fn take(
 impl<C: Batchable, R> Coalescer<C, R> {
     /// Queues `command` and waits for its own result. A command that finds the coalescer
     /// idle (nothing queued or running, an executor free) runs at once as a batch of its own,
-    /// without waiting for the dispatcher to take it: the same batch the dispatcher would have
-    /// made, one hand-off sooner.
+    /// without waiting for the dispatcher to take it, and in the caller's own task: the same
+    /// batch the dispatcher would have made, without a task spawned for it or a hand-off
+    /// between tasks to answer it ([`InPlace`] spawns what is left of it should the caller stop
+    /// waiting).
     pub async fn submit(&self, command: C) -> Result<R, CoordinatorError> {
         // Nothing queued or running holds a place in the queue: idle. Checked before this
         // command takes its own place.
@@ -132,7 +135,9 @@ impl<C: Batchable, R> Coalescer<C, R> {
         match alone {
             Some(permit) => {
                 let weight = pending.command.weight();
-                (self.start_batch)(vec![pending], weight, permit);
+                let run = (self.prepare_batch)(vec![pending], weight, permit);
+                // Answers the command before it ends: the answer below is ready at once.
+                InPlace::new(run, &self.tasks).await;
             }
             None => self
                 .queue

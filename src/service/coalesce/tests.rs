@@ -197,6 +197,57 @@ async fn a_lone_command_runs_at_once_and_a_crowd_shares_batches() {
 }
 
 #[tokio::test]
+async fn a_lone_command_runs_in_its_callers_task() {
+    // The executor notes the task each round runs in.
+    let ran_in = Arc::new(Mutex::new(Vec::new()));
+    let noted = ran_in.clone();
+    let coalescer = Coalescer::start(
+        "test dispatcher",
+        &Lifecycle {
+            supervisor: crate::supervise::Supervisor::new(),
+            shutdown: tokio_util::sync::CancellationToken::new(),
+        },
+        settings(100, Duration::from_secs(5)),
+        (&Executors::new(1), &Backlog::new(1000)),
+        TaskTracker::new(),
+        InFlight::default(),
+        move |round: Round<Command>| {
+            noted.lock().expect("tasks").push(tokio::task::try_id());
+            let commands = round.into_commands();
+            async move { commands.into_iter().map(|c| Ok(c.value)).collect() }
+        },
+    );
+    let caller = tokio::spawn(async move {
+        let answer = coalescer.submit(Command::keyed(5)).await;
+        (tokio::task::id(), answer)
+    });
+    let (caller_task, answer) = caller.await.expect("task");
+    assert_eq!(answer.expect("answered"), 5);
+    assert_eq!(*ran_in.lock().expect("tasks"), vec![Some(caller_task)]);
+}
+
+#[tokio::test]
+async fn a_lone_command_whose_caller_stops_waiting_still_runs_to_its_end() {
+    let (coalescer, seen, gate) = gated(settings(100, Duration::from_secs(5)));
+    let caller = spawn_submit(&coalescer, Command::keyed(7));
+    // Its round has begun, in the caller's task, and waits at the gate.
+    until_rounds(&seen, 1).await;
+    caller.abort();
+    assert!(caller.await.is_err_and(|error| error.is_cancelled()));
+    // The run goes on without its caller: the command keeps its place until it is answered.
+    assert_eq!(coalescer.queued(), 1, "the run was dropped with its caller");
+    gate.add_permits(1);
+    tokio::time::timeout(Duration::from_secs(10), async {
+        while coalescer.queued() > 0 {
+            tokio::task::yield_now().await;
+        }
+    })
+    .await
+    .expect("the run, on its own, got to its end");
+    assert_eq!(seen.lock().expect("rounds").len(), 1, "it ran once");
+}
+
+#[tokio::test]
 async fn duplicates_of_a_key_run_in_successive_rounds() {
     let (coalescer, seen) = recording(
         settings(100, Duration::from_secs(5)),
