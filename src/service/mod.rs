@@ -6,7 +6,10 @@
 //! tonic drops a handler's future when the client cancels or its deadline passes, and the
 //! server stops polling handlers when the grace period ends. Store work that has begun must not
 //! be cut off half-way by either, so every operation runs in its own task (tracked, so shutdown
-//! can wait for it) and is bounded by its own timeout instead.
+//! can wait for it) and is bounded by its own timeout instead. The one exception is a lone call
+//! on an idle coalescer, which runs its statement in the handler's task, counted among the
+//! tracked tasks, and is moved to a task of its own only if the handler is dropped
+//! (`coalesce/in_place.rs`).
 //!
 //! That timeout is enforced by the store itself (see `domain::budget`: a bounded wait for a
 //! connection, then a statement the database ends), because only the database can stop a
@@ -374,7 +377,8 @@ impl Coordinator {
     }
 
     /// Awaits a queued command under the operation timeout. The batch that runs it is a task
-    /// of its own: a caller that leaves only stops waiting.
+    /// of its own, or runs here and becomes one if this caller leaves: a caller that leaves
+    /// only stops waiting.
     async fn queued<T>(
         &self,
         answer: impl Future<Output = Result<T, CoordinatorError>>,

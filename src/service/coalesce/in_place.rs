@@ -7,13 +7,17 @@
 //! waiting at any time (its RPC cancelled, its connection gone), and its future is then
 //! dropped; store work that has begun must still run to its end (a Complete whose caller hung
 //! up still completes), as it would in a task of its own. So a run dropped unfinished is
-//! spawned, from where it stands, as a tracked task.
+//! spawned, from where it stands, as a tracked task. And the run counts among the tracked
+//! tasks from its first poll to its end, wherever it runs, so that shutdown waits for it as
+//! for a batch the dispatcher spawned.
 
 use std::future::Future;
+use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
 use tokio_util::task::TaskTracker;
+use tokio_util::task::task_tracker::TaskTrackerToken;
 
 use super::BatchRun;
 
@@ -22,6 +26,10 @@ pub(super) struct InPlace {
     /// `None` once done.
     run: Option<BatchRun>,
     tasks: TaskTracker,
+    /// Counts the run among the tracked tasks while it runs here. A field, so dropped after
+    /// [`Drop::drop`] has spawned what is left: the count never falls to zero in between,
+    /// which would let shutdown's wait end under the run.
+    _tracked: TaskTrackerToken,
 }
 
 impl InPlace {
@@ -29,6 +37,7 @@ impl InPlace {
         Self {
             run: Some(run),
             tasks: tasks.clone(),
+            _tracked: tasks.token(),
         }
     }
 }
@@ -40,12 +49,15 @@ impl Future for InPlace {
         let Some(run) = self.run.as_mut() else {
             return Poll::Ready(());
         };
-        match run.as_mut().poll(context) {
-            Poll::Ready(()) => {
+        // A panic in the run ends the run, not the caller's RPC, as it would in a task of its
+        // own: the run is dropped, which drops its callers' reply channels, and they are
+        // answered "timed out" (the panic itself is reported by the panic hook).
+        match catch_unwind(AssertUnwindSafe(|| run.as_mut().poll(context))) {
+            Ok(Poll::Pending) => Poll::Pending,
+            Ok(Poll::Ready(())) | Err(_) => {
                 self.run = None;
                 Poll::Ready(())
             }
-            Poll::Pending => Poll::Pending,
         }
     }
 }
@@ -57,9 +69,10 @@ impl Drop for InPlace {
         let Some(run) = self.run.take() else {
             return;
         };
-        // A caller's task is dropped on a runtime thread (or while the runtime shuts down,
-        // when the new task is dropped in turn, which answers its callers "timed out"). Off
-        // any runtime there is nowhere to run it, and dropping it is all that is left.
+        // A caller's task is dropped on a runtime thread, with the runtime's context set even
+        // while the runtime shuts down (when the new task is dropped in turn, which answers its
+        // callers "timed out"). Off any runtime there is nowhere to run it, and dropping it is
+        // all that is left.
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
             self.tasks.spawn_on(run, &runtime);
         }

@@ -90,8 +90,27 @@ fn gated_sharing(
     backlog: &Backlog,
 ) -> (Coalescer<Command, u32>, Seen, Arc<Semaphore>) {
     let gate = Arc::new(Semaphore::new(0));
-    let (coalescer, seen) =
-        recording_shared(settings, Pace::Gate(gate.clone()), (executors, backlog));
+    let (coalescer, seen) = recording_shared(
+        settings,
+        Pace::Gate(gate.clone()),
+        (executors, backlog),
+        TaskTracker::new(),
+    );
+    (coalescer, seen, gate)
+}
+
+/// [`gated`], its batches tracked by `tasks`.
+fn gated_tracked(
+    settings: CoalescerSettings,
+    tasks: &TaskTracker,
+) -> (Coalescer<Command, u32>, Seen, Arc<Semaphore>) {
+    let gate = Arc::new(Semaphore::new(0));
+    let (coalescer, seen) = recording_shared(
+        settings,
+        Pace::Gate(gate.clone()),
+        (&Executors::new(1), &Backlog::new(1_000_000)),
+        tasks.clone(),
+    );
     (coalescer, seen, gate)
 }
 
@@ -100,6 +119,7 @@ fn recording_paced(settings: CoalescerSettings, pace: Pace) -> (Coalescer<Comman
         settings,
         pace,
         (&Executors::new(1), &Backlog::new(1_000_000)),
+        TaskTracker::new(),
     )
 }
 
@@ -107,6 +127,7 @@ fn recording_shared(
     settings: CoalescerSettings,
     pace: Pace,
     shared: (&Executors, &Backlog),
+    tasks: TaskTracker,
 ) -> (Coalescer<Command, u32>, Seen) {
     let seen = Arc::new(Mutex::new(Vec::new()));
     let recorded = seen.clone();
@@ -118,7 +139,7 @@ fn recording_shared(
         },
         settings,
         shared,
-        TaskTracker::new(),
+        tasks,
         InFlight::default(),
         move |round: Round<Command>| {
             let recorded = recorded.clone();
@@ -135,6 +156,8 @@ fn recording_shared(
                     .map(|c| match c.value {
                         // A store failure, for the command worth 777.
                         777 => Err(StoreError::TimedOut(Duration::from_millis(1))),
+                        // A defect, for the command worth 666.
+                        666 => panic!("the executor fails on purpose"),
                         value => Ok(value * 2),
                     })
                     .collect()
@@ -154,9 +177,13 @@ async fn until_holding(coalescer: &Coalescer<Command, u32>, weight: usize) {
 
 /// Waits until the executor has been given `count` rounds.
 async fn until_rounds(seen: &Seen, count: usize) {
-    while seen.lock().expect("rounds").len() < count {
-        tokio::task::yield_now().await;
-    }
+    tokio::time::timeout(Duration::from_secs(10), async {
+        while seen.lock().expect("rounds").len() < count {
+            tokio::task::yield_now().await;
+        }
+    })
+    .await
+    .expect("the rounds came");
 }
 
 fn spawn_submit(
@@ -228,23 +255,44 @@ async fn a_lone_command_runs_in_its_callers_task() {
 
 #[tokio::test]
 async fn a_lone_command_whose_caller_stops_waiting_still_runs_to_its_end() {
-    let (coalescer, seen, gate) = gated(settings(100, Duration::from_secs(5)));
+    use futures::FutureExt;
+
+    let tasks = TaskTracker::new();
+    let (coalescer, seen, gate) = gated_tracked(settings(100, Duration::from_secs(5)), &tasks);
     let caller = spawn_submit(&coalescer, Command::keyed(7));
-    // Its round has begun, in the caller's task, and waits at the gate.
+    // Its round has begun, in the caller's task, and waits at the gate; it counts among the
+    // tracked tasks, so that a shutdown would wait for it.
     until_rounds(&seen, 1).await;
+    assert_eq!(tasks.len(), 1, "the run in place is tracked");
+    tasks.close();
     caller.abort();
     assert!(caller.await.is_err_and(|error| error.is_cancelled()));
-    // The run goes on without its caller: the command keeps its place until it is answered.
+    // The run goes on without its caller, still tracked: the command keeps its place until
+    // it is answered, and the wait for the tracked tasks does not end under it.
     assert_eq!(coalescer.queued(), 1, "the run was dropped with its caller");
+    assert_eq!(tasks.len(), 1, "the run on its own is tracked");
+    assert!(
+        tasks.wait().now_or_never().is_none(),
+        "shutdown waits for it"
+    );
     gate.add_permits(1);
-    tokio::time::timeout(Duration::from_secs(10), async {
-        while coalescer.queued() > 0 {
-            tokio::task::yield_now().await;
-        }
-    })
-    .await
-    .expect("the run, on its own, got to its end");
+    tokio::time::timeout(Duration::from_secs(10), tasks.wait())
+        .await
+        .expect("the run, on its own, got to its end");
+    assert_eq!(coalescer.queued(), 0, "and answered its command");
     assert_eq!(seen.lock().expect("rounds").len(), 1, "it ran once");
+}
+
+#[tokio::test]
+async fn a_lone_command_whose_run_panics_is_answered_and_its_caller_goes_on() {
+    let (coalescer, _seen) = recording(settings(100, Duration::from_secs(5)), Duration::ZERO);
+    // Were the panic to reach the caller, this test's own task would fail with it.
+    let answer = coalescer.submit(Command::keyed(666)).await;
+    assert!(
+        matches!(answer, Err(CoordinatorError::TimedOut(_))),
+        "{answer:?}"
+    );
+    assert_eq!(coalescer.submit(Command::keyed(4)).await.expect("ran"), 8);
 }
 
 #[tokio::test]
