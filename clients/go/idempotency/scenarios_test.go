@@ -81,6 +81,7 @@ type scenarioRunState struct {
 
 	outcome   idempotency.Outcome[any]
 	err       error
+	elapsed   time.Duration // how long RunOnce took
 	workRan   bool
 	attempt   uint32
 	cancelled bool  // the work's context was cancelled by the client while it ran
@@ -260,7 +261,9 @@ func (r *scenarioRunner) start(name string, spec *scenarioRun) *scenarioRunState
 	key := r.prefix + spec.Key
 	r.wg.Go(func() {
 		defer close(run.done)
+		began := time.Now()
 		run.outcome, run.err = idempotency.RunOnce(r.ctx, r.client, scenarioNamespace, key, request, work, opts...)
+		run.elapsed = time.Since(began)
 	})
 	return run
 }
@@ -320,6 +323,11 @@ func (r *scenarioRunner) join(run *scenarioRunState, expect *runExpectation) {
 			t.Errorf("run %q: want the work to see attempt %d, but it did not run", run.name, *expect.Attempt)
 		case run.attempt != *expect.Attempt:
 			t.Errorf("run %q: the work saw attempt %d, want %d", run.name, run.attempt, *expect.Attempt)
+		}
+	}
+	if expect.MinElapsedMs != nil {
+		if least := time.Duration(*expect.MinElapsedMs) * time.Millisecond; run.elapsed < least {
+			t.Errorf("run %q: RunOnce took %v, under %v", run.name, run.elapsed, least)
 		}
 	}
 }

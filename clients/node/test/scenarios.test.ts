@@ -72,6 +72,7 @@ interface Expect {
   work_ran?: boolean;
   work_cancelled?: boolean;
   attempt?: number;
+  min_elapsed_ms?: number;
 }
 
 interface Step {
@@ -102,7 +103,7 @@ const KNOWN_FIELDS = {
   step: ['run', 'expect', 'await_started', 'open_gate', 'join', 'fault', 'refuse', 'restore', 'reset', 'await_calls', 'expect_calls', 'expect_key'],
   run: ['as', 'key', 'request', 'wait_ms', 'lease_ttl_ms', 'work'],
   work: ['result', 'fail', 'gate', 'until_cancelled', 'refuse_at_end'],
-  expect: ['result', 'error', 'carried_result', 'work_ran', 'work_cancelled', 'attempt'],
+  expect: ['result', 'error', 'carried_result', 'work_ran', 'work_cancelled', 'attempt', 'min_elapsed_ms'],
   await_calls: ['method', 'count'],
   expect_calls: ['method', 'count', 'min_gap_ms'],
   expect_key: ['key', 'state'],
@@ -159,6 +160,8 @@ type Outcome = { ok: true; value: unknown } | { ok: false; error: unknown };
 
 /** One runOnce of a scenario, and what its work function saw and did. */
 class RunningCall {
+  /** When the runner was about to call runOnce (`performance.now()`). */
+  readonly began = performance.now();
   workRan = false;
   workCancelled = false;
   attempt: number | undefined;
@@ -311,6 +314,13 @@ function checkOutcome(call: RunningCall, outcome: Outcome, expect: Expect, where
   }
   if (expect.attempt !== undefined) {
     assert.equal(call.attempt, expect.attempt, `${where}: the attempt the work saw (run_once ${got})`);
+  }
+  if (expect.min_elapsed_ms !== undefined) {
+    const elapsedMs = performance.now() - call.began;
+    assert.ok(
+      elapsedMs >= expect.min_elapsed_ms,
+      `${where}: run_once took ${elapsedMs.toFixed(0)} ms, under ${expect.min_elapsed_ms} ms (run_once ${got})`,
+    );
   }
 }
 

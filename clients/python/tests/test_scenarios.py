@@ -18,6 +18,7 @@ import json
 import os
 import subprocess
 import threading
+import time
 import urllib.error
 import urllib.request
 import uuid
@@ -158,6 +159,8 @@ class Run:
     attempt: int | None = None
     failure: Exception | None = None
     """The error the work raises (`fail`), to tell it apart from every other."""
+    began: float = field(default_factory=time.monotonic)
+    """When the runner was about to call run_once (`time.monotonic`)."""
 
     def __post_init__(self) -> None:
         unknown = set(self.work) - {"result", "fail", "gate", "until_cancelled", "refuse_at_end"}
@@ -409,6 +412,7 @@ class Scenario:
             "work_ran",
             "work_cancelled",
             "attempt",
+            "min_elapsed_ms",
         }
         assert not unknown, f"expectations this runner does not know: {sorted(unknown)}"
         assert ("result" in expect) != ("error" in expect), "expect a result or an error"
@@ -434,6 +438,11 @@ class Scenario:
             assert run.cancelled is expect["work_cancelled"], f"work cancelled: {run.cancelled}"
         if "attempt" in expect:
             assert run.attempt == expect["attempt"], f"the work saw attempt {run.attempt}"
+        if "min_elapsed_ms" in expect:
+            elapsed_ms = (time.monotonic() - run.began) * 1000
+            assert elapsed_ms >= expect["min_elapsed_ms"], (
+                f"run_once took {elapsed_ms:.0f} ms, under {expect['min_elapsed_ms']} ms"
+            )
 
     @staticmethod
     def _check_error(run: Run, error: BaseException, kind: str) -> None:

@@ -95,6 +95,7 @@ struct Expect {
     work_ran: Option<bool>,
     work_cancelled: Option<bool>,
     attempt: Option<u32>,
+    min_elapsed_ms: Option<u64>,
 }
 
 #[derive(Deserialize)]
@@ -124,6 +125,8 @@ struct Report {
     attempt: Option<u32>,
     /// What the work failed with, when it was told to fail.
     failure: Option<String>,
+    /// How long run_once took, from just before the call to its outcome.
+    elapsed: Duration,
 }
 
 /// A run in the background: its gate, the signal that its work started, and its report.
@@ -169,6 +172,7 @@ impl Runner {
             (ran.clone(), cancelled.clone(), attempt.clone());
         let (work_started, work_has_started) = (started.clone(), has_started.clone());
         let report = tokio::spawn(async move {
+            let began = std::time::Instant::now();
             let mut builder = client
                 .run_once::<Value, WorkFailed>(NAMESPACE, key)
                 .request(&request);
@@ -213,6 +217,7 @@ impl Runner {
                 cancelled: cancelled.load(Ordering::SeqCst),
                 attempt: (attempt > 0).then_some(attempt),
                 failure,
+                elapsed: began.elapsed(),
             }
         });
         Running {
@@ -407,6 +412,14 @@ fn check(report: Report, expect: &Expect) -> Result<(), String> {
     }
     if expect.attempt.is_some() && expect.attempt != report.attempt {
         return Err(format!("the work saw attempt {:?}", report.attempt));
+    }
+    if let Some(least) = expect.min_elapsed_ms
+        && report.elapsed < Duration::from_millis(least)
+    {
+        return Err(format!(
+            "run_once took {:?}, under {least} ms",
+            report.elapsed
+        ));
     }
     Ok(())
 }

@@ -66,7 +66,8 @@ final class ScenarioVectors {
     }
     if (step.has("expect")) {
       JsonNode expect = step.get("expect");
-      only(expect, where + ": expect", "result", "error", "carried_result", "work_ran", "work_cancelled", "attempt");
+      only(expect, where + ": expect", "result", "error", "carried_result", "work_ran", "work_cancelled", "attempt",
+          "min_elapsed_ms");
       assertTrue(expect.has("result") != expect.has("error"), where + ": an expect has a result or an error");
       assertTrue(!expect.has("error") || ERROR_KINDS.contains(expect.get("error").asText()), where + ": unknown error kind");
       assertTrue(!expect.has("carried_result") || expect.path("error").asText().equals("result_not_stored"),

@@ -114,6 +114,8 @@ class ScenariosTest {
     volatile boolean cancelled;
     /** The very exception a failing work threw. */
     volatile Exception workFailure;
+    /** How long runOnce took, in nanoseconds, once it has returned. */
+    volatile long elapsedNanos;
     boolean joined;
 
     Run(String name, JsonNode work, Duration limit) {
@@ -231,9 +233,13 @@ class ScenariosTest {
       RunOptions runOptions = options.build();
       Work<Object, Exception> body = lease -> work(run, lease, result);
       pool.execute(() -> {
+        long began = System.nanoTime();
         try {
-          run.done.complete(client.runOnce(NAMESPACE, key, request, CODEC, runOptions, body));
+          Outcome<Object> outcome = client.runOnce(NAMESPACE, key, request, CODEC, runOptions, body);
+          run.elapsedNanos = System.nanoTime() - began;
+          run.done.complete(outcome);
         } catch (Throwable t) {
+          run.elapsedNanos = System.nanoTime() - began;
           run.done.completeExceptionally(t);
         }
       });
@@ -355,6 +361,11 @@ class ScenariosTest {
         } else if (run.attempt != expect.get("attempt").asLong()) {
           wrong.add("the work saw attempt " + run.attempt + ", want " + expect.get("attempt"));
         }
+      }
+      if (expect.has("min_elapsed_ms")
+          && Duration.ofNanos(run.elapsedNanos).compareTo(Duration.ofMillis(expect.get("min_elapsed_ms").asLong())) < 0) {
+        wrong.add("runOnce took " + Duration.ofNanos(run.elapsedNanos).toMillis() + " ms, under "
+            + expect.get("min_elapsed_ms") + " ms");
       }
       if (!wrong.isEmpty()) {
         fail("run " + run.name + ":\n  " + String.join("\n  ", wrong));
