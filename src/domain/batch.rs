@@ -64,6 +64,9 @@ pub struct SharedKey;
 impl<C: Batchable> Round<C> {
     /// A round of `commands`, refused if two of them share a conflict key.
     pub fn new(commands: Vec<C>) -> Result<Self, SharedKey> {
+        if commands.len() < 2 {
+            return Ok(Self(commands));
+        }
         let mut seen = HashSet::with_capacity(commands.len());
         for key in commands.iter().filter_map(Batchable::conflict_key) {
             if !seen.insert(key) {
@@ -109,6 +112,10 @@ impl<C> IntoIterator for Round<C> {
 /// second in round 1, and so on; items without a key in round 0. Running the rounds one after
 /// another resolves duplicates as if the calls had come one after another.
 pub fn round_numbers<T, K: Eq + Hash>(items: &[T], key: impl Fn(&T) -> Option<K>) -> Vec<usize> {
+    // A lone item (most batches when the store is idle) is round 0 without its key being made.
+    if items.len() < 2 {
+        return vec![0; items.len()];
+    }
     let mut seen: HashMap<K, usize> = HashMap::new();
     items
         .iter()

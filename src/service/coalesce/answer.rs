@@ -105,6 +105,10 @@ pub(super) fn next_of_same_key<T, K: Eq + std::hash::Hash>(
     key: impl Fn(&T) -> Option<K>,
 ) -> Vec<Option<usize>> {
     let mut next = vec![None; items.len()];
+    // A lone item has no other of its key: no key to make, no map to fill.
+    if items.len() < 2 {
+        return next;
+    }
     let mut last_seen: HashMap<K, usize> = HashMap::new();
     for (position, item) in items.iter().enumerate().rev() {
         if let Some(key) = key(item)
