@@ -1,5 +1,6 @@
 //! `idempotency.v1.IdempotencyService`: decode, call the coordinator, encode. One span per RPC
-//! carries the namespace (once validated) and the outcome; payloads never enter logs. With
+//! (at DEBUG without traces, see `rpc_span`) carries the namespace (once validated) and the
+//! outcome; payloads never enter logs. With
 //! traces on (`--otlp-endpoint`), the span also carries OpenTelemetry's RPC names and continues
 //! the caller's trace when the call's metadata has a W3C `traceparent` (and `tracestate`).
 
@@ -133,24 +134,15 @@ fn deadline(metadata: &tonic::metadata::MetadataMap) -> Option<tokio::time::Inst
 struct Called {
     rpc: &'static str,
     scope: Scope,
-    /// The scope as a metrics label: kept only when `--metrics-namespace-labels` asks for it
-    /// (an empty string, which allocates nothing, otherwise).
-    label: String,
 }
 
 impl IdempotencyApi {
     /// `rpc` called in `scope`, which the current span records.
     fn called(&self, rpc: &'static str, scope: &Scope) -> Called {
         Span::current().record("namespace", scope.as_str());
-        let label = if self.namespace_labels {
-            scope.as_str().to_owned()
-        } else {
-            String::new()
-        };
         Called {
             rpc,
             scope: scope.clone(),
-            label,
         }
     }
 
@@ -168,7 +160,10 @@ impl IdempotencyApi {
             .map(|&(key, value)| metrics::Label::from_static_parts(key, value))
             .collect();
         if self.namespace_labels {
-            all.push(metrics::Label::new("namespace", called.label.clone()));
+            all.push(metrics::Label::new(
+                "namespace",
+                called.scope.as_str().to_owned(),
+            ));
         }
         metrics::counter!(name, all).increment(by);
     }
