@@ -11,8 +11,9 @@ use super::PrepareBatch;
 use super::queue::Pending;
 use crate::domain::batch::Batchable;
 
-/// The dispatcher's loop: each batch it forms runs as a task of `tasks`. It ends when every handle of the coalescer is gone (the queue is
-/// closed and empty) or the executors are closed.
+/// The dispatcher's loop: each batch it forms runs as a task of `tasks`. It ends when every
+/// handle of the coalescer is gone (the queue is closed and empty) or the executors are
+/// closed.
 pub(super) async fn dispatch<C: Batchable, R>(
     mut waiting: mpsc::UnboundedReceiver<Pending<C, R>>,
     executors: Arc<Semaphore>,

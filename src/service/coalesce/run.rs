@@ -64,8 +64,9 @@ pub(super) async fn run_batch<C, R, F, Fut>(
             });
         }
         let results = match Round::new(commands) {
-            // Boxed: the store's future is large, and this one is moved whole into the task
-            // that runs the batch; a pointer is cheaper to move than the state it points to.
+            // Boxed: the store's future is large, and this one is moved whole into the box
+            // that holds the batch's run (`BatchRun`); a pointer is cheaper to move than the
+            // state it points to.
             Ok(round) => match timed(label, nobody_waits_after, Box::pin(execute(round)))
                 .instrument(statement)
                 .await
