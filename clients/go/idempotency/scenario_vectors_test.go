@@ -70,7 +70,7 @@ type runExpectation struct {
 	WorkRan       *bool           `json:"work_ran"`
 	WorkCancelled *bool           `json:"work_cancelled"`
 	Attempt       *uint32         `json:"attempt"`
-	MinElapsedMs  *int64          `json:"min_elapsed_ms"`
+	MinElapsedMS  *int64          `json:"min_elapsed_ms"`
 }
 
 type callCount struct {

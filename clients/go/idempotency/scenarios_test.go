@@ -325,8 +325,8 @@ func (r *scenarioRunner) join(run *scenarioRunState, expect *runExpectation) {
 			t.Errorf("run %q: the work saw attempt %d, want %d", run.name, run.attempt, *expect.Attempt)
 		}
 	}
-	if expect.MinElapsedMs != nil {
-		if least := time.Duration(*expect.MinElapsedMs) * time.Millisecond; run.elapsed < least {
+	if expect.MinElapsedMS != nil {
+		if least := time.Duration(*expect.MinElapsedMS) * time.Millisecond; run.elapsed < least {
 			t.Errorf("run %q: RunOnce took %v, under %v", run.name, run.elapsed, least)
 		}
 	}
