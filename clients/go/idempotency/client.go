@@ -375,10 +375,19 @@ type attempt func() (held time.Duration, send func(context.Context) error)
 // call sends a call, and sends it again while class allows, within the retry budget. Each try is
 // made afresh by try, so that a TryStart never asks to wait past the caller's limit.
 func (c *Client) call(ctx context.Context, op string, class retryClass, try attempt) error {
+	return c.callUntil(ctx, op, class, time.Time{}, try)
+}
+
+// callUntil is call that also stops retrying at until (zero: the budget alone): for a call that
+// is pointless once a lease may have run out. The first try is always sent.
+func (c *Client) callUntil(ctx context.Context, op string, class retryClass, until time.Time, try attempt) error {
 	if c.s.token != "" {
 		ctx = metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+c.s.token)
 	}
 	giveUpAt := time.Now().Add(c.s.retry.Budget)
+	if !until.IsZero() && until.Before(giveUpAt) {
+		giveUpAt = until
+	}
 	pauses := backoff{step: c.s.retry.InitialBackoff, p: c.s.retry}
 	for {
 		held, send := try()
@@ -388,10 +397,10 @@ func (c *Client) call(ctx context.Context, op string, class retryClass, try atte
 		if err == nil {
 			return nil
 		}
-		e := c.callError(ctx, op, err)
-		if e.cause != nil {
-			return e // The caller gave up: no retry can help it.
+		if ctx.Err() != nil {
+			return gaveUp(ctx, op, "") // The caller gave up: no retry can help it.
 		}
+		e := c.callError(op, err)
 		pause := max(pauses.next(), e.RetryDelay)
 		if !class.allows(e) || time.Now().Add(pause).After(giveUpAt) {
 			return e
@@ -402,23 +411,17 @@ func (c *Client) call(ctx context.Context, op string, class retryClass, try atte
 		case <-timer.C:
 		case <-ctx.Done():
 			timer.Stop()
-			e.cause = context.Cause(ctx)
-			return e
+			return gaveUp(ctx, op, "while pausing before a retry after "+e.Error())
 		}
 	}
 }
 
-func (c *Client) callError(ctx context.Context, op string, err error) *Error {
+func (c *Client) callError(op string, err error) *Error {
 	st, ok := status.FromError(err)
 	if !ok {
 		st = status.New(codes.Unknown, err.Error())
 	}
-	e := fromStatus(op, st)
-	if ctx.Err() != nil {
-		// The caller's own context ended the call, not the coordinator nor the call timeout.
-		e.cause = context.Cause(ctx)
-	}
-	return e
+	return fromStatus(op, st)
 }
 
 // unary sends req with method through c.call, the same way on every try, and answers the

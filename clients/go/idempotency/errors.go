@@ -1,6 +1,7 @@
 package idempotency
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"time"
@@ -61,7 +62,8 @@ var (
 	// ErrStoreUnavailable: UNAVAILABLE / STORE_UNAVAILABLE; nothing was written. It also
 	// matches ErrUnavailable.
 	ErrStoreUnavailable = errors.New("idempotency: the coordinator's store is unavailable")
-	// ErrDeadline: a call did not answer within the call timeout (DEADLINE_EXCEEDED).
+	// ErrDeadline: a call did not answer within the call timeout (DEADLINE_EXCEEDED), or the
+	// caller's own deadline passed (the error then also matches context.DeadlineExceeded).
 	ErrDeadline = errors.New("idempotency: deadline exceeded")
 	// ErrInternal: an unexpected failure inside the coordinator (INTERNAL), a bug to report.
 	ErrInternal = errors.New("idempotency: internal error in the coordinator")
@@ -224,6 +226,48 @@ func invalid(op, field, description string) *Error {
 		Violations: []FieldViolation{{Field: field, Description: description}},
 		status:     st,
 	}
+}
+
+// gaveUp is the error of a call whose caller's context ended, whenever it ended: during a try,
+// during a pause between tries, or while RunOnce waited for another holder. It is always an
+// *Error with the context's code (DEADLINE_EXCEEDED, so that it matches ErrDeadline, or
+// CANCELLED) that unwraps to the context's error, so that errors.Is(err,
+// context.DeadlineExceeded) or errors.Is(err, context.Canceled) holds, and to its cause when the
+// caller gave one (context.WithDeadlineCause). during says what the call was doing, if not a try.
+func gaveUp(ctx context.Context, op, during string) *Error {
+	ended := ctx.Err()
+	code := codes.Canceled
+	if errors.Is(ended, context.DeadlineExceeded) {
+		code = codes.DeadlineExceeded
+	}
+	message := "the caller's context ended: " + ended.Error()
+	if during != "" {
+		message += ", " + during
+	}
+	cause := ended
+	if why := context.Cause(ctx); why != nil && why != ended {
+		cause = errors.Join(ended, why)
+	}
+	return &Error{Op: op, Code: code, Message: message, status: status.New(code, message), cause: cause}
+}
+
+// unanswered is the error of a call that got no answer in time, seen from a lease: the
+// coordinator stopped answering (it hangs, or the network drops its packets), which is what
+// ErrUnavailable names, so that a lease that ran out while its heartbeat hung says so rather
+// than "deadline exceeded". last is the call's own failure, if it ended at all.
+func unanswered(op string, last error) *Error {
+	message := "no answer from the coordinator within the lease"
+	if last != nil {
+		message += " (" + last.Error() + ")"
+	}
+	return &Error{Op: op, Code: codes.Unavailable, Message: message, status: status.New(codes.Unavailable, message)}
+}
+
+// noAnswer reports a failure that is a try's own deadline passing without an answer
+// (DEADLINE_EXCEEDED made on this side: no reason, not the caller's context).
+func noAnswer(err error) bool {
+	var e *Error
+	return errors.As(err, &e) && e.Code == codes.DeadlineExceeded && e.Reason == "" && e.cause == nil
 }
 
 // InProgressError is what RunOnce returns when another caller still holds the key after the

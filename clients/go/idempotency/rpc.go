@@ -204,9 +204,18 @@ func (c *Client) Release(ctx context.Context, namespace, key string, token uint6
 	if err := checkToken(op, token); err != nil {
 		return err
 	}
+	return c.release(ctx, namespace, key, token, time.Time{})
+}
+
+// release sends Release, retried within the budget and not after until (zero: the budget alone).
+func (c *Client) release(ctx context.Context, namespace, key string, token uint64, until time.Time) error {
 	req := &pb.ReleaseRequest{Namespace: namespace, Key: key, LeaseToken: token}
-	_, err := unary(ctx, c, op, retryTransient, c.rpc.Release, req)
-	return err
+	return c.callUntil(ctx, "Release", retryTransient, until, func() (time.Duration, func(context.Context) error) {
+		return 0, func(ctx context.Context) error {
+			_, err := c.rpc.Release(ctx, req)
+			return err
+		}
+	})
 }
 
 // ExtendRequest moves a lease's expiry to now + LeaseTTL and may save a checkpoint.
@@ -222,30 +231,41 @@ type ExtendRequest struct {
 
 // ExtendLease renews the lease and answers its new expiry.
 func (c *Client) ExtendLease(ctx context.Context, r ExtendRequest) (time.Time, error) {
-	return c.extend(ctx, r, retryTransient)
+	expiresAt, _, err := c.extend(ctx, r, retryTransient, time.Time{})
+	return expiresAt, err
 }
 
-func (c *Client) extend(ctx context.Context, r ExtendRequest, class retryClass) (time.Time, error) {
+// extend sends ExtendLease, retried as class allows and not after until (zero: within the
+// budget), and answers the new expiry and when the try that got it was sent: the coordinator
+// renewed the lease after that instant, so a lease counted from it is never later than its own.
+func (c *Client) extend(ctx context.Context, r ExtendRequest, class retryClass, until time.Time) (expiresAt, sentAt time.Time, err error) {
 	const op = "ExtendLease"
 	if err := checkKey(op, "namespace", r.Namespace, r.Key); err != nil {
-		return time.Time{}, err
+		return time.Time{}, time.Time{}, err
 	}
 	if err := checkToken(op, r.Token); err != nil {
-		return time.Time{}, err
+		return time.Time{}, time.Time{}, err
 	}
 	if err := checkDuration(op, "lease_ttl", r.LeaseTTL, MinLease, MaxLease, true); err != nil {
-		return time.Time{}, err
+		return time.Time{}, time.Time{}, err
 	}
 	if err := checkBytes(op, "checkpoint", r.Checkpoint, MaxCheckpoint); err != nil {
-		return time.Time{}, err
+		return time.Time{}, time.Time{}, err
 	}
 	req := &pb.ExtendLeaseRequest{Namespace: r.Namespace, Key: r.Key, LeaseToken: r.Token,
 		LeaseTtl: optionalDuration(r.LeaseTTL), Checkpoint: r.Checkpoint} // a nil checkpoint is absent
-	answer, err := unary(ctx, c, op, class, c.rpc.ExtendLease, req)
+	var answer *pb.ExtendLeaseResponse
+	err = c.callUntil(ctx, op, class, until, func() (time.Duration, func(context.Context) error) {
+		return 0, func(ctx context.Context) (err error) {
+			sentAt = time.Now()
+			answer, err = c.rpc.ExtendLease(ctx, req)
+			return err
+		}
+	})
 	if err != nil {
-		return time.Time{}, err
+		return time.Time{}, time.Time{}, err
 	}
-	return instant(answer.GetLeaseExpiresAt()), nil
+	return instant(answer.GetLeaseExpiresAt()), sentAt, nil
 }
 
 // KeyStatus is the state of a key as Lookup sees it.

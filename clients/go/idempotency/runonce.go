@@ -95,6 +95,7 @@ type Lease struct {
 	expiresAt time.Time
 	runsOutAt time.Time // the latest the lease can last, by this machine's clock
 	lastBeat  error     // the last heartbeat's failure, for the cause of a lease that ran out
+	extending int       // ExtendLease calls sent and not answered yet
 	lost      error
 	watchdog  *time.Timer
 	stopped   bool // the work has returned: the watchdog is off for good
@@ -128,10 +129,15 @@ func (l *Lease) SaveCheckpoint(ctx context.Context, checkpoint []byte) error {
 }
 
 func (l *Lease) extend(ctx context.Context, checkpoint []byte, class retryClass) error {
-	sentAt := time.Now()
-	expiresAt, err := l.client.extend(ctx, ExtendRequest{
+	l.mu.Lock()
+	l.extending++
+	l.mu.Unlock()
+	expiresAt, sentAt, err := l.client.extend(ctx, ExtendRequest{
 		Namespace: l.Namespace, Key: l.Key, Token: l.Token, LeaseTTL: l.leaseTTL, Checkpoint: checkpoint,
-	}, class)
+	}, class, time.Time{})
+	l.mu.Lock()
+	l.extending--
+	l.mu.Unlock()
 	if err != nil {
 		if errors.Is(err, ErrLeaseLost) || errors.Is(err, ErrKeyNotFound) || errors.Is(err, ErrAlreadyCompleted) {
 			return l.lose(err)
@@ -180,12 +186,17 @@ func (l *Lease) ranOut() {
 		l.mu.Unlock()
 		return
 	}
-	why := l.lastBeat
+	why, hanging := l.lastBeat, l.extending > 0
 	l.mu.Unlock()
-	if why == nil {
-		why = errors.New("the lease ran out before a heartbeat renewed it")
-	} else {
+	switch {
+	case hanging || noAnswer(why):
+		// A heartbeat sent and never answered: the coordinator stopped answering, which is
+		// unreachable (ErrUnavailable), not a deadline of the caller's.
+		why = fmt.Errorf("the lease ran out while the coordinator did not answer: %w", unanswered("ExtendLease", why))
+	case why != nil:
 		why = fmt.Errorf("the lease ran out while the coordinator could not be reached: %w", why)
+	default:
+		why = errors.New("the lease ran out before a heartbeat renewed it")
 	}
 	l.lose(why)
 }
@@ -220,8 +231,10 @@ func (l *Lease) beat(ctx context.Context, interval time.Duration) {
 // The request is fingerprinted with Fingerprint (nil: no fingerprint; []byte: SHA-256 of the
 // bytes; anything else: SHA-256 of its RFC 8785 canonical JSON), so that the key cannot be reused
 // for another request (ErrMismatch). A completed key is replayed without running work; a key held
-// elsewhere is waited for (WithWait) and then ErrInProgress (*InProgressError). While work runs,
-// a heartbeat renews its lease; its context is cancelled at once when the lease is lost. Its
+// elsewhere is waited for (WithWait) and then ErrInProgress (*InProgressError). A claim whose
+// TryStart took longer than a tenth of the lease (it waited) is renewed before work starts, so
+// that work gets its whole lease. While work runs, a heartbeat renews its lease; its context is
+// cancelled at once when the lease is lost. Its
 // result is stored with Complete (*ResultNotStoredError if that fails); its error or panic
 // releases the key, so that a retry starts fresh, and is returned (or goes on panicking).
 //
@@ -312,6 +325,7 @@ func runOnce[T any](ctx context.Context, c *Client, scopeField, namespace, key s
 	}
 
 	claim, askedAt, err := c.claim(ctx, &sp)
+	answeredAt := time.Now()
 	if err != nil {
 		return zero, err
 	}
@@ -322,12 +336,20 @@ func runOnce[T any](ctx context.Context, c *Client, scopeField, namespace, key s
 		}
 		return Outcome[T]{Value: value, Replayed: true}, nil
 	}
-	return runHolding(ctx, c, &sp, claim, askedAt, codec, work)
+	return runHolding(ctx, c, &sp, claim, askedAt, answeredAt, codec, work)
 }
 
+// renewAfterWaitDivisor: a claim whose TryStart took longer than lease/renewAfterWaitDivisor
+// (it waited for another holder) is renewed before the work starts (docs/contract.md, "A claim
+// that waited"). Below it, counting the lease from the TryStart's sending loses little; above
+// it, the first heartbeat (at lease/3) would have too little margin left, and a wait longer than
+// the lease would leave none.
+const renewAfterWaitDivisor = 10
+
 // runHolding runs the work under the claim, with its heartbeat and watchdog, then completes or
-// releases the key.
-func runHolding[T any](ctx context.Context, c *Client, sp *spec, claim Claim, askedAt time.Time,
+// releases the key. askedAt and answeredAt are when the TryStart that claimed was sent and
+// answered.
+func runHolding[T any](ctx context.Context, c *Client, sp *spec, claim Claim, askedAt, answeredAt time.Time,
 	codec Codec[T], work func(context.Context, *Lease) (T, error),
 ) (Outcome[T], error) {
 	var zero Outcome[T]
@@ -345,6 +367,13 @@ func runHolding[T any](ctx context.Context, c *Client, sp *spec, claim Claim, as
 		expiresAt:  claim.LeaseExpiresAt,
 		// Counted from before the winning TryStart was sent: never later than the coordinator's.
 		runsOutAt: askedAt.Add(sp.lease),
+	}
+	if answeredAt.Sub(askedAt) > sp.lease/renewAfterWaitDivisor {
+		// The coordinator may have granted the lease long after the TryStart was sent: renew it,
+		// so that the work starts with its whole lease, counted from the renewal's sending.
+		if err := lease.renewAfterWait(ctx, answeredAt); err != nil {
+			return zero, err
+		}
 	}
 	lease.mu.Lock()
 	lease.watchdog = time.AfterFunc(time.Until(lease.runsOutAt), lease.ranOut)
@@ -378,7 +407,7 @@ func runHolding[T any](ctx context.Context, c *Client, sp *spec, claim Claim, as
 		if !settled {
 			// The work (or the codec) panicked or called runtime.Goexit: release the key so that a
 			// retry starts fresh; the panic goes on once this returns.
-			c.release(settleCtx, lease)
+			c.giveBack(settleCtx, lease, time.Time{})
 		}
 	}()
 
@@ -396,13 +425,13 @@ func runHolding[T any](ctx context.Context, c *Client, sp *spec, claim Claim, as
 	}
 	if workErr != nil {
 		settled = true
-		c.release(settleCtx, lease)
+		c.giveBack(settleCtx, lease, time.Time{})
 		return zero, workErr
 	}
 	response, err := codec.Encode(value)
 	if err != nil {
 		settled = true
-		c.release(settleCtx, lease)
+		c.giveBack(settleCtx, lease, time.Time{})
 		return zero, fmt.Errorf("idempotency: the result cannot be encoded (the key was released): %w", err)
 	}
 	settled = true
@@ -476,7 +505,7 @@ func (c *Client) claim(ctx context.Context, sp *spec) (Claim, time.Time, error) 
 			case <-timer.C:
 			case <-ctx.Done():
 				timer.Stop()
-				return Claim{}, time.Time{}, context.Cause(ctx)
+				return Claim{}, time.Time{}, gaveUp(ctx, op, "while waiting for another holder")
 			}
 		}
 	}
@@ -493,10 +522,38 @@ func serverWait(waitUntil time.Time) time.Duration {
 	return max(0, min(MaxServerWait, left))
 }
 
-// release gives the claim up so that a retry starts fresh. Failing to is not the caller's error:
-// the claim frees itself when its lease runs out; so it is logged, not returned.
-func (c *Client) release(ctx context.Context, l *Lease) {
-	err := c.Release(ctx, l.Namespace, l.Key, l.Token)
+// renewAfterWait renews, before the work starts, a claim whose TryStart took long (it waited for
+// another holder; answeredAt is when it was answered): one ExtendLease with the same lease,
+// retried like any other until it succeeds or the lease counted from the TryStart's sending (or
+// the retry budget) runs out; the lease is then counted from the renewal's sending. A renewal
+// refused LEASE_LOST or KEY_NOT_FOUND is a lost lease; one that cannot get through is returned
+// as it is, after the claim is released (best effort) so that a retry need not wait for the
+// lease to run out. Either way the work does not run.
+func (l *Lease) renewAfterWait(ctx context.Context, answeredAt time.Time) error {
+	c := l.client
+	expiresAt, sentAt, err := c.extend(ctx, ExtendRequest{
+		Namespace: l.Namespace, Key: l.Key, Token: l.Token, LeaseTTL: l.leaseTTL,
+	}, retryTransient, l.runsOutAt)
+	switch {
+	case err == nil:
+		l.expiresAt, l.runsOutAt = expiresAt, sentAt.Add(l.leaseTTL)
+		return nil
+	case errors.Is(err, ErrLeaseLost), errors.Is(err, ErrKeyNotFound), errors.Is(err, ErrAlreadyCompleted):
+		c.log.Warn("idempotency: the lease was lost before the work started", "namespace", l.Namespace, "cause", err)
+		l.lost = &leaseLost{why: err}
+		return l.lost
+	}
+	// The claim cannot outlive the lease counted from the TryStart's answer (the coordinator
+	// granted it before answering), so the release is not retried past that.
+	c.giveBack(context.WithoutCancel(ctx), l, answeredAt.Add(l.leaseTTL))
+	return err
+}
+
+// giveBack releases the claim so that a retry starts fresh, retried within the budget and not
+// after until (zero: the budget alone). Failing to is not the caller's error: the claim frees
+// itself when its lease runs out; so it is logged, not returned.
+func (c *Client) giveBack(ctx context.Context, l *Lease, until time.Time) {
+	err := c.release(ctx, l.Namespace, l.Key, l.Token, until)
 	switch {
 	case err == nil, errors.Is(err, ErrKeyNotFound):
 		// Already absent: an earlier try of this Release worked, or the key expired.

@@ -4,10 +4,14 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/idempotency-coordinator/idempotency-coordinator/clients/go/idempotency"
 	"github.com/idempotency-coordinator/idempotency-coordinator/clients/go/internal/testenv"
@@ -439,4 +443,219 @@ func TestThePlainCallsAndTheirErrors(t *testing.T) {
 			t.Fatalf("release of a completed key: %v", err)
 		}
 	})
+}
+
+// A TryStart answered late (here: its answer held by the proxy, as a coordinator that made the
+// caller wait would) is renewed with one ExtendLease before the work starts, so that the work
+// gets its whole lease; one answered at once is not (docs/contract.md, "A claim that waited").
+// The lease here is shorter than the delay: counted from the TryStart's sending, it would have
+// run out before the work started.
+func TestAClaimThatWaitedIsRenewedBeforeTheWorkStarts(t *testing.T) {
+	coordinator := testenv.Start(t, testenv.SQLite)
+	for _, tc := range []struct {
+		name        string
+		delay       time.Duration
+		wantRenewal bool
+	}{
+		{"answered at once", 0, false},
+		{"answered after longer than the lease", 1200 * time.Millisecond, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			proxy := testenv.StartFaultProxy(t, coordinator.Addr)
+			c := testenv.NewClient(t, proxy.Addr)
+			if tc.delay > 0 {
+				fault := fmt.Sprintf(`{"method":"TryStart","action":"delay","delay_ms":%d,"times":1}`, tc.delay.Milliseconds())
+				if err := proxy.AddFault(json.RawMessage(fault)); err != nil {
+					t.Fatal(err)
+				}
+			}
+			var renewalsBeforeWork int
+			var cancelled error
+			key := "renewal " + tc.name
+			out, err := idempotency.RunOnce(context.Background(), c, "payments", key, nil, func(ctx context.Context, _ *idempotency.Lease) (int, error) {
+				calls, err := proxy.Calls()
+				if err != nil {
+					return 0, err
+				}
+				renewalsBeforeWork = len(calls["ExtendLease"])
+				// Most of the lease's work, with no heartbeat to renew it: the whole lease must be
+				// left when the work starts.
+				select {
+				case <-ctx.Done():
+					cancelled = context.Cause(ctx)
+					return 0, ctx.Err()
+				case <-time.After(700 * time.Millisecond):
+				}
+				return 7, nil
+			}, idempotency.WithLease(time.Second), idempotency.WithoutHeartbeat())
+			if err != nil || out.Value != 7 || cancelled != nil {
+				t.Fatalf("%+v, %v (the work's context: %v)", out, err, cancelled)
+			}
+			if want := map[bool]int{false: 0, true: 1}[tc.wantRenewal]; renewalsBeforeWork != want {
+				t.Fatalf("%d ExtendLease before the work started, want %d", renewalsBeforeWork, want)
+			}
+		})
+	}
+}
+
+// The renewal of a claim that waited is refused (the key is no longer this caller's), or cannot
+// get through: the work does not run; a refusal is a lost lease and releases nothing, a renewal
+// that cannot get through fails with its own error and releases the key, so that the next caller
+// gets it at once.
+func TestARenewalThatFailsKeepsTheWorkFromRunning(t *testing.T) {
+	coordinator := testenv.Start(t, testenv.SQLite)
+	direct := testenv.NewClient(t, coordinator.Addr)
+	for _, tc := range []struct {
+		name      string
+		fault     string
+		want      error
+		wantState idempotency.KeyStatus
+	}{
+		{"refused as lost", `{"method":"ExtendLease","action":"status","code":"ABORTED","reason":"LEASE_LOST","times":-1}`,
+			idempotency.ErrLeaseLost, idempotency.KeyInProgress},
+		{"refused as not found", `{"method":"ExtendLease","action":"status","code":"NOT_FOUND","reason":"KEY_NOT_FOUND","times":-1}`,
+			idempotency.ErrLeaseLost, idempotency.KeyInProgress},
+		{"unreachable", `{"method":"ExtendLease","action":"status","code":"UNAVAILABLE","times":-1}`,
+			idempotency.ErrUnavailable, idempotency.KeyAbsent},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			proxy := testenv.StartFaultProxy(t, coordinator.Addr)
+			c := testenv.NewClient(t, proxy.Addr)
+			for _, fault := range []string{`{"method":"TryStart","action":"delay","delay_ms":400,"times":1}`, tc.fault} {
+				if err := proxy.AddFault(json.RawMessage(fault)); err != nil {
+					t.Fatal(err)
+				}
+			}
+			key := "renewal " + tc.name
+			_, err := idempotency.RunOnce(context.Background(), c, "payments", key, nil, func(context.Context, *idempotency.Lease) (int, error) {
+				t.Error("the work ran although its lease was not renewed")
+				return 0, nil
+			}, idempotency.WithLease(time.Second))
+			if !errors.Is(err, tc.want) {
+				t.Fatalf("RunOnce: %v, want %v", err, tc.want)
+			}
+			if tc.want == idempotency.ErrUnavailable && errors.Is(err, idempotency.ErrLeaseLost) {
+				t.Fatalf("RunOnce: %v; a renewal that cannot get through is not a lost lease", err)
+			}
+			calls, err := proxy.Calls()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(calls["Complete"]) != 0 {
+				t.Fatalf("calls %v", calls)
+			}
+			if renewals := len(calls["ExtendLease"]); renewals == 0 || tc.want == idempotency.ErrLeaseLost && renewals != 1 {
+				t.Fatalf("%d ExtendLease: a refusal is not retried, a failure is", renewals)
+			}
+			if released := len(calls["Release"]) > 0; released != (tc.wantState == idempotency.KeyAbsent) {
+				t.Fatalf("released: %v (calls %v)", released, calls)
+			}
+			if state := lookup(t, direct, "payments", key); state.Status != tc.wantState {
+				t.Fatalf("the key is %v, want %v", state.Status, tc.wantState)
+			}
+		})
+	}
+}
+
+// The caller's own deadline passes while RunOnce waits: whether the coordinator held the TryStart
+// (it ends the wait as the call's deadline comes, so the deadline may pass during the call or
+// just after its in_progress), answered at once (at its waiter limit) so that RunOnce paused
+// between TryStarts, or a retry's pause was under way, the error is the same: an *Error with
+// DEADLINE_EXCEEDED that errors.Is matches with context.DeadlineExceeded and ErrDeadline (and a
+// cancelled context likewise, with CANCELLED and context.Canceled).
+func TestACallerWhoseContextEndsDuringAWaitGetsOneError(t *testing.T) {
+	holding := testenv.Start(t, testenv.SQLite)
+	noWaiters := testenv.Start(t, testenv.SQLite, "--max-waiters", "0")
+	unreachable := testenv.StartFaultProxy(t, holding.Addr)
+	if err := unreachable.AddFault(json.RawMessage(`{"method":"TryStart","action":"status","code":"UNAVAILABLE","retry_delay_ms":5000,"times":-1}`)); err != nil {
+		t.Fatal(err)
+	}
+	for _, coordinator := range []*testenv.Coordinator{holding, noWaiters} {
+		holder := testenv.NewClient(t, coordinator.Addr)
+		claim, err := holder.TryStart(context.Background(), idempotency.StartRequest{Namespace: "payments", Key: "held", LeaseTTL: time.Minute})
+		if err != nil || claim.Outcome != idempotency.Started {
+			t.Fatalf("%+v, %v", claim, err)
+		}
+	}
+	for _, tc := range []struct {
+		name     string
+		addr     string
+		cancel   bool
+		wantCode codes.Code
+		want     error
+	}{
+		{"the coordinator holds the TryStart", holding.Addr, false, codes.DeadlineExceeded, context.DeadlineExceeded},
+		{"cancelled while the coordinator holds the TryStart", holding.Addr, true, codes.Canceled, context.Canceled},
+		{"the coordinator at its waiter limit", noWaiters.Addr, false, codes.DeadlineExceeded, context.DeadlineExceeded},
+		{"during a pause before a retry", unreachable.Addr, false, codes.DeadlineExceeded, context.DeadlineExceeded},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			c := testenv.NewClient(t, tc.addr)
+			ctx, cancel := context.WithTimeout(context.Background(), 400*time.Millisecond)
+			if tc.cancel {
+				ctx, cancel = context.WithCancel(context.Background())
+				timer := time.AfterFunc(400*time.Millisecond, cancel)
+				defer timer.Stop()
+			}
+			defer cancel()
+			begin := time.Now()
+			_, err := idempotency.RunOnce(ctx, c, "payments", "held", nil, func(context.Context, *idempotency.Lease) (int, error) {
+				t.Error("the work ran while the key was held")
+				return 0, nil
+			}, idempotency.WithWait(10*time.Second))
+			if elapsed := time.Since(begin); elapsed > 3*time.Second {
+				t.Errorf("RunOnce returned %v after the caller gave up at 400ms", elapsed)
+			}
+			var e *idempotency.Error
+			if !errors.As(err, &e) || e.Code != tc.wantCode || status.Code(err) != tc.wantCode || !errors.Is(err, tc.want) {
+				t.Fatalf("got %T %v, want an *Error with %v that matches %v", err, err, tc.wantCode, tc.want)
+			}
+			if errors.Is(err, idempotency.ErrDeadline) != (tc.want == context.DeadlineExceeded) || errors.Is(err, idempotency.ErrInProgress) ||
+				errors.Is(err, idempotency.ErrUnavailable) {
+				t.Fatalf("%v matches another sentinel", err)
+			}
+		})
+	}
+}
+
+// The coordinator stops answering ExtendLease (the proxy holds its answers): the lease runs out
+// with a heartbeat still waiting for its answer, or after one whose own call timeout passed.
+// Either way the work's context is cancelled with the cause the README names, ErrUnavailable
+// (and ErrLeaseLost), not a deadline.
+func TestAHeartbeatThatHangsReportsTheCoordinatorUnavailable(t *testing.T) {
+	coordinator := testenv.Start(t, testenv.SQLite)
+	for _, tc := range []struct {
+		name        string
+		callTimeout time.Duration
+	}{
+		{"the lease runs out while a heartbeat waits", idempotency.DefaultCallTimeout},
+		{"the heartbeat's call timeout passed first", 250 * time.Millisecond},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			proxy := testenv.StartFaultProxy(t, coordinator.Addr)
+			if err := proxy.AddFault(json.RawMessage(`{"method":"ExtendLease","action":"delay","delay_ms":30000,"times":-1}`)); err != nil {
+				t.Fatal(err)
+			}
+			c := testenv.NewClient(t, proxy.Addr, idempotency.WithCallTimeout(tc.callTimeout))
+			var cause error
+			_, err := idempotency.RunOnce(context.Background(), c, "payments", "hangs "+tc.name, nil, func(ctx context.Context, _ *idempotency.Lease) (int, error) {
+				select {
+				case <-ctx.Done():
+					cause = context.Cause(ctx)
+				case <-time.After(10 * time.Second):
+				}
+				return 0, ctx.Err()
+			}, idempotency.WithLease(time.Second))
+			for what, got := range map[string]error{"RunOnce": err, "the work's context": cause} {
+				if !errors.Is(got, idempotency.ErrLeaseLost) || !errors.Is(got, idempotency.ErrUnavailable) || errors.Is(got, idempotency.ErrDeadline) ||
+					errors.Is(got, context.DeadlineExceeded) {
+					t.Errorf("%s: %v, want ErrLeaseLost with ErrUnavailable", what, got)
+				}
+			}
+		})
+	}
 }

@@ -45,7 +45,16 @@ type scenarioStep struct {
 	Reset        *bool           `json:"reset"`
 	AwaitCalls   *callCount      `json:"await_calls"`
 	ExpectCalls  *callCount      `json:"expect_calls"`
+	Claim        *scenarioClaim  `json:"claim"`
+	PauseMS      *int64          `json:"pause_ms"`
 	ExpectKey    *keyExpectation `json:"expect_key"`
+}
+
+// scenarioClaim is a bare TryStart: a holder that claims the key and then dies.
+type scenarioClaim struct {
+	Key        string          `json:"key"`
+	Request    json.RawMessage `json:"request"`
+	LeaseTTLMS *int64          `json:"lease_ttl_ms"`
 }
 
 type scenarioRun struct {
@@ -59,6 +68,7 @@ type scenarioRun struct {
 		Fail           *string         `json:"fail"`
 		Gate           bool            `json:"gate"`
 		UntilCancelled bool            `json:"until_cancelled"`
+		DurationMS     *int64          `json:"duration_ms"`
 		RefuseAtEnd    bool            `json:"refuse_at_end"`
 	} `json:"work"`
 }
@@ -129,7 +139,7 @@ func (s *scenarioStep) check() error {
 	for _, present := range []bool{
 		s.Run != nil, s.AwaitStarted != "", s.OpenGate != "", s.Join != "", s.Fault != nil,
 		s.Refuse != nil, s.Restore != nil, s.Reset != nil, s.AwaitCalls != nil, s.ExpectCalls != nil,
-		s.ExpectKey != nil,
+		s.Claim != nil, s.PauseMS != nil, s.ExpectKey != nil,
 	} {
 		if present {
 			actions++
@@ -155,6 +165,15 @@ func (s *scenarioStep) check() error {
 		if s.Run.Key == "" || s.Run.Request == nil {
 			return errors.New("a run has a key and a request")
 		}
+		if w.DurationMS != nil && *w.DurationMS <= 0 {
+			return fmt.Errorf("a work's duration_ms is positive (got %d)", *w.DurationMS)
+		}
+	}
+	if c := s.Claim; c != nil && (c.Key == "" || c.Request == nil || c.LeaseTTLMS == nil || *c.LeaseTTLMS <= 0) {
+		return errors.New("a claim has a key, a request and a positive lease_ttl_ms")
+	}
+	if s.PauseMS != nil && *s.PauseMS <= 0 {
+		return fmt.Errorf("pause_ms is positive (got %d)", *s.PauseMS)
 	}
 	if e := s.Expect; e != nil {
 		if (e.Result != nil) == (e.Error != "") {

@@ -18,7 +18,7 @@ import (
 // its README): RunOnce against a real coordinator on SQLite, with a fault-proxy between the
 // client and the coordinator, one proxy and one fresh client per scenario, run one after the
 // other. Nothing here sleeps to synchronise: the runs' works report on channels, and await_calls
-// polls the proxy's call log.
+// polls the proxy's call log (pause_ms and a work's duration_ms are timings the scenario plays).
 func TestScenarioVectors(t *testing.T) {
 	scenarios := loadScenarios(t)
 	coordinator := testenv.Start(t, testenv.SQLite)
@@ -187,8 +187,42 @@ func (r *scenarioRunner) step(n int, s *scenarioStep) {
 		r.awaitCalls(n, s.AwaitCalls)
 	case s.ExpectCalls != nil:
 		r.expectCalls(n, s.ExpectCalls)
+	case s.Claim != nil:
+		r.claim(n, s.Claim)
+	case s.PauseMS != nil:
+		// The scenario's own timing (a holder that keeps the key this long), not a wait for
+		// something the runner could watch.
+		time.Sleep(time.Duration(*s.PauseMS) * time.Millisecond)
 	case s.ExpectKey != nil:
 		r.expectKey(n, s.ExpectKey)
+	}
+}
+
+// claim sends one bare TryStart through the scenario's client, with the fingerprint RunOnce
+// sends for the same request, and nothing after it: a holder whose process died, whose lease
+// runs out.
+func (r *scenarioRunner) claim(n int, c *scenarioClaim) {
+	t := r.t
+	t.Helper()
+	request, err := decodeJSONValue(c.Request)
+	if err != nil {
+		t.Fatalf("step %d: the claim's request: %v", n, err)
+	}
+	fingerprint, err := idempotency.Fingerprint(request)
+	if err != nil {
+		t.Fatalf("step %d: the claim's request: %v", n, err)
+	}
+	ctx, cancel := context.WithTimeout(r.ctx, scenarioLimit)
+	defer cancel()
+	claim, err := r.client.TryStart(ctx, idempotency.StartRequest{
+		Namespace: scenarioNamespace, Key: r.prefix + c.Key, Fingerprint: fingerprint,
+		LeaseTTL: time.Duration(*c.LeaseTTLMS) * time.Millisecond,
+	})
+	if err != nil {
+		t.Fatalf("step %d: the claim's TryStart: %v", n, err)
+	}
+	if claim.Outcome != idempotency.Started {
+		t.Fatalf("step %d: the claim's TryStart answered %v, want started", n, claim.Outcome)
 	}
 }
 
@@ -242,6 +276,19 @@ func (r *scenarioRunner) start(name string, spec *scenarioRun) *scenarioRunState
 			case <-timer.C:
 			}
 			timer.Stop()
+		}
+		if spec.Work.DurationMS != nil {
+			// Working: a cancellation within the duration ends the work with Go's own error
+			// for it, so that a cancelled run never returns the result.
+			timer := time.NewTimer(time.Duration(*spec.Work.DurationMS) * time.Millisecond)
+			select {
+			case <-ctx.Done():
+				timer.Stop()
+				run.cause = context.Cause(ctx)
+				run.cancelled = !errors.Is(run.cause, errScenarioOver)
+				return nil, ctx.Err()
+			case <-timer.C:
+			}
 		}
 		if ctx.Err() != nil {
 			run.cause = context.Cause(ctx)

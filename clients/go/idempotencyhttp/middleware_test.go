@@ -77,9 +77,31 @@ type answer struct {
 
 func send(t *testing.T, method, url, key, body string, headers ...string) answer {
 	t.Helper()
-	req, err := http.NewRequest(method, url, strings.NewReader(body))
+	a, err := request(method, url, key, body, headers...)
 	if err != nil {
 		t.Fatal(err)
+	}
+	return a
+}
+
+// sendInBackground is send on a goroutine of its own: its answer arrives on the channel (a
+// failed request is the test's error and a zero answer).
+func sendInBackground(t *testing.T, method, url, key, body string) <-chan answer {
+	answers := make(chan answer, 1)
+	go func() {
+		a, err := request(method, url, key, body)
+		if err != nil {
+			t.Error(err)
+		}
+		answers <- a
+	}()
+	return answers
+}
+
+func request(method, url, key, body string, headers ...string) (answer, error) {
+	req, err := http.NewRequest(method, url, strings.NewReader(body))
+	if err != nil {
+		return answer{}, err
 	}
 	req.Header.Set("Content-Type", "application/json")
 	if key != "" {
@@ -90,11 +112,11 @@ func send(t *testing.T, method, url, key, body string, headers ...string) answer
 	}
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
-		t.Fatal(err)
+		return answer{}, err
 	}
 	defer resp.Body.Close()
-	data, _ := io.ReadAll(resp.Body)
-	return answer{resp.StatusCode, resp.Header, string(data)}
+	data, err := io.ReadAll(resp.Body)
+	return answer{resp.StatusCode, resp.Header, string(data)}, err
 }
 
 func problemType(t *testing.T, a answer) string {
@@ -222,8 +244,7 @@ func TestAKeyStillRunningIsAConflictAfterTheWait(t *testing.T) {
 	coordinator := testenv.Start(t, testenv.SQLite)
 	api := &orders{delay: 1500 * time.Millisecond}
 	server := serve(t, testenv.NewClient(t, coordinator.Addr), api, idempotencyhttp.WithWait(200*time.Millisecond))
-	done := make(chan answer, 1)
-	go func() { done <- send(t, "POST", server.URL+"/orders", "slow", `{"item":"book"}`) }()
+	done := sendInBackground(t, "POST", server.URL+"/orders", "slow", `{"item":"book"}`)
 	time.Sleep(300 * time.Millisecond)
 	busy := send(t, "POST", server.URL+"/orders", "slow", `{"item":"book"}`)
 	if got := problemType(t, busy); got != "in-progress" || busy.status != 409 || busy.header.Get("Retry-After") != "1" ||
@@ -367,5 +388,91 @@ func TestALostLeaseIsAConflictNotTheHandlersAnswer(t *testing.T) {
 	}
 	if cause := <-causes; !errors.Is(cause, idempotency.ErrLeaseLost) {
 		t.Fatalf("the handler's context: %v", cause)
+	}
+}
+
+// A request that waited longer than its own lease for the key's holder (issue 36, item 2c): the
+// holder's handler keeps the key for 1.5 of the waiter's leases and then answers 503, which
+// releases it; the waiter (lease 2 s, wait 10 s, a handler of 1.5 s) gets the key inside its
+// wait. Its handler runs once with its whole lease (the middleware renews a claim that waited),
+// its answer is stored, and a later request gets it replayed, the same status, headers and body.
+func TestARequestThatWaitedLongerThanItsLeaseRunsOnceAndIsStored(t *testing.T) {
+	coordinator := testenv.Start(t, testenv.SQLite)
+	const lease, wait, handlerTakes, holderKeeps = 2 * time.Second, 10 * time.Second, 1500 * time.Millisecond, 3 * time.Second
+
+	holderStarted, holderGoesOn := make(chan struct{}), make(chan struct{})
+	holder := serve(t, testenv.NewClient(t, coordinator.Addr), http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		close(holderStarted)
+		<-holderGoesOn
+		http.Error(w, "try again", http.StatusServiceUnavailable) // not final: the key is released
+	}))
+	// The waiter's coordinator calls go through a proxy, so that the test sees its TryStart arrive.
+	proxy := testenv.StartFaultProxy(t, coordinator.Addr)
+	api := &orders{delay: handlerTakes}
+	waiter := serve(t, testenv.NewClient(t, proxy.Addr), api, idempotencyhttp.WithLease(lease), idempotencyhttp.WithWait(wait))
+
+	held := sendInBackground(t, "POST", holder.URL+"/orders", "waited", `{"item":"book"}`)
+	select {
+	case <-holderStarted:
+	case a := <-held:
+		t.Fatalf("the holder answered before its handler started: %+v", a)
+	}
+	began := time.Now()
+	waited := sendInBackground(t, "POST", waiter.URL+"/orders", "waited", `{"item":"book"}`)
+	awaitCalls(t, proxy, "TryStart", 1)
+	time.Sleep(holderKeeps) // the scenario's timing: the holder keeps the key 1.5 leases
+	close(holderGoesOn)
+	if a := <-held; a.status != http.StatusServiceUnavailable {
+		t.Fatalf("the holder: %+v", a)
+	}
+
+	first := <-waited
+	if elapsed := time.Since(began); elapsed < holderKeeps+handlerTakes {
+		t.Errorf("the waiter answered after %v, before the holder let go and its handler ran", elapsed)
+	}
+	if first.status != http.StatusCreated || first.header.Get(idempotencyhttp.ReplayedHeader) != "" || !strings.Contains(first.body, `"order":1`) {
+		t.Fatalf("the waiter: %d %v %s", first.status, first.header, first.body)
+	}
+	if n := api.created.Load(); n != 1 {
+		t.Fatalf("the waiter's handler ran %d times", n)
+	}
+	calls, err := proxy.Calls()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(calls["Complete"]) != 1 {
+		t.Fatalf("the waiter's answer was not stored once: calls %v", calls)
+	}
+
+	replay := send(t, "POST", waiter.URL+"/orders", "waited", `{"item":"book"}`)
+	if replay.status != first.status || replay.body != first.body || replay.header.Get(idempotencyhttp.ReplayedHeader) != "true" {
+		t.Fatalf("the replay: %d %v %s, first %d %s", replay.status, replay.header, replay.body, first.status, first.body)
+	}
+	for _, name := range []string{"Content-Type", "Set-Cookie", "Content-Length"} {
+		if got, want := strings.Join(replay.header.Values(name), ", "), strings.Join(first.header.Values(name), ", "); got != want {
+			t.Errorf("the replay's %s: %q, first %q", name, got, want)
+		}
+	}
+	if n := api.created.Load(); n != 1 {
+		t.Fatalf("the handler ran %d times after the replay", n)
+	}
+}
+
+// awaitCalls polls the proxy's call log until method has been called count times.
+func awaitCalls(t *testing.T, proxy *testenv.FaultProxy, method string, count int) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		calls, err := proxy.Calls()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(calls[method]) >= count {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s was called %d times after 20s, want %d", method, len(calls[method]), count)
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 }

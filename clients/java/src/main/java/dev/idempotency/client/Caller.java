@@ -82,6 +82,15 @@ final class Caller {
    */
   <Req, Resp> CompletableFuture<Resp> callEach(
       String op, MethodDescriptor<Req, Resp> method, Retry retry, Supplier<Attempt<Req>> attempts) {
+    return callEach(op, method, retry, attempts, policy.budget());
+  }
+
+  /**
+   * {@link #callEach(String, MethodDescriptor, Retry, Supplier)}, sending no try later than
+   * {@code retryWithin} from now (nor past the retry budget); the first try is always sent.
+   */
+  <Req, Resp> CompletableFuture<Resp> callEach(
+      String op, MethodDescriptor<Req, Resp> method, Retry retry, Supplier<Attempt<Req>> attempts, Duration retryWithin) {
     CompletableFuture<Resp> result = new CompletableFuture<>();
     AtomicReference<ClientCall<Req, Resp>> inFlight = new AtomicReference<>();
     result.whenComplete((value, failure) -> {
@@ -90,7 +99,7 @@ final class Caller {
         call.cancel("cancelled by the caller", null);
       }
     });
-    long giveUpAt = System.nanoTime() + policy.budget().toNanos();
+    long giveUpAt = System.nanoTime() + Math.min(policy.budget().toNanos(), Math.max(0, retryWithin.toNanos()));
     new Tries<>(op, method, retry, attempts, result, inFlight, giveUpAt).send();
     return result;
   }

@@ -90,13 +90,18 @@ public final class IdempotencyClient implements AutoCloseable {
 
     /**
      * Sends {@code authorization: Bearer <token>} with every call (as call metadata, so that it
-     * works on plaintext loopback too).
+     * works on plaintext loopback too). Null sends none, as without this call: {@code
+     * token(System.getenv("COORDINATOR_TOKEN"))} works both against a coordinator with {@code
+     * --tokens-file} and, with the variable unset, against one without.
      *
-     * @param value printable ASCII, not empty
+     * @param value printable ASCII, not empty; or null for no token
      * @return this builder
      */
     public Builder token(String value) {
-      Validation.notNull("token", value);
+      if (value == null) {
+        this.token = null;
+        return this;
+      }
       if (value.isEmpty() || !value.chars().allMatch(c -> c >= 0x20 && c <= 0x7e)) {
         throw Validation.invalid("token", "must be non-empty printable ASCII");
       }
@@ -277,6 +282,12 @@ public final class IdempotencyClient implements AutoCloseable {
    *   <li>Replays a completed key without running the work; waits for another holder with
    *       TryStart's server-side wait (up to 60 s per TryStart, asked again for longer waits),
    *       then throws {@link InProgressException}.
+   *   <li>Counts the lease from the sending of the TryStart that won it. When that TryStart took
+   *       longer than a tenth of the lease (it waited for a holder), renews the lease with
+   *       ExtendLease before the work starts, so that the work has its whole lease, counted from the
+   *       renewal's sending. A renewal refused because the key is no longer this holder's is {@link
+   *       LeaseLostException}; one that cannot get through within the lease or the retry budget
+   *       throws its error after releasing the key; the work does not run in either case.
    *   <li>Runs the work on this thread while a heartbeat extends the lease every third of it.
    *       When the lease is lost, or may have run out while the coordinator was unreachable, the
    *       thread is interrupted and {@link Lease#isLost()} turns true; the interrupt is cleared

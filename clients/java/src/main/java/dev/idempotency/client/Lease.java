@@ -15,8 +15,8 @@ import java.util.concurrent.atomic.AtomicBoolean;
  * The claim a running work holds. While the work runs a heartbeat renews the lease; the moment it
  * is lost (the coordinator answered {@code LEASE_LOST}, {@code KEY_NOT_FOUND} or {@code
  * ALREADY_COMPLETED} to a heartbeat) or may have run out while the coordinator could not be
- * reached (a timer at the lease's end, counted from before the claim was sent and reset by every
- * renewal), the work is stopped: its thread interrupted (blocking {@code runOnce}) or its future
+ * reached (a timer at the lease's end, counted from the sending of the call that set the lease and
+ * reset by every renewal), the work is stopped: its thread interrupted (blocking {@code runOnce}) or its future
  * cancelled ({@code runOnceAsync}), and {@link #isLost()} turns true for work that polls.
  */
 public final class Lease {
@@ -43,7 +43,12 @@ public final class Lease {
   private ScheduledFuture<?> heartbeat;
   private ScheduledFuture<?> watchdog;
 
-  Lease(Runs runs, String namespace, String key, Claim.Started claim, Duration leaseTtl, long askedAt) {
+  /**
+   * The lease of {@code claim}, counted from {@code countedFrom} ({@link System#nanoTime()}): the
+   * sending of the call that set it, the TryStart that won the claim or the renewal after a long
+   * wait for it, never its answer, so that it never runs out later here than on the coordinator.
+   */
+  Lease(Runs runs, String namespace, String key, Claim.Started claim, Duration leaseTtl, long countedFrom) {
     this.runs = runs;
     this.namespace = namespace;
     this.key = key;
@@ -52,8 +57,7 @@ public final class Lease {
     this.checkpoint = claim.checkpoint();
     this.leaseTtl = leaseTtl;
     this.expiresAt = claim.leaseExpiresAt();
-    // Counted from before the winning TryStart was sent: never later than the coordinator's.
-    this.runsOutAt = askedAt + leaseTtl.toNanos();
+    this.runsOutAt = countedFrom + leaseTtl.toNanos();
   }
 
   /**

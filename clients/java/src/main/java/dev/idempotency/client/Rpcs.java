@@ -2,6 +2,7 @@ package dev.idempotency.client;
 
 import dev.idempotency.v1.CompleteRequest;
 import dev.idempotency.v1.ExtendLeaseRequest;
+import dev.idempotency.v1.ExtendLeaseResponse;
 import dev.idempotency.v1.IdempotencyServiceGrpc;
 import dev.idempotency.v1.LookupRequest;
 import dev.idempotency.v1.MarkProcessedRequest;
@@ -95,11 +96,15 @@ final class Rpcs {
   }
 
   CompletableFuture<Void> release(String namespace, String key, long token) {
+    return release(namespace, key, token, Caller.Retry.TRANSIENT);
+  }
+
+  /** Release, retried as {@code retry} says. */
+  CompletableFuture<Void> release(String namespace, String key, long token, Caller.Retry retry) {
     Validation.key("namespace", namespace, key);
     Validation.token(token);
     var m = ReleaseRequest.newBuilder().setNamespace(namespace).setKey(key).setLeaseToken(token).build();
-    return caller.call("Release", IdempotencyServiceGrpc.getReleaseMethod(), Caller.Retry.TRANSIENT, m)
-        .thenApply(a -> null);
+    return caller.call("Release", IdempotencyServiceGrpc.getReleaseMethod(), retry, m).thenApply(a -> null);
   }
 
   /** ExtendLease, retried as {@code retry} says (a heartbeat is never retried: the next beat is). */
@@ -109,6 +114,13 @@ final class Rpcs {
     Validation.token(token);
     Validation.lease("lease_ttl", leaseTtl, true);
     Validation.bytes("checkpoint", checkpoint, Limits.MAX_CHECKPOINT_BYTES);
+    return caller.call("ExtendLease", IdempotencyServiceGrpc.getExtendLeaseMethod(), retry,
+            extendLeaseMessage(namespace, key, token, leaseTtl, checkpoint))
+        .thenApply(Rpcs::leaseExpiry);
+  }
+
+  static ExtendLeaseRequest extendLeaseMessage(
+      String namespace, String key, long token, Duration leaseTtl, byte[] checkpoint) {
     var m = ExtendLeaseRequest.newBuilder().setNamespace(namespace).setKey(key).setLeaseToken(token);
     if (leaseTtl != null) {
       m.setLeaseTtl(Protos.duration(leaseTtl));
@@ -116,8 +128,12 @@ final class Rpcs {
     if (checkpoint != null) {
       m.setCheckpoint(Protos.bytes(checkpoint)); // present, even empty: replaces the stored one
     }
-    return caller.call("ExtendLease", IdempotencyServiceGrpc.getExtendLeaseMethod(), retry, m.build())
-        .thenApply(a -> Protos.instant(a.getLeaseExpiresAt(), a.hasLeaseExpiresAt()));
+    return m.build();
+  }
+
+  /** When an ExtendLease's answer says the lease now runs out. */
+  static Instant leaseExpiry(ExtendLeaseResponse answer) {
+    return Protos.instant(answer.getLeaseExpiresAt(), answer.hasLeaseExpiresAt());
   }
 
   CompletableFuture<KeyState> lookup(String namespace, String key) {

@@ -12,6 +12,7 @@ import java.util.concurrent.CompletableFuture;
 import java.util.concurrent.ScheduledExecutorService;
 import java.util.concurrent.ThreadLocalRandom;
 import java.util.concurrent.TimeUnit;
+import java.util.concurrent.atomic.AtomicLong;
 import java.util.concurrent.atomic.AtomicReference;
 
 /**
@@ -23,6 +24,12 @@ import java.util.concurrent.atomic.AtomicReference;
 final class Runs {
   /** What is left of a waiting caller's limit that is too little to ask the coordinator again. */
   private static final Duration WAIT_SLACK = Duration.ofMillis(20);
+  /**
+   * A claim whose TryStart took longer than the lease divided by this is renewed before the work
+   * starts (docs/contract.md, "A claim that waited"): past a tenth, the first heartbeat would have
+   * less than two thirds of its margin left.
+   */
+  private static final long WAITED_CLAIM_LEASE_DIVISOR = 10;
 
   private final Rpcs rpcs;
   private final Caller caller;
@@ -87,12 +94,12 @@ final class Runs {
   <T, E extends Exception> Outcome<T> run(Spec spec, ResultCodec<T> codec, Work<T, E> work) throws E {
     Validation.notNull("codec", codec);
     Validation.notNull("work", work);
-    Claimed claimed = Futures.await("TryStart", claim(spec));
+    Claimed claimed = Futures.await("RunOnce", claimWholeLease(spec));
     if (claimed.claim() instanceof Claim.Completed completed) {
       return replay(completed, codec);
     }
     Lease lease = new Lease(this, spec.namespace(), spec.key(), (Claim.Started) claimed.claim(), spec.lease(),
-        claimed.askedAt());
+        claimed.sentAt());
     lease.runningOn(Thread.currentThread());
     T value = null;
     Throwable failure = null;
@@ -121,11 +128,11 @@ final class Runs {
         current.cancel(true);
       }
     });
-    CompletableFuture<Claimed> claiming = claim(spec);
+    CompletableFuture<Claimed> claiming = claimWholeLease(spec);
     stage.set(claiming);
     claiming.whenComplete((claimed, claimFailure) -> {
       if (claimFailure != null) {
-        result.completeExceptionally(Errors.asApiFailure("TryStart", claimFailure));
+        result.completeExceptionally(Errors.asApiFailure("RunOnce", claimFailure));
         return;
       }
       if (claimed.claim() instanceof Claim.Completed completed) {
@@ -137,7 +144,7 @@ final class Runs {
         return;
       }
       Lease lease = new Lease(this, spec.namespace(), spec.key(), (Claim.Started) claimed.claim(), spec.lease(),
-          claimed.askedAt());
+          claimed.sentAt());
       CompletableFuture<T> running;
       try {
         lease.start(spec.heartbeat());
@@ -256,8 +263,122 @@ final class Runs {
         });
   }
 
-  /** A claim that is Started or Completed, and when the TryStart that won it was first sent. */
-  private record Claimed(Claim claim, long askedAt) {}
+  /**
+   * A claim that is Started or Completed, when the call that set its lease was sent (the TryStart
+   * that won it, first try; or the renewal after a long wait, the try that succeeded) and when its
+   * answer came, both by {@link System#nanoTime()}.
+   */
+  private record Claimed(Claim claim, long sentAt, long answeredAt) {}
+
+  /**
+   * Claims the key ({@link #claim}) so that the work starts with its whole lease, as the contract's
+   * "A claim that waited" says (docs/contract.md, Client defaults). The lease is counted from the
+   * sending of the TryStart that won it, never from its answer, since the coordinator may have
+   * granted it at any instant of a wait for another holder; so when that TryStart took longer than
+   * a tenth of the lease, as much of it may be spent already (all of it, after a long wait), and the
+   * lease is renewed before the work starts and counted from the renewal's sending instead.
+   */
+  private CompletableFuture<Claimed> claimWholeLease(Spec spec) {
+    CompletableFuture<Claimed> result = new CompletableFuture<>();
+    AtomicReference<CompletableFuture<Claimed>> stage = new AtomicReference<>();
+    result.whenComplete((v, t) -> {
+      if (result.isCancelled()) {
+        stage.get().cancel(true);
+      }
+    });
+    CompletableFuture<Claimed> claiming = claim(spec);
+    stage.set(claiming);
+    claiming.whenComplete((claimed, failure) -> {
+      if (failure != null) {
+        result.completeExceptionally(Errors.unwrap(failure));
+        return;
+      }
+      if (!(claimed.claim() instanceof Claim.Started started)
+          || claimed.answeredAt() - claimed.sentAt() <= spec.lease().toNanos() / WAITED_CLAIM_LEASE_DIVISOR) {
+        result.complete(claimed);
+        return;
+      }
+      CompletableFuture<Claimed> renewing = renewAfterWait(spec, started, claimed.sentAt());
+      stage.set(renewing);
+      if (result.isCancelled()) {
+        renewing.cancel(true);
+      }
+      renewing.whenComplete((renewed, renewFailure) -> {
+        if (renewFailure != null) {
+          result.completeExceptionally(Errors.unwrap(renewFailure));
+        } else {
+          result.complete(renewed);
+        }
+      });
+    });
+    return result;
+  }
+
+  /**
+   * Renews the lease of a claim whose TryStart waited: one ExtendLease with the run's lease, retried
+   * like any (a failure is sent again after the retry pauses) until it succeeds, the lease counted
+   * from the claim's sending runs out, or the retry budget does. A refusal that says the key is no
+   * longer this holder's is {@link LeaseLostException}; any other failure is the renewal's own
+   * error, after a best-effort Release, so that a retry need not wait for the lease to run out.
+   * Cancelling the future (the caller gave up) releases the claim too.
+   */
+  private CompletableFuture<Claimed> renewAfterWait(Spec spec, Claim.Started started, long claimSentAt) {
+    Duration retryWithin = Duration.ofNanos(claimSentAt + spec.lease().toNanos() - System.nanoTime());
+    var message = Rpcs.extendLeaseMessage(spec.namespace(), spec.key(), started.token(), spec.lease(), null);
+    AtomicLong sentAt = new AtomicLong();
+    CompletableFuture<dev.idempotency.v1.ExtendLeaseResponse> call =
+        caller.callEach("ExtendLease", IdempotencyServiceGrpc.getExtendLeaseMethod(), Caller.Retry.TRANSIENT, () -> {
+          // Each try records its sending: the one that succeeds is the last sent, and its sending is
+          // when the coordinator's new lease began at the earliest.
+          sentAt.set(System.nanoTime());
+          return new Caller.Attempt<>(message, Duration.ZERO);
+        }, retryWithin);
+    CompletableFuture<Claimed> result = new CompletableFuture<>();
+    result.whenComplete((v, t) -> {
+      if (result.isCancelled()) {
+        call.cancel(true);
+        releaseAfterFailedRenewal(spec, started.token());
+      }
+    });
+    call.whenComplete((answer, failure) -> {
+      if (result.isDone()) {
+        return; // cancelled meanwhile, and released
+      }
+      if (failure == null) {
+        Claim.Started renewed = new Claim.Started(started.token(), started.attempt(), Rpcs.leaseExpiry(answer),
+            started.checkpoint(), started.attemptId());
+        result.complete(new Claimed(renewed, sentAt.get(), System.nanoTime()));
+        return;
+      }
+      Throwable cause = Errors.unwrap(failure);
+      if (cause instanceof LeaseLostException
+          || cause instanceof KeyNotFoundException
+          || cause instanceof AlreadyCompletedException) {
+        // As for a heartbeat: the key is no longer this holder's, and there is nothing to release.
+        result.completeExceptionally(Errors.leaseLost("RunOnce",
+            "the lease could not be renewed after the wait for it: the key is no longer this holder's", cause));
+        return;
+      }
+      releaseAfterFailedRenewal(spec, started.token())
+          .whenComplete((released, ignored) -> result.completeExceptionally(cause));
+    });
+    return result;
+  }
+
+  /**
+   * Gives up a claim whose renewal did not get through, with one try (the coordinator was just
+   * unreachable for the renewal's whole window; more tries would only delay the caller's error,
+   * and the claim frees itself when its lease runs out). Failing to is logged, not returned.
+   */
+  private CompletableFuture<Void> releaseAfterFailedRenewal(Spec spec, long token) {
+    return rpcs.release(spec.namespace(), spec.key(), token, Caller.Retry.NEVER).handle((ok, t) -> {
+      if (t != null) {
+        log.log(Level.WARNING, () -> "idempotency: could not release a claim whose lease could not be renewed in"
+            + " namespace " + spec.namespace() + "; it frees when its lease runs out: " + Errors.unwrap(t).getMessage());
+      }
+      return null;
+    });
+  }
 
   /**
    * Sends TryStart with one attempt id for the whole call, waiting for a holder on the coordinator:
@@ -295,9 +416,10 @@ final class Runs {
         result.completeExceptionally(Errors.unwrap(failure));
         return;
       }
+      long answeredAt = System.nanoTime();
       Claim claim = Protos.claim(answer, attemptId);
       if (claim instanceof Claim.Started || claim instanceof Claim.Completed) {
-        result.complete(new Claimed(claim, askedAt));
+        result.complete(new Claimed(claim, askedAt, answeredAt));
       } else if (claim instanceof Claim.FingerprintMismatch) {
         result.completeExceptionally(Errors.mismatch("RunOnce"));
       } else if (claim instanceof Claim.InProgress busy) {

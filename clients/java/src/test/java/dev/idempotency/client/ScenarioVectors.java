@@ -20,7 +20,7 @@ import java.util.Set;
  */
 final class ScenarioVectors {
   private static final List<String> ACTIONS = List.of("run", "await_started", "open_gate", "join", "fault", "refuse",
-      "restore", "reset", "await_calls", "expect_calls", "expect_key");
+      "restore", "reset", "await_calls", "expect_calls", "claim", "pause_ms", "expect_key");
   private static final Set<String> ERROR_KINDS = Set.of("mismatch", "in_progress", "lease_lost", "result_not_stored",
       "unavailable", "unauthenticated", "work_failed", "other");
 
@@ -61,9 +61,21 @@ final class ScenarioVectors {
       JsonNode run = step.get("run");
       only(run, where + ": run", "as", "key", "request", "wait_ms", "lease_ttl_ms", "work");
       assertTrue(run.path("key").isTextual() && run.has("request"), where + ": a run has a key and a request");
-      only(run.path("work"), where + ": work", "result", "fail", "gate", "until_cancelled", "refuse_at_end");
+      only(run.path("work"), where + ": work", "result", "fail", "gate", "until_cancelled", "duration_ms",
+          "refuse_at_end");
       assertTrue(run.path("work").has("result") != run.path("work").has("fail"), where + ": a work has a result or fail");
+      JsonNode duration = run.path("work").path("duration_ms");
+      assertTrue(duration.isMissingNode() || duration.isInt() && duration.asInt() > 0,
+          where + ": a work's duration_ms is a positive integer: " + duration);
     }
+    if (step.has("claim")) {
+      JsonNode claim = step.get("claim");
+      only(claim, where + ": claim", "key", "request", "lease_ttl_ms");
+      assertTrue(claim.path("key").isTextual() && claim.has("request") && claim.path("lease_ttl_ms").isInt(),
+          where + ": a claim has a key, a request and a lease_ttl_ms");
+    }
+    assertTrue(!step.has("pause_ms") || step.get("pause_ms").isInt() && step.get("pause_ms").asInt() > 0,
+        where + ": pause_ms is a positive integer");
     if (step.has("expect")) {
       JsonNode expect = step.get("expect");
       only(expect, where + ": expect", "result", "error", "carried_result", "work_ran", "work_cancelled", "attempt",

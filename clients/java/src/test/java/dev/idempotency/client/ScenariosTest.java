@@ -2,6 +2,7 @@ package dev.idempotency.client;
 
 import static org.junit.jupiter.api.Assertions.assertEquals;
 import static org.junit.jupiter.api.Assertions.assertFalse;
+import static org.junit.jupiter.api.Assertions.assertInstanceOf;
 import static org.junit.jupiter.api.Assertions.assertTrue;
 import static org.junit.jupiter.api.Assertions.fail;
 
@@ -41,7 +42,8 @@ import org.junit.jupiter.api.TestFactory;
  * what each step and expectation means): {@code runOnce} against the real coordinator on SQLite,
  * with a {@link FaultProxy} between the client and the coordinator, one proxy and one fresh client
  * per scenario, one scenario after the other. Nothing sleeps to synchronise: a run's work reports
- * through futures and latches, and {@code await_calls} polls the proxy's call log.
+ * through futures and latches, and {@code await_calls} polls the proxy's call log; {@code
+ * pause_ms} and a work's {@code duration_ms} are the scenario's own timing.
  *
  * <p>The error kinds are this client's exceptions: {@code mismatch} {@link
  * FingerprintMismatchException}, {@code in_progress} {@link InProgressException}, {@code
@@ -202,6 +204,12 @@ class ScenariosTest {
         awaitCalls(where, step.get("await_calls"));
       } else if (step.has("expect_calls")) {
         expectCalls(where, step.get("expect_calls"));
+      } else if (step.has("claim")) {
+        claim(where, step.get("claim"));
+      } else if (step.has("pause_ms")) {
+        // The scenario's own timing (a holder that keeps the key this long), not a wait for
+        // something the runner could watch.
+        Coordinator.sleep(step.get("pause_ms").asLong());
       } else {
         expectKey(where, step.get("expect_key"));
       }
@@ -211,6 +219,17 @@ class ScenariosTest {
       Run run = runs.get(name);
       assertTrue(run != null, where + ": no run named " + name + " was started");
       return run;
+    }
+
+    /**
+     * One bare TryStart through the scenario's client, with the fingerprint runOnce sends for the
+     * request, and nothing after it: a holder whose process died, whose lease runs out.
+     */
+    private void claim(String where, JsonNode spec) {
+      Object request = JSON.convertValue(spec.get("request"), Object.class);
+      Claim claim = client.tryStart(TryStartRequest.builder(NAMESPACE, prefix + spec.get("key").asText())
+          .fingerprint(Fingerprints.of(request)).leaseTtl(Duration.ofMillis(spec.get("lease_ttl_ms").asLong())).build());
+      assertInstanceOf(Claim.Started.class, claim, where + ": the claim's TryStart");
     }
 
     /** Calls runOnce on a thread of its own, with a work that does what the run's work says. */
@@ -256,6 +275,9 @@ class ScenariosTest {
       if (run.work.path("until_cancelled").asBoolean()) {
         waitFor(run, lease, new CountDownLatch(1)); // only the client's cancellation (or the limit) ends it
       }
+      if (run.work.has("duration_ms")) {
+        workFor(run, lease, run.work.get("duration_ms").asLong());
+      }
       if (Thread.currentThread().isInterrupted() && lease.isLost() && !over) {
         run.cancelled = true; // cancelled while it did not wait
       }
@@ -289,6 +311,25 @@ class ScenariosTest {
           }
         }
         return false;
+      }
+    }
+
+    /**
+     * Works for that long, watching for the client's cancellation (the interrupt of the work's
+     * thread): cancelled, the work notes it and fails with the interrupt, so that a cancelled run
+     * never returns its result.
+     */
+    private void workFor(Run run, Lease lease, long millis) throws InterruptedException {
+      try {
+        Thread.sleep(millis);
+      } catch (InterruptedException e) {
+        if (!over) {
+          run.cancelled = true;
+          if (!lease.isLost()) {
+            run.problems.add("the work's thread was interrupted, but its lease is not lost");
+          }
+        }
+        throw e;
       }
     }
 

@@ -58,6 +58,12 @@ class SecurityTest {
         UnauthenticatedException e = assertThrows(UnauthenticatedException.class, () -> runOnce(anonymous, "jobs"));
         assertEquals("UNAUTHENTICATED", e.reason().orElseThrow());
       }
+      // token(null), what token(System.getenv(...)) gives for an unset variable, sends no token;
+      // a null after a token takes it back.
+      try (IdempotencyClient unset = oneTry(IdempotencyClient.builder(coordinator.address()).token(all.secret())
+          .token(null))) {
+        assertThrows(UnauthenticatedException.class, () -> runOnce(unset, "jobs"));
+      }
       try (IdempotencyClient guessed = oneTry(IdempotencyClient.builder(coordinator.address())
           .token("idc_" + "0".repeat(64)))) {
         assertThrows(UnauthenticatedException.class, () -> guessed.lookup("jobs", "k"));

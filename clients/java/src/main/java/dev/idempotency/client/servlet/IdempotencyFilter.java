@@ -49,6 +49,9 @@ import java.util.Set;
  * kept until the claim is settled (stored, or released for an answer that is not final) and then
  * sent; only an answer over the stored limit is streamed as it is written. The filter handles
  * blocking servlets: register it without async support.
+ *
+ * <p>A container that makes filters from their class name (web.xml) takes {@link
+ * ConfiguredIdempotencyFilter}, which builds this filter from init-params.
  */
 public final class IdempotencyFilter implements Filter {
   /** The fencing token of the claim the handler runs under (a client's own is removed). */

@@ -7,9 +7,11 @@ import static org.junit.jupiter.api.Assertions.assertTrue;
 
 import com.fasterxml.jackson.databind.JsonNode;
 import com.fasterxml.jackson.databind.ObjectMapper;
+import dev.idempotency.client.Claim;
 import dev.idempotency.client.Coordinator;
 import dev.idempotency.client.IdempotencyClient;
 import dev.idempotency.client.KeyState;
+import dev.idempotency.client.TryStartRequest;
 import jakarta.servlet.DispatcherType;
 import jakarta.servlet.http.HttpServlet;
 import jakarta.servlet.http.HttpServletRequest;
@@ -229,6 +231,45 @@ class FilterTest {
       assertEquals("in-progress", problemType(busy));
       assertEquals("1", busy.headers().firstValue("retry-after").orElse(""));
       assertEquals(201, running.get().statusCode());
+    }
+  }
+
+  /**
+   * A request whose wait for the key outlasts its own lease: a crashed holder (a bare claim of the
+   * key for the same request, as the filter fingerprints it, with a 2.5 s lease nobody renews) and
+   * a filter with a 2 s lease and a 10 s wait. The request gets the key only when the holder's
+   * lease runs out, 2.5 s into its TryStart; the filter renews the lease before the servlet runs
+   * (docs/contract.md, "A claim that waited"), so the servlet runs once, whole (1.5 s, not
+   * interrupted), and its answer is stored and replayed.
+   */
+  @Test
+  void aRequestThatWaitedOutACrashedHolderRunsOnceAndIsReplayed() throws Exception {
+    IdempotencyFilter filter = IdempotencyFilter.builder(client, "orders").lease(Duration.ofSeconds(2))
+        .maxWait(Duration.ofSeconds(10)).build();
+    try (App app = App.start(filter)) {
+      app.orders().delayMillis = 1500;
+      String key = UUID.randomUUID().toString();
+      String body = "{\"item\":\"book\"}";
+      byte[] fingerprint = HttpKeys.fingerprint("POST", "/orders",
+          "application/json".getBytes(StandardCharsets.ISO_8859_1), body.getBytes(StandardCharsets.UTF_8));
+      assertInstanceOf(Claim.Started.class, client.tryStart(TryStartRequest.builder("orders", key)
+          .fingerprint(fingerprint).leaseTtl(Duration.ofMillis(2500)).build()));
+
+      long began = System.nanoTime();
+      HttpResponse<String> first = post(app.url() + "/orders", key, body);
+      long tookMillis = Duration.ofNanos(System.nanoTime() - began).toMillis();
+      assertEquals(201, first.statusCode(), first.body());
+      assertEquals(1, app.orders().created.get(), "the servlet ran once, whole");
+      assertTrue(tookMillis >= 2500 + 1500 - 300, "waited out the holder, then ran the servlet: " + tookMillis + " ms");
+      KeyState.Completed stored = assertInstanceOf(KeyState.Completed.class, client.lookup("orders", key));
+      assertEquals(201, StoredResponse.CODEC.decode(stored.response()).status());
+
+      HttpResponse<String> again = post(app.url() + "/orders", key, body);
+      assertEquals(201, again.statusCode());
+      assertEquals(first.body(), again.body());
+      assertEquals(first.headers().allValues("set-cookie"), again.headers().allValues("set-cookie"));
+      assertEquals("true", again.headers().firstValue("idempotent-replayed").orElse(""));
+      assertEquals(1, app.orders().created.get(), "the replay did not run the servlet");
     }
   }
 
