@@ -21,6 +21,7 @@ use crate::grpc::{self, Security, TlsMaterial};
 use crate::health::{HealthState, ServingStatus};
 use crate::readiness;
 use crate::reaper;
+use crate::service::held_keys::HeldKeys;
 use crate::service::waiting::{DatabaseClock, Waiters};
 use crate::service::{Coordinator, InFlight, ReplayCache, Waiting};
 use crate::store::{AnyStore, OpenError, Store};
@@ -209,6 +210,10 @@ impl Application {
             settings.coalescing,
             waiting,
             ReplayCache::new(settings.replay_cache_bytes, clock.clone()),
+            HeldKeys::new(
+                HeldKeys::lane_for_pool(settings.store.pool_size),
+                settings.operation_timeout,
+            ),
             &Lifecycle {
                 supervisor: supervisor.clone(),
                 shutdown: shutdown.clone(),

@@ -95,6 +95,10 @@ impl<C> Round<C> {
         self.0.iter()
     }
 
+    pub fn as_slice(&self) -> &[C] {
+        &self.0
+    }
+
     pub fn into_commands(self) -> Vec<C> {
         self.0
     }

@@ -8,9 +8,12 @@
 //!   `statement_timeout`, SQLite's `busy_timeout` and a deadline checked before commit);
 //! - the last 5% for the answer to come back before the coordinator's own deadline at 100%.
 //!
-//! Within the statement's share, 20% of the operation is the most a PostgreSQL statement waits
-//! for one row lock (`lock_timeout`): a key that another transaction holds longer fails only its
-//! own callers, and the other calls of a shared statement are run again without it.
+//! Row locks. Every PostgreSQL statement first waits at most [`BRIEF_LOCK`] (20 ms) for a row
+//! lock (`lock_timeout`): longer, and the key is taken for held by another transaction (an
+//! operator's session, a stalled statement of another replica), the statement wrote nothing,
+//! and the call leaves the shared path (`service::held_keys`) to wait for its own key alone,
+//! patiently: up to 20% of the operation, within the statement's share. So a held key delays
+//! the calls that do not need it by at most one brief wait, whatever holds it and for how long.
 //!
 //! That last deadline then only fires when the connection itself has stopped answering; every
 //! other timeout is reported by the database, with nothing written.
@@ -27,10 +30,22 @@ pub struct TimeBudget {
     pub connection_wait: Duration,
     /// How long the database lets a statement run.
     pub statement: Duration,
-    /// How long a statement may wait for a lock another transaction holds (PostgreSQL's
-    /// `lock_timeout`), well within the statement's time.
+    /// How long the statement of a call whose own key is held waits for its lock (PostgreSQL's
+    /// `lock_timeout`, set for that statement), well within the statement's time.
     pub lock: Duration,
+    /// How long any statement first waits for a row lock (the session's `lock_timeout`): past
+    /// it, the key is treated as held by someone else, and only the calls that need it wait
+    /// longer, on their own.
+    pub brief_lock: Duration,
 }
+
+/// The first wait of every statement for a row lock. A row is locked by another of this
+/// service's statements for as long as that statement runs (a few milliseconds, a shared one
+/// under load a few more): a wait longer than this is a key held by something else, and waiting
+/// it out on the shared path would delay every call queued behind it. Short enough that the
+/// calls behind a held key are answered within tens of milliseconds (the held-key tests ask
+/// 100 ms), long enough that the service's own statements rarely exceed it.
+pub const BRIEF_LOCK: Duration = Duration::from_millis(20);
 
 impl TimeBudget {
     pub fn of(operation: Duration) -> Self {
@@ -40,6 +55,7 @@ impl TimeBudget {
             connection_wait: operation * 7 / 20,
             statement: operation / 2,
             lock: operation / 5,
+            brief_lock: BRIEF_LOCK.min(operation / 5),
         }
     }
 }
@@ -56,6 +72,8 @@ mod tests {
         assert_eq!(budget.statement, Duration::from_millis(2500));
         assert_eq!(budget.lock, Duration::from_millis(1000));
         assert!(budget.lock < budget.statement);
+        assert_eq!(budget.brief_lock, BRIEF_LOCK);
+        assert!(TimeBudget::of(Duration::from_millis(50)).brief_lock <= Duration::from_millis(10));
         assert!(budget.queue_wait + budget.connection_wait + budget.statement < budget.operation);
     }
 }

@@ -181,6 +181,18 @@ fn describe() {
         "idempotency_replay_cache_bytes",
         "Bytes the replay cache holds, by its weights."
     );
+    describe_gauge!(
+        "idempotency_held_keys",
+        "Keys and event ids found held by another transaction, whose calls wait on their own now."
+    );
+    describe_counter!(
+        "idempotency_held_key_calls_total",
+        "Calls that waited for their key, held by another transaction, on their own (the held-key lane)."
+    );
+    describe_counter!(
+        "idempotency_held_key_reruns_total",
+        "Calls run again alone because their shared statement met a key held by another transaction."
+    );
 }
 
 /// The states read at each scrape.
@@ -212,6 +224,7 @@ impl Sources {
         );
         counter!("idempotency_log_lines_dropped_total")
             .absolute(crate::telemetry::dropped_log_lines());
+        gauge!("idempotency_held_keys").set(self.coordinator.held_keys() as f64);
         for (coalescer, queued, capacity) in self.coordinator.coalescer_queues() {
             gauge!("idempotency_coalescer_queue_depth", "coalescer" => coalescer)
                 .set(queued as f64);

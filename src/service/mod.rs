@@ -26,12 +26,17 @@ use tracing::{Instrument, Span};
 use tokio_util::task::TaskTracker;
 
 pub mod coalesce;
+pub mod held_keys;
 pub mod in_flight;
 pub mod replay_cache;
 mod wait_for_holder;
 pub mod waiting;
 
-use coalesce::{Backlog, Coalescer, CoalescerSettings, Executors, FollowsEarlier};
+use coalesce::{
+    AloneFuture, Backlog, Coalescer, CoalescerSettings, Executors, FollowsEarlier, Isolate,
+    RoundFuture,
+};
+use held_keys::{HeldKeys, RunsAlone, Watch};
 pub use in_flight::InFlight;
 pub use replay_cache::ReplayCache;
 pub use wait_for_holder::Waiting;
@@ -122,21 +127,19 @@ struct Dispatch<'a> {
     tasks: &'a TaskTracker,
     in_flight: &'a InFlight,
     store: &'a AnyStore,
+    isolation: &'a Isolation,
 }
 
 impl Dispatch<'_> {
     /// The coalescer of one kind of command, whose rounds `run` sends to the store.
-    fn start<C, R, F, Fut>(
+    fn start<C>(
         &self,
         name: &'static str,
         settings: CoalescerSettings,
-        run: F,
-    ) -> Coalescer<C, R>
+        run: for<'r> fn(AnyStore, &'r Round<C>) -> RoundFuture<'r, C::Answer>,
+    ) -> Coalescer<C, C::Answer>
     where
-        C: Batchable + FollowsEarlier<R> + Clone + Send + 'static,
-        R: Send + 'static,
-        F: Fn(AnyStore, Round<C>) -> Fut + Send + Sync + 'static,
-        Fut: Future<Output = Vec<Result<R, StoreError>>> + Send + 'static,
+        C: Batchable + FollowsEarlier<C::Answer> + RunsAlone + Clone,
     {
         let store = self.store.clone();
         Coalescer::start(
@@ -146,8 +149,49 @@ impl Dispatch<'_> {
             self.shared,
             self.tasks.clone(),
             self.in_flight.clone(),
+            std::sync::Arc::new(self.isolation.clone()),
             move |round| run(store.clone(), round),
         )
+    }
+}
+
+/// How a call leaves the shared path when a key is held (see `held_keys`): the registry and
+/// lane of held keys, on the coordinator's store, within the operation timeout.
+#[derive(Clone)]
+struct Isolation {
+    held: HeldKeys,
+    store: AnyStore,
+    timeout: Duration,
+}
+
+impl Isolation {
+    /// When the store's work for a call answered by `answer_by` must end: the last twentieth of
+    /// the operation is left for the answer to come back (as `domain::budget` shares it out).
+    fn store_deadline(&self, answer_by: tokio::time::Instant) -> tokio::time::Instant {
+        answer_by - self.timeout / 20
+    }
+}
+
+impl<C: RunsAlone> Isolate<C, C::Answer> for Isolation {
+    fn is_held(&self, command: &C) -> bool {
+        self.held.any_held(command)
+    }
+
+    fn alone(
+        &self,
+        command: C,
+        answer_by: tokio::time::Instant,
+        after_shared: bool,
+    ) -> AloneFuture<C::Answer> {
+        let (held, store, timeout) = (self.held.clone(), self.store.clone(), self.timeout);
+        let deadline = self.store_deadline(answer_by);
+        Box::pin(async move {
+            let alone = held.run_alone(&store, &command, after_shared, deadline);
+            match tokio::time::timeout_at(answer_by, alone).await {
+                Ok(answer) => answer.map_err(CoordinatorError::Store),
+                Err(_elapsed) => Err(CoordinatorError::TimedOut(timeout)),
+            }
+        })
     }
 }
 
@@ -191,6 +235,8 @@ pub struct Coordinator {
     in_flight: InFlight,
     /// Completed records answered from memory (see `replay_cache`), unless it is off.
     replays: Option<ReplayCache>,
+    /// Held keys, and how their calls run on their own (see `held_keys`).
+    isolation: Isolation,
 }
 
 impl Coordinator {
@@ -209,8 +255,14 @@ impl Coordinator {
         coalescing: Option<Coalescing>,
         waiting: Option<Waiting>,
         replays: Option<ReplayCache>,
+        held: HeldKeys,
         lifecycle: &Lifecycle,
     ) -> Self {
+        let isolation = Isolation {
+            held,
+            store: store.clone(),
+            timeout: operation_timeout,
+        };
         let coalescers = coalescing.map(|coalescing| {
             let queue_capacity = coalescing
                 .executors
@@ -242,22 +294,23 @@ impl Coordinator {
                 tasks: &tasks,
                 in_flight: &in_flight,
                 store: &store,
+                isolation: &isolation,
             };
             Coalescers {
                 try_start: dispatch.start(
                     "coalescer dispatcher: TryStart",
                     settings,
-                    |store, round| async move { store.try_start_batch(round).await },
+                    |store, round| Box::pin(async move { store.try_start_batch(round).await }),
                 ),
                 complete: dispatch.start(
                     "coalescer dispatcher: Complete",
                     settings,
-                    |store, round| async move { store.complete_batch(round).await },
+                    |store, round| Box::pin(async move { store.complete_batch(round).await }),
                 ),
                 mark_processed: dispatch.start(
                     "coalescer dispatcher: MarkProcessed",
                     mark_settings,
-                    |store, round| async move { store.mark_processed_batch(round).await },
+                    |store, round| Box::pin(async move { store.mark_processed_batch(round).await }),
                 ),
             }
         });
@@ -269,7 +322,13 @@ impl Coordinator {
             coalescers,
             in_flight,
             replays,
+            isolation,
         }
+    }
+
+    /// How many keys (or event ids) are remembered as held by another transaction now.
+    pub fn held_keys(&self) -> usize {
+        self.isolation.held.remembered()
     }
 
     /// Each coalescer's queue, for the metrics: its name, the weight queued or running in it,
@@ -329,13 +388,7 @@ impl Coordinator {
     ) -> Result<TryStartOutcome, CoordinatorError> {
         match &self.coalescers {
             Some(coalescers) => self.queued(coalescers.try_start.submit(command)).await,
-            None => {
-                self.run(
-                    "TryStart",
-                    |store| async move { store.try_start(command).await },
-                )
-                .await
-            }
+            None => self.isolated("TryStart", command).await,
         }
     }
 
@@ -366,13 +419,7 @@ impl Coordinator {
     ) -> Result<Completion, CoordinatorError> {
         Ok(match &self.coalescers {
             Some(coalescers) => self.queued(coalescers.complete.submit(command)).await?,
-            None => {
-                self.run(
-                    "Complete",
-                    |store| async move { store.complete(command).await },
-                )
-                .await?
-            }
+            None => self.isolated("Complete", command).await?,
         }?)
     }
 
@@ -390,12 +437,7 @@ impl Coordinator {
     }
 
     pub async fn release(&self, command: ReleaseCommand) -> Result<(), CoordinatorError> {
-        Ok(self
-            .run(
-                "Release",
-                |store| async move { store.release(command).await },
-            )
-            .await??)
+        Ok(self.isolated("Release", command).await??)
     }
 
     /// Answers the lease's new expiry.
@@ -403,11 +445,7 @@ impl Coordinator {
         &self,
         command: ExtendLeaseCommand,
     ) -> Result<Instant, CoordinatorError> {
-        Ok(self
-            .run("ExtendLease", |store| async move {
-                store.extend_lease(command).await
-            })
-            .await??)
+        Ok(self.isolated("ExtendLease", command).await??)
     }
 
     pub async fn lookup(&self, query: LookupQuery) -> Result<KeyState, CoordinatorError> {
@@ -418,15 +456,16 @@ impl Coordinator {
     /// the key's next Complete or Release announced. A completed key the replay cache knows
     /// needs neither.
     async fn look(&self, query: LookupQuery, watching: bool) -> Result<KeyState, CoordinatorError> {
-        let in_store = |query: LookupQuery| {
-            let name = if watching { "Watch" } else { "Lookup" };
-            self.run(name, move |store| async move {
-                if watching {
-                    store.watch(query).await
-                } else {
-                    store.lookup(query).await
-                }
-            })
+        let in_store = async |query: LookupQuery| {
+            if watching {
+                self.isolated("Watch", Watch(query)).await
+            } else {
+                self.run(
+                    "Lookup",
+                    move |store| async move { store.lookup(&query).await },
+                )
+                .await
+            }
         };
         let Some(replays) = &self.replays else {
             return in_store(query).await;
@@ -453,13 +492,38 @@ impl Coordinator {
     ) -> Result<Vec<ProcessedEvent>, CoordinatorError> {
         match &self.coalescers {
             Some(coalescers) => self.queued(coalescers.mark_processed.submit(command)).await,
-            None => {
-                self.run("MarkProcessed", |store| async move {
-                    store.mark_processed(command).await
-                })
-                .await
-            }
+            None => self.isolated("MarkProcessed", command).await,
         }
+    }
+
+    /// `command` on its own, as a tracked task ([`Self::run`]): a key known to be held goes to
+    /// the held-key lane at once, and so does one that its statement finds held (see
+    /// `held_keys`).
+    async fn isolated<C: RunsAlone>(
+        &self,
+        name: &'static str,
+        command: C,
+    ) -> Result<C::Answer, CoordinatorError> {
+        let held = self.isolation.held.clone();
+        let deadline = self
+            .isolation
+            .store_deadline(tokio::time::Instant::now() + self.operation_timeout);
+        self.run(name, move |store| async move {
+            if held.any_held(&command) {
+                return held.in_lane(&store, &command, deadline).await;
+            }
+            match command.run_alone(&store).await {
+                Err(error) => match error.key_held() {
+                    Some(after_shared) => {
+                        held.run_alone(&store, &command, after_shared, deadline)
+                            .await
+                    }
+                    None => Err(error),
+                },
+                answered => answered,
+            }
+        })
+        .await
     }
 
     /// Spawns `operation` as a tracked task and awaits it. If the caller goes away, only this

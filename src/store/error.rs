@@ -23,6 +23,15 @@ pub enum StoreError {
     /// The store answered something the contract rules out.
     #[error("the store is in a state this build does not expect: {0}")]
     Inconsistent(&'static str),
+    /// A row the statement needed was locked by another transaction for longer than the
+    /// statement's lock budget, and the statement wrote nothing. `shared`: the statement carried
+    /// other calls too, so the held row may be another call's, not this one's.
+    #[error("a key the statement needed is held by another transaction")]
+    KeyHeld {
+        shared: bool,
+        #[source]
+        cause: sqlx::Error,
+    },
     /// One failure shared by every command of a batch.
     #[error(transparent)]
     Shared(std::sync::Arc<StoreError>),
@@ -32,9 +41,21 @@ impl StoreError {
     /// Whether a caller may expect the same call to succeed later.
     pub fn is_transient(&self) -> bool {
         match self {
-            Self::Unavailable(_) | Self::TimedOut(_) | Self::NotMigrated(_) => true,
+            Self::Unavailable(_)
+            | Self::TimedOut(_)
+            | Self::NotMigrated(_)
+            | Self::KeyHeld { .. } => true,
             Self::Shared(inner) => inner.is_transient(),
             _ => false,
+        }
+    }
+
+    /// `Some(shared)` when the statement met a held key (see [`Self::KeyHeld`]).
+    pub fn key_held(&self) -> Option<bool> {
+        match self {
+            Self::KeyHeld { shared, .. } => Some(*shared),
+            Self::Shared(inner) => inner.key_held(),
+            _ => None,
         }
     }
 

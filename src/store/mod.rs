@@ -49,12 +49,12 @@ pub enum KeyEvent {
 pub trait Store: Clone + Send + Sync + 'static {
     fn try_start(
         &self,
-        command: TryStartCommand,
+        command: &TryStartCommand,
     ) -> impl Future<Output = Result<TryStartOutcome, StoreError>> + Send;
 
     fn complete(
         &self,
-        command: CompleteCommand,
+        command: &CompleteCommand,
     ) -> impl Future<Output = Result<Result<Completion, Rejection>, StoreError>> + Send;
 
     /// TryStart for a round of callers (no two on one key), one result per command in order,
@@ -62,37 +62,43 @@ pub trait Store: Clone + Send + Sync + 'static {
     /// one statement (PostgreSQL) or one transaction (SQLite), to share round trips and commits.
     fn try_start_batch(
         &self,
-        round: Round<TryStartCommand>,
+        round: &Round<TryStartCommand>,
     ) -> impl Future<Output = Vec<Result<TryStartOutcome, StoreError>>> + Send;
 
     /// MarkProcessed for a round of callers, like [`Store::try_start_batch`]: an event id in
     /// two calls is new for the first and already processed for the second.
     fn mark_processed_batch(
         &self,
-        round: Round<MarkProcessedCommand>,
+        round: &Round<MarkProcessedCommand>,
     ) -> impl Future<Output = Vec<Result<Vec<ProcessedEvent>, StoreError>>> + Send;
 
     /// Complete for a round of callers, like [`Store::try_start_batch`].
     #[allow(clippy::type_complexity)]
     fn complete_batch(
         &self,
-        round: Round<CompleteCommand>,
+        round: &Round<CompleteCommand>,
     ) -> impl Future<Output = Vec<Result<Result<Completion, Rejection>, StoreError>>> + Send;
 
     fn release(
         &self,
-        command: ReleaseCommand,
+        command: &ReleaseCommand,
     ) -> impl Future<Output = Result<Result<(), Rejection>, StoreError>> + Send;
+
+    /// This store for a call whose own key is held by another transaction
+    /// ([`StoreError::KeyHeld`]): its statements wait for a row lock up to the lock budget
+    /// instead of briefly, and end, committed or not, by `deadline`. A store without row locks
+    /// (SQLite, whose one writer never waits for a row) answers itself.
+    fn patient(&self, deadline: std::time::Instant) -> Self;
 
     /// Answers the lease's new expiry.
     fn extend_lease(
         &self,
-        command: ExtendLeaseCommand,
+        command: &ExtendLeaseCommand,
     ) -> impl Future<Output = Result<Result<Instant, Rejection>, StoreError>> + Send;
 
     fn lookup(
         &self,
-        query: LookupQuery,
+        query: &LookupQuery,
     ) -> impl Future<Output = Result<KeyState, StoreError>> + Send;
 
     /// [`Store::lookup`] for a waiting TryStart: when the key answered is in progress, its next
@@ -100,13 +106,13 @@ pub trait Store: Clone + Send + Sync + 'static {
     /// [`Store::key_events`], so the waiter may sleep until then.
     fn watch(
         &self,
-        query: LookupQuery,
+        query: &LookupQuery,
     ) -> impl Future<Output = Result<KeyState, StoreError>> + Send;
 
     /// One result per requested id, in request order.
     fn mark_processed(
         &self,
-        command: MarkProcessedCommand,
+        command: &MarkProcessedCommand,
     ) -> impl Future<Output = Result<Vec<ProcessedEvent>, StoreError>> + Send;
 
     /// Deletes at most `limit` expired keys and answers how many it deleted. Rows another
@@ -289,60 +295,67 @@ macro_rules! delegate {
 }
 
 impl Store for AnyStore {
-    async fn try_start(&self, command: TryStartCommand) -> Result<TryStartOutcome, StoreError> {
+    async fn try_start(&self, command: &TryStartCommand) -> Result<TryStartOutcome, StoreError> {
         delegate!(self, store => store.try_start(command))
     }
 
     async fn complete(
         &self,
-        command: CompleteCommand,
+        command: &CompleteCommand,
     ) -> Result<Result<Completion, Rejection>, StoreError> {
         delegate!(self, store => store.complete(command))
     }
 
     async fn try_start_batch(
         &self,
-        round: Round<TryStartCommand>,
+        round: &Round<TryStartCommand>,
     ) -> Vec<Result<TryStartOutcome, StoreError>> {
         delegate!(self, store => store.try_start_batch(round))
     }
 
     async fn complete_batch(
         &self,
-        round: Round<CompleteCommand>,
+        round: &Round<CompleteCommand>,
     ) -> Vec<Result<Result<Completion, Rejection>, StoreError>> {
         delegate!(self, store => store.complete_batch(round))
     }
 
     async fn mark_processed_batch(
         &self,
-        round: Round<MarkProcessedCommand>,
+        round: &Round<MarkProcessedCommand>,
     ) -> Vec<Result<Vec<ProcessedEvent>, StoreError>> {
         delegate!(self, store => store.mark_processed_batch(round))
     }
 
-    async fn release(&self, command: ReleaseCommand) -> Result<Result<(), Rejection>, StoreError> {
+    async fn release(&self, command: &ReleaseCommand) -> Result<Result<(), Rejection>, StoreError> {
         delegate!(self, store => store.release(command))
+    }
+
+    fn patient(&self, deadline: std::time::Instant) -> Self {
+        match self {
+            Self::Postgres(store) => Self::Postgres(store.patient(deadline)),
+            Self::Sqlite(store) => Self::Sqlite(store.patient(deadline)),
+        }
     }
 
     async fn extend_lease(
         &self,
-        command: ExtendLeaseCommand,
+        command: &ExtendLeaseCommand,
     ) -> Result<Result<Instant, Rejection>, StoreError> {
         delegate!(self, store => store.extend_lease(command))
     }
 
-    async fn lookup(&self, query: LookupQuery) -> Result<KeyState, StoreError> {
+    async fn lookup(&self, query: &LookupQuery) -> Result<KeyState, StoreError> {
         delegate!(self, store => store.lookup(query))
     }
 
-    async fn watch(&self, query: LookupQuery) -> Result<KeyState, StoreError> {
+    async fn watch(&self, query: &LookupQuery) -> Result<KeyState, StoreError> {
         delegate!(self, store => store.watch(query))
     }
 
     async fn mark_processed(
         &self,
-        command: MarkProcessedCommand,
+        command: &MarkProcessedCommand,
     ) -> Result<Vec<ProcessedEvent>, StoreError> {
         delegate!(self, store => store.mark_processed(command))
     }

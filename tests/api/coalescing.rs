@@ -189,7 +189,7 @@ async fn a_shared_claim_statement_draws_tokens_and_starts_leases_in_key_order() 
             store_try_start(&fresh, "batch-attempt"),
         ];
         let round = Round::new(commands).expect("distinct keys");
-        tokio::spawn(async move { store.try_start_batch(round).await })
+        tokio::spawn(async move { store.try_start_batch(&round).await })
     };
     eventually(
         std::time::Duration::from_secs(10),
@@ -242,7 +242,7 @@ async fn shared_claims_do_not_deadlock_when_a_key_appears_while_they_wait() {
             store_try_start(&second, attempt),
         ];
         let round = Round::new(commands).expect("distinct keys");
-        tokio::spawn(async move { store.try_start_batch(round).await })
+        tokio::spawn(async move { store.try_start_batch(&round).await })
     };
     let blocked = |count: i64| {
         let database = &app.database;

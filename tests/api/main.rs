@@ -13,6 +13,7 @@ mod faults;
 mod gateway;
 mod grpcurl;
 mod health;
+mod held_keys;
 mod hostile;
 mod hostile_clients;
 mod hostile_environment;

@@ -169,7 +169,7 @@ async fn a_shared_batch_of_marks_answers_each_call_as_if_alone(backend: Backend)
     let answers = app
         .store
         .mark_processed_batch(
-            Round::new(vec![
+            &Round::new(vec![
                 command("billing", &["x", "y"], hour),
                 command("shipping", &["w", "x"], 2 * hour),
                 command("billing", &["y", "z", "z"], 3 * hour),

@@ -104,6 +104,13 @@ async fn running_as_root() -> bool {
     String::from_utf8_lossy(&output.stdout).trim() == "0"
 }
 
+/// Migrates `url` (PostgreSQL directly, as the documentation says) with the real binary's
+/// `migrate` subcommand, which must succeed.
+pub(crate) async fn migrate_directly(url: &str) {
+    let migrated = migrate(url, &[]).await;
+    assert!(migrated.status.success(), "migrate: {migrated:?}");
+}
+
 /// Migrates `url` with the real binary's `migrate` subcommand, as an operator would.
 async fn migrate(url: &str, flags: &[&str]) -> std::process::Output {
     coordinator()

@@ -51,6 +51,8 @@ pub(super) struct Waiter<C, R> {
     pub(super) position: usize,
     /// A copy of the command, kept only when a later command of its key may follow it.
     pub(super) earlier: Option<C>,
+    /// When its caller stops waiting.
+    pub(super) answer_by: tokio::time::Instant,
     pub(super) reply: oneshot::Sender<Result<R, CoordinatorError>>,
     pub(super) held: Held,
 }

@@ -57,16 +57,37 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
+use tokio::time::Instant;
 use tokio_util::task::TaskTracker;
 
 pub use answer::FollowsEarlier;
 pub use queue::{Backlog, Executors};
 
+use super::CoordinatorError;
 use super::in_flight::InFlight;
 use crate::domain::batch::{Batchable, Round};
 use crate::store::StoreError;
 use crate::supervise::Lifecycle;
 use queue::Pending;
+
+/// A round's statement, as the store runs it: it borrows the round, whose commands the batch
+/// keeps (a call whose key was held runs again alone with its own).
+pub type RoundFuture<'a, R> = Pin<Box<dyn Future<Output = Vec<Result<R, StoreError>>> + Send + 'a>>;
+
+/// A call's answer from a run of its own (see [`Isolate`]).
+pub type AloneFuture<R> = Pin<Box<dyn Future<Output = Result<R, CoordinatorError>> + Send>>;
+
+/// How a call leaves the shared path when a key is held (`service::held_keys`).
+pub trait Isolate<C, R>: Send + Sync {
+    /// Whether `command`'s key is known to be held: it then runs on its own at once, and no
+    /// shared statement waits for it.
+    fn is_held(&self, command: &C) -> bool;
+
+    /// `command` on its own, answered by `answer_by`: once more briefly when `after_shared` (its
+    /// shared statement met a held key, maybe another call's), and patiently, in the held-key
+    /// lane, when its own key is held.
+    fn alone(&self, command: C, answer_by: Instant, after_shared: bool) -> AloneFuture<R>;
+}
 
 /// A formed batch's run, which holds an executor's permit until it is done. Boxed: it is built
 /// in one place and run in another (a task of its own, or its caller's task), and a pointer is
@@ -90,6 +111,8 @@ pub struct Coalescer<C, R> {
     tasks: TaskTracker,
     /// The weight that may still queue (see [`CoalescerSettings::queue_capacity`]).
     room: Arc<Semaphore>,
+    /// Where a call whose key is held goes.
+    isolation: Arc<dyn Isolate<C, R>>,
     queue_capacity: usize,
     /// The backlog all coalescers share, and how many of its places a unit of this kind's
     /// weight takes (see [`Backlog`]).
@@ -108,6 +131,7 @@ impl<C, R> Clone for Coalescer<C, R> {
             prepare_batch: self.prepare_batch.clone(),
             tasks: self.tasks.clone(),
             room: self.room.clone(),
+            isolation: self.isolation.clone(),
             queue_capacity: self.queue_capacity,
             backlog: self.backlog.clone(),
             places_per_weight: self.places_per_weight,
@@ -145,19 +169,21 @@ where
     /// Starts the dispatcher, an essential task named `name` of `lifecycle` (it ends only once
     /// every handle is dropped, after shutdown). `execute` runs one round (no two
     /// commands share a conflict key) and answers one result per command, in order. Batches
-    /// run as tasks of `tasks`, so that shutdown waits for them.
-    pub fn start<F, Fut>(
+    /// run as tasks of `tasks`, so that shutdown waits for them. A call whose key is held runs
+    /// on its own through `isolation`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn start<F>(
         name: &'static str,
         lifecycle: &Lifecycle,
         settings: CoalescerSettings,
         (executors, backlog): (&Executors, &Backlog),
         tasks: TaskTracker,
         in_flight: InFlight,
+        isolation: Arc<dyn Isolate<C, R>>,
         execute: F,
     ) -> Self
     where
-        F: Fn(Round<C>) -> Fut + Send + Sync + 'static,
-        Fut: Future<Output = Vec<Result<R, StoreError>>> + Send + 'static,
+        F: for<'a> Fn(&'a Round<C>) -> RoundFuture<'a, R> + Send + Sync + 'static,
     {
         let (queue, waiting) = mpsc::unbounded_channel::<Pending<C, R>>();
         let queue_capacity = settings.queue_capacity.clamp(1, Semaphore::MAX_PERMITS);
@@ -167,13 +193,19 @@ where
         let db_system = settings.db_system;
         // The metrics label: the operation, the last word of the name.
         let label = name.rsplit(' ').next().unwrap_or(name);
+        let alone = run::Alone {
+            isolation: isolation.clone(),
+            tasks: tasks.clone(),
+        };
         let prepare_batch: PrepareBatch<C, R> = Arc::new(
             move |batch: Vec<Pending<C, R>>, weight: usize, permit: OwnedSemaphorePermit| {
                 metrics::histogram!("idempotency_coalesced_batch_size", "coalescer" => label)
                     .record(weight as f64);
                 let execute = execute.clone();
+                let alone = alone.clone();
                 Box::pin(async move {
-                    run::run_batch(batch, execute.as_ref(), timeout, (label, db_system)).await;
+                    run::run_batch(batch, execute.as_ref(), &alone, timeout, (label, db_system))
+                        .await;
                     drop(permit);
                 })
             },
@@ -193,6 +225,7 @@ where
             prepare_batch,
             tasks,
             room: Arc::new(Semaphore::new(queue_capacity)),
+            isolation,
             queue_capacity,
             backlog: backlog.clone(),
             places_per_weight: settings.places_per_weight.max(1),

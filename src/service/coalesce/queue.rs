@@ -99,7 +99,29 @@ impl<C: Batchable, R> Coalescer<C, R> {
     /// batch the dispatcher would have made, without a task spawned for it or a hand-off
     /// between tasks to answer it ([`InPlace`] spawns what is left of it should the caller stop
     /// waiting).
-    pub async fn submit(&self, command: C) -> Result<R, CoordinatorError> {
+    pub async fn submit(&self, command: C) -> Result<R, CoordinatorError>
+    where
+        R: Send + 'static,
+    {
+        // A key known to be held runs on its own at once: a shared statement would only wait
+        // for it, and every call queued behind that statement with it.
+        if self.isolation.is_held(&command) {
+            let in_flight = self.in_flight.enter();
+            let alone = self
+                .isolation
+                .alone(command, Instant::now() + self.timeout, false);
+            return match self
+                .tasks
+                .spawn(async move {
+                    let _in_flight = in_flight;
+                    alone.await
+                })
+                .await
+            {
+                Ok(answer) => answer,
+                Err(join_error) => Err(CoordinatorError::TaskFailed(join_error)),
+            };
+        }
         // Nothing queued or running holds a place in the queue: idle. Checked before this
         // command takes its own place.
         let alone = if self.room.available_permits() == self.queue_capacity {

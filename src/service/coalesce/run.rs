@@ -2,30 +2,62 @@
 //! key, each round one statement within the time its callers still wait.
 
 use std::future::Future;
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::time::Instant;
+use tokio_util::task::TaskTracker;
 use tracing::{Instrument, Span};
 
-use super::FollowsEarlier;
 use super::answer::{self, Waiter};
 use super::queue::Pending;
+use super::{FollowsEarlier, Isolate, RoundFuture};
 use crate::domain::batch::{Batchable, Round, round_numbers};
 use crate::service::CoordinatorError;
 use crate::store::StoreError;
 
+/// Where the calls of a round whose key was held go: each to a run of its own, in a tracked
+/// task, so that the batch (and the executor it holds) does not wait for them.
+pub(super) struct Alone<C, R> {
+    pub(super) isolation: Arc<dyn Isolate<C, R>>,
+    pub(super) tasks: TaskTracker,
+}
+
+impl<C, R> Clone for Alone<C, R> {
+    fn clone(&self) -> Self {
+        Self {
+            isolation: self.isolation.clone(),
+            tasks: self.tasks.clone(),
+        }
+    }
+}
+
+impl<C, R: Send + 'static> Alone<C, R> {
+    fn send(&self, waiter: Waiter<C, R>, command: C, after_shared: bool) {
+        let run = self
+            .isolation
+            .alone(command, waiter.answer_by, after_shared);
+        self.tasks.spawn(async move {
+            let answer = run.await;
+            let _ = waiter.reply.send(answer);
+            drop(waiter.held);
+        });
+    }
+}
+
 /// Runs a batch round by round, answering each command as soon as its round is done, and each
 /// command that its key's previous answer decides ([`FollowsEarlier`]) as soon as that answer
-/// comes.
-pub(super) async fn run_batch<C, R, F, Fut>(
+/// comes. A command whose round met a held key is answered by a run of its own ([`Alone`]).
+pub(super) async fn run_batch<C, R, F>(
     batch: Vec<Pending<C, R>>,
     execute: &F,
+    alone: &Alone<C, R>,
     timeout: Duration,
     (label, db_system): (&'static str, &'static str),
 ) where
     C: Batchable + FollowsEarlier<R> + Clone,
-    F: Fn(Round<C>) -> Fut,
-    Fut: Future<Output = Vec<Result<R, StoreError>>>,
+    R: Send + 'static,
+    F: for<'a> Fn(&'a Round<C>) -> RoundFuture<'a, R>,
 {
     let numbers = round_numbers(&batch, |pending| pending.command.conflict_key());
     let next_of_key = answer::next_of_same_key(&batch, |pending| pending.command.conflict_key());
@@ -50,7 +82,7 @@ pub(super) async fn run_batch<C, R, F, Fut>(
         };
         let statement = round_span(label, db_system, due.iter().map(|(_, call)| call));
         let mut commands = Vec::with_capacity(due.len());
-        let mut waiters = Vec::with_capacity(due.len());
+        let mut waiters: Vec<Waiter<C, R>> = Vec::with_capacity(due.len());
         for (position, call) in due {
             // A copy for the calls of the same key after it to be judged by, if any may be.
             let earlier =
@@ -59,22 +91,24 @@ pub(super) async fn run_batch<C, R, F, Fut>(
             waiters.push(Waiter {
                 position,
                 earlier,
+                answer_by: call.answer_by,
                 reply: call.reply,
                 held: call.held,
             });
         }
         let results = match Round::new(commands) {
-            // Boxed: the store's future is large, and this one is moved whole into the box
-            // that holds the batch's run (`BatchRun`); a pointer is cheaper to move than the
-            // state it points to.
-            Ok(round) => match timed(label, nobody_waits_after, Box::pin(execute(round)))
+            // Boxed (`RoundFuture`): the store's future is large, and this one is moved whole
+            // into the box that holds the batch's run (`BatchRun`); a pointer is cheaper to
+            // move than the state it points to.
+            Ok(round) => match timed(label, nobody_waits_after, execute(&round))
                 .instrument(statement)
                 .await
             {
-                Ok(results) => results
-                    .into_iter()
-                    .map(|result| result.map_err(CoordinatorError::Store))
-                    .collect(),
+                Ok(results) => {
+                    let (kept, answers) = leave_if_held(waiters, round, results, alone);
+                    waiters = kept;
+                    answers
+                }
                 // The store's own limits end a statement before then, so only a store that
                 // stopped answering gets here: the outcome is unknown, and the callers have
                 // stopped waiting.
@@ -88,6 +122,34 @@ pub(super) async fn run_batch<C, R, F, Fut>(
         };
         answer::answer_round(waiters, results, &mut pending, &next_of_key, label);
     }
+}
+
+/// The round's `waiters` that keep their place, with their answers from `results`: each call
+/// whose key was held (its statement wrote nothing) leaves for a run of its own, with its
+/// command, and is answered from there.
+#[allow(clippy::type_complexity)]
+fn leave_if_held<C, R: Send + 'static>(
+    waiters: Vec<Waiter<C, R>>,
+    round: Round<C>,
+    results: Vec<Result<R, StoreError>>,
+    alone: &Alone<C, R>,
+) -> (Vec<Waiter<C, R>>, Vec<Result<R, CoordinatorError>>) {
+    let mut kept = Vec::with_capacity(waiters.len());
+    let mut answers = Vec::with_capacity(waiters.len());
+    let mut results = results.into_iter();
+    for (waiter, command) in waiters.into_iter().zip(round) {
+        let result = results.next().unwrap_or(Err(StoreError::Inconsistent(
+            "a batch answered fewer results than it had commands",
+        )));
+        match result.as_ref().err().and_then(StoreError::key_held) {
+            Some(after_shared) => alone.send(waiter, command, after_shared),
+            None => {
+                kept.push(waiter);
+                answers.push(result.map_err(CoordinatorError::Store));
+            }
+        }
+    }
+    (kept, answers)
 }
 
 /// The span of a round's one statement: the child of its first call's span, linked to the

@@ -51,6 +51,43 @@ impl FollowsEarlier<u32> for Command {
     }
 }
 
+/// What the test coalescers do with a call whose key was held: its command, whether it came
+/// from a shared statement, answered its value times three.
+type SentAlone = Arc<Mutex<Vec<(Command, bool)>>>;
+
+/// Keys from 900 on are held; a call sent alone is recorded and answered its value × 3.
+#[derive(Default)]
+struct TestIsolation {
+    sent: SentAlone,
+}
+
+impl Isolate<Command, u32> for TestIsolation {
+    fn is_held(&self, command: &Command) -> bool {
+        command.key.is_some_and(|key| key >= 950)
+    }
+
+    fn alone(
+        &self,
+        command: Command,
+        _answer_by: tokio::time::Instant,
+        after_shared: bool,
+    ) -> AloneFuture<u32> {
+        self.sent
+            .lock()
+            .expect("sent alone")
+            .push((command, after_shared));
+        Box::pin(async move { Ok(command.value * 3) })
+    }
+}
+
+/// A key held by another transaction, as the store reports it.
+fn key_held(shared: bool) -> StoreError {
+    StoreError::KeyHeld {
+        shared,
+        cause: sqlx::Error::PoolTimedOut,
+    }
+}
+
 fn settings(max_batch: usize, wait_budget: Duration) -> CoalescerSettings {
     CoalescerSettings {
         max_batch,
@@ -129,6 +166,16 @@ fn recording_shared(
     shared: (&Executors, &Backlog),
     tasks: TaskTracker,
 ) -> (Coalescer<Command, u32>, Seen) {
+    recording_isolated(settings, pace, shared, tasks, Arc::default())
+}
+
+fn recording_isolated(
+    settings: CoalescerSettings,
+    pace: Pace,
+    shared: (&Executors, &Backlog),
+    tasks: TaskTracker,
+    isolation: Arc<TestIsolation>,
+) -> (Coalescer<Command, u32>, Seen) {
     let seen = Arc::new(Mutex::new(Vec::new()));
     let recorded = seen.clone();
     let coalescer = Coalescer::start(
@@ -141,15 +188,21 @@ fn recording_shared(
         shared,
         tasks,
         InFlight::default(),
-        move |round: Round<Command>| {
+        isolation,
+        move |round: &Round<Command>| {
             let recorded = recorded.clone();
             let pace = pace.clone();
-            let commands = round.into_commands();
-            async move {
+            let commands: Vec<Command> = round.iter().copied().collect();
+            let shared = commands.len() > 1;
+            Box::pin(async move {
                 recorded.lock().expect("rounds").push(commands.clone());
                 match pace {
                     Pace::Sleep(pause) => tokio::time::sleep(pause).await,
                     Pace::Gate(gate) => gate.acquire().await.expect("the gate opens").forget(),
+                }
+                // A key from 900 on is held by another transaction: the whole statement fails.
+                if commands.iter().any(|c| c.key.is_some_and(|key| key >= 900)) {
+                    return commands.iter().map(|_| Err(key_held(shared))).collect();
                 }
                 commands
                     .into_iter()
@@ -161,7 +214,7 @@ fn recording_shared(
                         value => Ok(value * 2),
                     })
                     .collect()
-            }
+            })
         },
     );
     (coalescer, seen)
@@ -238,10 +291,11 @@ async fn a_lone_command_runs_in_its_callers_task() {
         (&Executors::new(1), &Backlog::new(1000)),
         TaskTracker::new(),
         InFlight::default(),
-        move |round: Round<Command>| {
+        Arc::new(TestIsolation::default()),
+        move |round: &Round<Command>| {
             noted.lock().expect("tasks").push(tokio::task::try_id());
-            let commands = round.into_commands();
-            async move { commands.into_iter().map(|c| Ok(c.value)).collect() }
+            let commands: Vec<Command> = round.iter().copied().collect();
+            Box::pin(async move { commands.into_iter().map(|c| Ok(c.value)).collect() })
         },
     );
     let caller = tokio::spawn(async move {
@@ -561,4 +615,78 @@ async fn kinds_sharing_the_executors_share_one_backlog() {
         call.await.expect("task").expect("answered");
     }
     assert_eq!(second.submit(Command::keyed(10)).await.expect("served"), 20);
+}
+
+#[tokio::test]
+async fn the_calls_of_a_statement_that_met_a_held_key_leave_it_and_run_alone() {
+    let isolation = Arc::new(TestIsolation::default());
+    let gate = Arc::new(Semaphore::new(0));
+    let (coalescer, seen) = recording_isolated(
+        settings(100, Duration::from_secs(5)),
+        Pace::Gate(gate.clone()),
+        (&Executors::new(1), &Backlog::new(1_000_000)),
+        TaskTracker::new(),
+        isolation.clone(),
+    );
+    // The first call runs alone and holds the executor at the gate; the next three queue and
+    // form one batch, in which key 900 is held.
+    let first = spawn_submit(&coalescer, Command::keyed(1));
+    until_rounds(&seen, 1).await;
+    let queued: Vec<_> = [2, 900, 3]
+        .into_iter()
+        .map(|key| spawn_submit(&coalescer, Command::keyed(key)))
+        .collect();
+    until_holding(&coalescer, 4).await;
+    gate.add_permits(2);
+    assert_eq!(first.await.expect("task").expect("answered"), 2);
+    let answers: Vec<u32> = futures::future::join_all(queued)
+        .await
+        .into_iter()
+        .map(|joined| joined.expect("task").expect("answered"))
+        .collect();
+    // Each call of the failed statement was answered by its run alone (value × 3), told that
+    // its statement was shared.
+    assert_eq!(answers, vec![6, 2700, 9]);
+    let sent = isolation.sent.lock().expect("sent alone").clone();
+    assert_eq!(
+        sent.iter()
+            .map(|(c, shared)| (c.value, *shared))
+            .collect::<Vec<_>>(),
+        vec![(2, true), (900, true), (3, true)]
+    );
+}
+
+#[tokio::test]
+async fn a_lone_call_of_a_held_key_runs_alone_as_its_own() {
+    let isolation = Arc::new(TestIsolation::default());
+    let (coalescer, seen) = recording_isolated(
+        settings(100, Duration::from_secs(5)),
+        Pace::Sleep(Duration::ZERO),
+        (&Executors::new(1), &Backlog::new(1_000_000)),
+        TaskTracker::new(),
+        isolation.clone(),
+    );
+    assert_eq!(
+        coalescer
+            .submit(Command::keyed(901))
+            .await
+            .expect("answered"),
+        2703
+    );
+    // A key known to be held does not even reach the executor.
+    assert_eq!(
+        coalescer
+            .submit(Command::keyed(950))
+            .await
+            .expect("answered"),
+        2850
+    );
+    assert_eq!(seen.lock().expect("rounds").len(), 1);
+    let sent = isolation.sent.lock().expect("sent alone").clone();
+    assert_eq!(
+        sent.iter()
+            .map(|(c, shared)| (c.value, *shared))
+            .collect::<Vec<_>>(),
+        vec![(901, false), (950, false)]
+    );
 }

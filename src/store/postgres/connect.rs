@@ -3,6 +3,7 @@
 //! pooler in transaction mode.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{AssertSqlSafe, ConnectOptions, Connection, PgConnection, PgPool, SqlSafeStr, SqlStr};
@@ -14,23 +15,17 @@ use super::{PgSettings, PgStore};
 use crate::domain::budget::TimeBudget;
 use crate::store::Pooler;
 
-/// The statement that opens a transaction whose statements may run for `statement_timeout_ms`;
-/// `pooler`: with the settings that a direct connection gets in its startup packet, which a
-/// pooler in transaction mode refuses.
-pub(super) fn begin_statement(
-    budget: &TimeBudget,
-    statement_timeout_ms: u128,
-    pooler: bool,
-) -> SqlStr {
+/// The statement that opens a transaction whose statements may run for `statement_timeout_ms`
+/// and wait for a row lock for `lock`; `pooler`: with the settings that a direct connection gets
+/// in its startup packet, which a pooler in transaction mode refuses.
+pub(super) fn begin_statement(statement_timeout_ms: u128, lock: Duration, pooler: bool) -> SqlStr {
     let settings = if pooler {
         "; SET LOCAL plan_cache_mode = force_generic_plan; SET LOCAL enable_seqscan = off"
     } else {
         ""
     };
-    let lock_timeout_ms = budget
-        .lock
-        .as_millis()
-        .clamp(1, statement_timeout_ms.max(1));
+    let statement_timeout_ms = statement_timeout_ms.max(1);
+    let lock_timeout_ms = lock.as_millis().clamp(1, statement_timeout_ms);
     SqlSafeStr::into_sql_str(AssertSqlSafe(format!(
         "BEGIN; SET LOCAL statement_timeout = {statement_timeout_ms}; \
          SET LOCAL lock_timeout = {lock_timeout_ms}{settings}"
@@ -59,7 +54,9 @@ impl PgStore {
             .parse::<PgConnectOptions>()?
             .application_name("idempotency-coordinator");
         let statement_timeout_ms = budget.statement.as_millis().max(1);
-        let lock_timeout_ms = budget.lock.as_millis().max(1).to_string();
+        // Every statement first waits only briefly for a row lock (see `TimeBudget::brief_lock`);
+        // a call whose own key is held runs again with the whole lock budget (`Store::patient`).
+        let lock_timeout_ms = budget.brief_lock.as_millis().max(1).to_string();
         // A transaction this service abandons (its connection cut off between statements) is
         // ended by the server within a statement's time, and a session whose peer vanished is
         // found by TCP keepalives, so neither holds a key's row for long.
@@ -98,7 +95,11 @@ impl PgStore {
             // prepared (each is unnamed, parsed again in the transaction that runs it).
             Pooler::Transaction => (
                 migration_options.clone(),
-                Some(begin_statement(&budget, statement_timeout_ms, true)),
+                Some(begin_statement(
+                    statement_timeout_ms,
+                    budget.brief_lock,
+                    true,
+                )),
             ),
         };
         let pool = PgPoolOptions::new()
@@ -142,6 +143,7 @@ impl PgStore {
             begin,
             probe_options: Arc::new(options),
             budget,
+            patient_until: None,
         })
     }
 

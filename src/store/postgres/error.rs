@@ -4,6 +4,9 @@ use crate::store::StoreError;
 
 /// Sorts a driver error into what a caller can act on, by SQLSTATE, never by message text.
 ///
+/// A statement that waited for a row past its `lock_timeout` is [`StoreError::KeyHeld`]: the
+/// service runs its call again alone, patiently (`service::held_keys`).
+///
 /// A statement PostgreSQL aborted (a deadlock it broke, its `statement_timeout`) wrote nothing
 /// and is reported as such (UNAVAILABLE). No statement is tried again: a second one would need
 /// a second budget and could commit after the caller was told it timed out. Every statement
@@ -15,6 +18,13 @@ pub(super) fn classify(error: sqlx::Error) -> StoreError {
         | sqlx::Error::PoolTimedOut
         | sqlx::Error::PoolClosed
         | sqlx::Error::WorkerCrashed => true,
+        // lock_not_available: a row was held past the statement's lock budget.
+        sqlx::Error::Database(db) if db.code().as_deref() == Some("55P03") => {
+            return StoreError::KeyHeld {
+                shared: false,
+                cause: error,
+            };
+        }
         sqlx::Error::Database(db) => {
             let code = db.code().unwrap_or_default();
             match code.as_ref() {
@@ -24,9 +34,9 @@ pub(super) fn classify(error: sqlx::Error) -> StoreError {
                     return StoreError::NotMigrated(db.message().to_owned());
                 }
                 // query_canceled (our statement_timeout), serialization_failure,
-                // deadlock_detected, lock_not_available, invalid_catalog_name (the database
-                // is not created yet), authentication failures.
-                "57014" | "40001" | "40P01" | "55P03" | "3D000" | "28000" | "28P01" => true,
+                // deadlock_detected, invalid_catalog_name (the database is not created yet),
+                // authentication failures.
+                "57014" | "40001" | "40P01" | "3D000" | "28000" | "28P01" => true,
                 // connection_exception, insufficient_resources, operator_intervention
                 // (admin_shutdown, crash_shutdown, cannot_connect_now).
                 other => {

@@ -90,6 +90,9 @@ pub struct PgStore {
     /// Behind a pooler in transaction mode: the statement that opens the transaction each
     /// statement runs in, with the settings a direct connection gets in its startup packet.
     begin: Option<SqlStr>,
+    /// A patient store ([`Store::patient`]): each statement runs in a transaction of its own that
+    /// waits for a row lock up to the lock budget, and ends by then.
+    patient_until: Option<std::time::Instant>,
 }
 
 impl std::fmt::Debug for PgStore {
@@ -128,15 +131,27 @@ where
 
 /// Each call of `round` run through `run`, one after another: for a round of one call, which
 /// the one-key statements serve with less set-up than the shared ones.
-async fn one_by_one<C, T, Fut>(round: Round<C>, run: impl Fn(C) -> Fut) -> Vec<T>
+async fn one_by_one<'r, C, T, Fut>(round: &'r Round<C>, run: impl Fn(&'r C) -> Fut) -> Vec<T>
 where
     Fut: std::future::Future<Output = T>,
 {
     let mut answers = Vec::with_capacity(round.len());
-    for command in round {
+    for command in round.iter() {
         answers.push(run(command).await);
     }
     answers
+}
+
+/// The failure of a statement shared by several calls: one that met a held key says so, since
+/// the key may be any of theirs (each call then runs again alone, `service::held_keys`).
+fn shared_failure(error: sqlx::Error) -> StoreError {
+    match classify(error) {
+        StoreError::KeyHeld { cause, .. } => StoreError::KeyHeld {
+            shared: true,
+            cause,
+        },
+        other => other,
+    }
 }
 
 /// `error` as the answer of each of `count` commands.
@@ -145,26 +160,26 @@ fn failed<T>(error: StoreError, count: usize) -> Vec<Result<T, StoreError>> {
 }
 
 impl Store for PgStore {
-    async fn try_start(&self, command: TryStartCommand) -> Result<TryStartOutcome, StoreError> {
+    async fn try_start(&self, command: &TryStartCommand) -> Result<TryStartOutcome, StoreError> {
         // One call for a key with or without a row: one round trip, directly or behind a
         // pooler (where each statement is a transaction of its own).
         let row: TryStartRow = self
-            .fetch_one(bind_try_start(&command))
+            .fetch_one(bind_try_start(command))
             .await
             .map_err(classify)?;
         Ok(TryStartOutcome::from_record(
             row.key.into(),
             row.newly_claimed,
-            &command,
+            command,
         ))
     }
 
     async fn complete(
         &self,
-        command: CompleteCommand,
+        command: &CompleteCommand,
     ) -> Result<Result<Completion, Rejection>, StoreError> {
         let row: CompleteRow = self
-            .fetch_one(bind_complete(&command))
+            .fetch_one(bind_complete(command))
             .await
             .map_err(classify)?;
         row.answer(command.lease_token)
@@ -173,7 +188,7 @@ impl Store for PgStore {
     /// One statement for the whole round (its keys are distinct).
     async fn try_start_batch(
         &self,
-        round: Round<TryStartCommand>,
+        round: &Round<TryStartCommand>,
     ) -> Vec<Result<TryStartOutcome, StoreError>> {
         if round.len() == 1 {
             // A lone call takes the one-row statement, whose plan is simpler.
@@ -188,7 +203,6 @@ impl Store for PgStore {
             .iter()
             .map(|c| c.attempt_id.as_ref().map(|a| a.as_str()))
             .collect();
-        let began = std::time::Instant::now();
         let fetched: Result<Vec<TryStartBatchRow>, _> = self
             .fetch_all(
                 sqlx::query_as(TRY_START_BATCH)
@@ -200,32 +214,22 @@ impl Store for PgStore {
                     .bind(&attempt_ids),
             )
             .await;
-        let (round, rows) = match self
-            .shared_or_each_alone(fetched, round, began, |store, command, began| async move {
-                let row: TryStartRow = store.alone_within(began, bind_try_start(&command)).await?;
-                Ok(TryStartOutcome::from_record(
-                    row.key.into(),
-                    row.newly_claimed,
-                    &command,
-                ))
-            })
-            .await
-        {
-            Ok(shared) => shared,
-            Err(answers) => return answers,
+        let rows = match fetched {
+            Ok(rows) => rows,
+            Err(error) => return failed(shared_failure(error), round.len()),
         };
         let mut by_key: HashMap<(String, String), TryStartBatchRow> = rows
             .into_iter()
             .map(|row| ((row.namespace.clone(), row.key_name.clone()), row))
             .collect();
         round
-            .into_iter()
+            .iter()
             .map(
                 |command| match by_key.remove(&key_id(&command.namespace, &command.key)) {
                     Some(row) => Ok(TryStartOutcome::from_record(
                         row.key.into(),
                         row.newly_claimed,
-                        &command,
+                        command,
                     )),
                     None => Err(StoreError::Inconsistent("a batched claim returned no row")),
                 },
@@ -237,7 +241,7 @@ impl Store for PgStore {
     /// call of the round, refusals included.
     async fn complete_batch(
         &self,
-        round: Round<CompleteCommand>,
+        round: &Round<CompleteCommand>,
     ) -> Vec<Result<Result<Completion, Rejection>, StoreError>> {
         if round.len() == 1 {
             // A lone call takes the one-key statement, which sets up less.
@@ -251,7 +255,6 @@ impl Store for PgStore {
             .iter()
             .map(|c| c.retention.map(|r| r.as_micros()))
             .collect();
-        let began = std::time::Instant::now();
         let fetched: Result<Vec<CompleteRow>, _> = self
             .fetch_all(
                 sqlx::query_as(COMPLETE)
@@ -262,15 +265,9 @@ impl Store for PgStore {
                     .bind(&retentions),
             )
             .await;
-        let (round, rows) = match self
-            .shared_or_each_alone(fetched, round, began, |store, command, began| async move {
-                let row: CompleteRow = store.alone_within(began, bind_complete(&command)).await?;
-                row.answer(command.lease_token)
-            })
-            .await
-        {
-            Ok(shared) => shared,
-            Err(answers) => return answers,
+        let rows = match fetched {
+            Ok(rows) => rows,
+            Err(error) => return failed(shared_failure(error), round.len()),
         };
         if rows.len() != round.len() {
             return failed(
@@ -279,13 +276,20 @@ impl Store for PgStore {
             );
         }
         round
-            .into_iter()
+            .iter()
             .zip(rows)
             .map(|(command, row)| row.answer(command.lease_token))
             .collect()
     }
 
-    async fn release(&self, command: ReleaseCommand) -> Result<Result<(), Rejection>, StoreError> {
+    fn patient(&self, deadline: std::time::Instant) -> Self {
+        Self {
+            patient_until: Some(deadline),
+            ..self.clone()
+        }
+    }
+
+    async fn release(&self, command: &ReleaseCommand) -> Result<Result<(), Rejection>, StoreError> {
         let outcome = self
             .guarded_write(
                 command.namespace.as_str(),
@@ -304,7 +308,7 @@ impl Store for PgStore {
 
     async fn extend_lease(
         &self,
-        command: ExtendLeaseCommand,
+        command: &ExtendLeaseCommand,
     ) -> Result<Result<Instant, Rejection>, StoreError> {
         let checkpoint = command.checkpoint.as_ref().map(|c| c.as_bytes());
         let outcome = self
@@ -326,7 +330,7 @@ impl Store for PgStore {
         Ok(outcome.map(|(lease_expires_at,)| lease_expires_at))
     }
 
-    async fn lookup(&self, query: LookupQuery) -> Result<KeyState, StoreError> {
+    async fn lookup(&self, query: &LookupQuery) -> Result<KeyState, StoreError> {
         let row: Option<KeyRow> = self
             .fetch_optional(
                 sqlx::query_as(LOOKUP)
@@ -338,15 +342,15 @@ impl Store for PgStore {
         Ok(KeyState::of(row.map(KeyRecord::from)))
     }
 
-    async fn watch(&self, query: LookupQuery) -> Result<KeyState, StoreError> {
-        self.watch_key(&query).await
+    async fn watch(&self, query: &LookupQuery) -> Result<KeyState, StoreError> {
+        self.watch_key(query).await
     }
 
     async fn mark_processed(
         &self,
-        command: MarkProcessedCommand,
+        command: &MarkProcessedCommand,
     ) -> Result<Vec<ProcessedEvent>, StoreError> {
-        super::only_answer(self.mark_processed_batch(Round::one(command)).await)
+        super::only_answer(self.mark_all(std::slice::from_ref(command)).await)
     }
 
     /// Every call in one statement: their ids in call order, so that an id two calls carry is
@@ -354,62 +358,9 @@ impl Store for PgStore {
     /// the rows are then handed back call by call.
     async fn mark_processed_batch(
         &self,
-        round: Round<MarkProcessedCommand>,
+        round: &Round<MarkProcessedCommand>,
     ) -> Vec<Result<Vec<ProcessedEvent>, StoreError>> {
-        let commands = round.into_commands();
-        if let [command] = commands.as_slice()
-            && let [id] = command.event_ids.as_slice()
-        {
-            // A lone call of one id takes the one-row statement, which sets up less.
-            let row: Result<MarkRow, StoreError> = self
-                .fetch_one(
-                    sqlx::query_as(MARK_PROCESSED_ONE)
-                        .bind(command.consumer.as_str())
-                        .bind(id.as_str())
-                        .bind(command.retention.as_micros()),
-                )
-                .await
-                .map_err(classify);
-            return vec![row.map(|row| vec![row.into()])];
-        }
-        let total: usize = commands.iter().map(|c| c.event_ids.len()).sum();
-        let mut consumers: Vec<&str> = Vec::with_capacity(total);
-        let mut ids: Vec<&str> = Vec::with_capacity(total);
-        let mut retentions: Vec<i64> = Vec::with_capacity(total);
-        for command in &commands {
-            for id in &command.event_ids {
-                consumers.push(command.consumer.as_str());
-                ids.push(id.as_str());
-                retentions.push(command.retention.as_micros());
-            }
-        }
-        let rows: Result<Vec<MarkRow>, StoreError> = self
-            .fetch_all(
-                sqlx::query_as(MARK_PROCESSED)
-                    .bind(&consumers)
-                    .bind(&ids)
-                    .bind(&retentions),
-            )
-            .await
-            .map_err(classify);
-        match rows {
-            Ok(rows) if rows.len() == total => {
-                let mut rows = rows.into_iter().map(ProcessedEvent::from);
-                commands
-                    .iter()
-                    .map(|command| Ok(rows.by_ref().take(command.event_ids.len()).collect()))
-                    .collect()
-            }
-            Ok(_) => commands
-                .iter()
-                .map(|_| {
-                    Err(StoreError::Inconsistent(
-                        "a statement of marks returned a row count unlike its ids",
-                    ))
-                })
-                .collect(),
-            Err(error) => failed(error, commands.len()),
-        }
+        self.mark_all(round.as_slice()).await
     }
 
     async fn reap_expired_keys(&self, limit: u32) -> Result<u64, StoreError> {
@@ -495,5 +446,75 @@ impl Store for PgStore {
 
     async fn watch_keys(&self, shutdown: CancellationToken) {
         self.listen_with_retries(shutdown).await;
+    }
+}
+
+impl PgStore {
+    /// MarkProcessed for `commands` in one statement: their ids in call order, so that an id two
+    /// calls carry is new for the first and already processed for the second, exactly as one
+    /// after another; the rows are then handed back call by call.
+    async fn mark_all(
+        &self,
+        commands: &[MarkProcessedCommand],
+    ) -> Vec<Result<Vec<ProcessedEvent>, StoreError>> {
+        if let [command] = commands
+            && let [id] = command.event_ids.as_slice()
+        {
+            // A lone call of one id takes the one-row statement, which sets up less.
+            let row: Result<MarkRow, StoreError> = self
+                .fetch_one(
+                    sqlx::query_as(MARK_PROCESSED_ONE)
+                        .bind(command.consumer.as_str())
+                        .bind(id.as_str())
+                        .bind(command.retention.as_micros()),
+                )
+                .await
+                .map_err(classify);
+            return vec![row.map(|row| vec![row.into()])];
+        }
+        let total: usize = commands.iter().map(|c| c.event_ids.len()).sum();
+        let mut consumers: Vec<&str> = Vec::with_capacity(total);
+        let mut ids: Vec<&str> = Vec::with_capacity(total);
+        let mut retentions: Vec<i64> = Vec::with_capacity(total);
+        for command in commands {
+            for id in &command.event_ids {
+                consumers.push(command.consumer.as_str());
+                ids.push(id.as_str());
+                retentions.push(command.retention.as_micros());
+            }
+        }
+        let rows: Result<Vec<MarkRow>, StoreError> = self
+            .fetch_all(
+                sqlx::query_as(MARK_PROCESSED)
+                    .bind(&consumers)
+                    .bind(&ids)
+                    .bind(&retentions),
+            )
+            .await
+            .map_err(|error| {
+                if commands.len() > 1 {
+                    shared_failure(error)
+                } else {
+                    classify(error)
+                }
+            });
+        match rows {
+            Ok(rows) if rows.len() == total => {
+                let mut rows = rows.into_iter().map(ProcessedEvent::from);
+                commands
+                    .iter()
+                    .map(|command| Ok(rows.by_ref().take(command.event_ids.len()).collect()))
+                    .collect()
+            }
+            Ok(_) => commands
+                .iter()
+                .map(|_| {
+                    Err(StoreError::Inconsistent(
+                        "a statement of marks returned a row count unlike its ids",
+                    ))
+                })
+                .collect(),
+            Err(error) => failed(error, commands.len()),
+        }
     }
 }

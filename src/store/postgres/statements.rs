@@ -1,20 +1,19 @@
 //! Statements within the budget: how one runs on a connection (directly, or in a transaction
-//! of its own behind a pooler), on a kept connection of the calls' pool or on the probe's, with
-//! what is left of an operation's time, alone after a shared statement met a held key, and a
-//! guarded write that explains its refusal.
+//! of its own behind a pooler or for a patient store), on a kept connection of the calls' pool
+//! or on the probe's, with what is left of an operation's time, and a guarded write that
+//! explains its refusal.
 
 use std::time::Duration;
 
 use sqlx::postgres::{PgArguments, PgRow};
 use sqlx::query::QueryAs;
-use sqlx::{Connection, FromRow, PgConnection, Postgres};
+use sqlx::{Connection, FromRow, PgConnection, Postgres, SqlStr};
 
 use super::PgStore;
 use super::connect::begin_statement;
 use super::error::classify;
 use super::rows::GuardRow;
 use super::sql::GUARD_STATE;
-use crate::domain::batch::Round;
 use crate::domain::{GuardedKey, LeaseToken, Rejection, classify_refusal};
 use crate::store::StoreError;
 
@@ -24,15 +23,27 @@ pub(super) type Statement<'q, O> = QueryAs<'q, Postgres, O, PgArguments>;
 /// The least time worth giving a statement: below it, a call is answered "timed out" at once.
 const MIN_STATEMENT_TIME: Duration = Duration::from_millis(10);
 
-/// SQLSTATE lock_not_available: the statement met a key that another transaction held (its row
-/// locked, or its insert not yet committed) for longer than the session's `lock_timeout`.
-fn is_lock_timeout(error: &sqlx::Error) -> bool {
-    matches!(error, sqlx::Error::Database(db) if db.code().as_deref() == Some("55P03"))
-}
-
 impl PgStore {
-    /// Runs `query` on `connection` and answers its rows: directly, or behind a pooler in
-    /// transaction mode in a transaction of its own that first sets the statement's timeout.
+    /// The statement that opens the transaction `query` runs in, if it needs one: behind a
+    /// pooler in transaction mode, the one that sets what a direct connection's startup packet
+    /// does; for a patient store, one that waits for row locks up to the lock budget and ends
+    /// by the store's deadline (however little is left: PostgreSQL then cancels the statement
+    /// itself, and nothing is written).
+    fn transaction_for_statement(&self) -> Option<SqlStr> {
+        let Some(deadline) = self.patient_until else {
+            return self.begin.clone();
+        };
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        let statement = left.min(self.budget.statement);
+        Some(begin_statement(
+            statement.as_millis(),
+            self.budget.lock,
+            self.begin.is_some(),
+        ))
+    }
+
+    /// Runs `query` on `connection` and answers its rows: directly, or in a transaction of its
+    /// own that first sets its limits ([`Self::transaction_for_statement`]).
     pub(super) async fn fetch_all_with<O>(
         &self,
         connection: &mut PgConnection,
@@ -41,13 +52,16 @@ impl PgStore {
     where
         O: Send + Unpin + for<'r> FromRow<'r, PgRow>,
     {
-        match &self.begin {
+        match self.transaction_for_statement() {
             None => query.fetch_all(connection).await,
             Some(begin) => {
-                let mut transaction = connection.begin_with(begin.clone()).await?;
-                // Unnamed: a named statement would stay on the server connection, which the
-                // pooler hands to other clients, and collide with theirs.
-                let rows = query.persistent(false).fetch_all(&mut *transaction).await?;
+                let mut transaction = connection.begin_with(begin).await?;
+                // Behind a pooler, unnamed: a named statement would stay on the server
+                // connection, which the pooler hands to other clients, and collide with theirs.
+                let rows = query
+                    .persistent(self.begin.is_none())
+                    .fetch_all(&mut *transaction)
+                    .await?;
                 transaction.commit().await?;
                 Ok(rows)
             }
@@ -55,7 +69,8 @@ impl PgStore {
     }
 
     /// The row `query` answers on `connection`, if any (it answers at most one), as
-    /// [`Self::fetch_all_with`] runs it: directly, exactly the driver's own `fetch_optional`.
+    /// [`Self::fetch_all_with`] runs it: without a transaction of its own, exactly the driver's
+    /// own `fetch_optional`.
     pub(super) async fn fetch_optional_with<O>(
         &self,
         connection: &mut PgConnection,
@@ -64,14 +79,14 @@ impl PgStore {
     where
         O: Send + Unpin + for<'r> FromRow<'r, PgRow>,
     {
-        match &self.begin {
-            None => query.fetch_optional(connection).await,
-            Some(_) => Ok(self
-                .fetch_all_with(connection, query)
-                .await?
-                .into_iter()
-                .next()),
+        if self.begin.is_none() && self.patient_until.is_none() {
+            return query.fetch_optional(connection).await;
         }
+        Ok(self
+            .fetch_all_with(connection, query)
+            .await?
+            .into_iter()
+            .next())
     }
 
     /// [`Self::fetch_optional_with`] for one of several statements that an operation, begun at
@@ -91,7 +106,7 @@ impl PgStore {
         O: Send + Unpin + for<'r> FromRow<'r, PgRow>,
     {
         let spent = began.elapsed();
-        if spent <= self.budget.connection_wait {
+        if spent <= self.budget.connection_wait || self.patient_until.is_some() {
             return self
                 .fetch_optional_with(connection, query)
                 .await
@@ -102,7 +117,11 @@ impl PgStore {
         if left < MIN_STATEMENT_TIME {
             return Err(StoreError::TimedOut(share));
         }
-        let begin = begin_statement(&self.budget, left.as_millis(), self.begin.is_some());
+        let begin = begin_statement(
+            left.as_millis(),
+            self.budget.brief_lock,
+            self.begin.is_some(),
+        );
         let mut transaction = connection.begin_with(begin).await.map_err(classify)?;
         let row = query
             .persistent(self.begin.is_none())
@@ -205,90 +224,5 @@ impl PgStore {
         Err(StoreError::Inconsistent(
             "a guarded write kept refusing the current holder of an in-progress key",
         ))
-    }
-}
-
-impl PgStore {
-    /// One statement alone on a connection of the calls' pool, within what is left of the
-    /// store's share of an operation begun at `began` ([`Self::fetch_optional_within`]).
-    pub(super) async fn alone_within<O>(
-        &self,
-        began: std::time::Instant,
-        query: Statement<'_, O>,
-    ) -> Result<O, StoreError>
-    where
-        O: Send + Unpin + for<'r> FromRow<'r, PgRow>,
-    {
-        let mut connection = self.connections.lend().await.map_err(classify)?;
-        let row = self
-            .fetch_optional_within(&mut connection, began, query)
-            .await?;
-        connection.keep();
-        row.ok_or_else(|| classify(sqlx::Error::RowNotFound))
-    }
-
-    /// The rows a round's shared statement (begun at `began`) `fetched`, with the round; or,
-    /// when it failed, every call's answer: after it met a key held longer than the lock budget,
-    /// each call run again alone by `alone` ([`Self::each_alone`]), else the error for all.
-    pub(super) async fn shared_or_each_alone<C, R, T, F, Fut>(
-        &self,
-        fetched: Result<Vec<R>, sqlx::Error>,
-        round: Round<C>,
-        began: std::time::Instant,
-        alone: F,
-    ) -> Result<(Round<C>, Vec<R>), Vec<Result<T, StoreError>>>
-    where
-        C: Send + 'static,
-        T: Send + 'static,
-        F: Fn(Self, C, std::time::Instant) -> Fut,
-        Fut: std::future::Future<Output = Result<T, StoreError>> + Send + 'static,
-    {
-        match fetched {
-            Ok(rows) => Ok((round, rows)),
-            Err(error) if is_lock_timeout(&error) => {
-                Err(self.each_alone(round.into_commands(), began, alone).await)
-            }
-            Err(error) => Err(super::failed(classify(error), round.len())),
-        }
-    }
-
-    /// After a shared statement begun at `began` met a key held longer than the lock budget
-    /// (`lock_timeout`; the statement wrote nothing): every call of it runs again alone, all at
-    /// once, so a held key fails only its own callers (at their own lock timeout), and the
-    /// others are answered without waiting for it. The answers come back in call order.
-    pub(super) async fn each_alone<C, T, F, Fut>(
-        &self,
-        commands: Vec<C>,
-        began: std::time::Instant,
-        run: F,
-    ) -> Vec<Result<T, StoreError>>
-    where
-        C: Send + 'static,
-        T: Send + 'static,
-        F: Fn(Self, C, std::time::Instant) -> Fut,
-        Fut: std::future::Future<Output = Result<T, StoreError>> + Send + 'static,
-    {
-        let count = commands.len();
-        let mut runs = tokio::task::JoinSet::new();
-        for (position, command) in commands.into_iter().enumerate() {
-            let run = run(self.clone(), command, began);
-            runs.spawn(async move { (position, run.await) });
-        }
-        let mut answers: Vec<Option<Result<T, StoreError>>> = (0..count).map(|_| None).collect();
-        while let Some(joined) = runs.join_next().await {
-            if let Ok((position, answer)) = joined
-                && let Some(slot) = answers.get_mut(position)
-            {
-                *slot = Some(answer);
-            }
-        }
-        answers
-            .into_iter()
-            .map(|answer| {
-                answer.unwrap_or(Err(StoreError::Inconsistent(
-                    "a call run again alone did not finish",
-                )))
-            })
-            .collect()
     }
 }

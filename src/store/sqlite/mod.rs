@@ -274,7 +274,7 @@ impl SqliteStore {
     /// nothing is written.
     async fn write_all<C, T>(
         &self,
-        commands: Vec<C>,
+        commands: &[C],
         apply: impl AsyncFn(&mut SqliteConnection, Instant, &C) -> Result<T, StoreError>,
     ) -> Vec<Result<T, StoreError>> {
         let count = commands.len();
@@ -282,7 +282,7 @@ impl SqliteStore {
             let mut write = self.begin_write().await?;
             let now = now(&mut write.tx).await?;
             let mut answers = Vec::with_capacity(count);
-            for command in &commands {
+            for command in commands {
                 answers.push(apply(&mut write.tx, now, command).await?);
             }
             write.commit().await?;
@@ -303,49 +303,62 @@ impl SqliteStore {
         }
     }
 
+    /// Complete for `commands` in one transaction, announcing each key it completed.
+    async fn complete_all(
+        &self,
+        commands: &[CompleteCommand],
+    ) -> Vec<Result<Result<Completion, Rejection>, StoreError>> {
+        let keys = commands
+            .iter()
+            .map(|c| KeyHash::of(&c.namespace, &c.key))
+            .collect();
+        let results = self.write_all(commands, complete_in).await;
+        self.announce(keys, &results);
+        results
+    }
+
     /// [`Self::write_all`] for one command.
     async fn write_one<C, T>(
         &self,
-        command: C,
+        command: &C,
         apply: impl AsyncFn(&mut SqliteConnection, Instant, &C) -> Result<T, StoreError>,
     ) -> Result<T, StoreError> {
-        super::only_answer(self.write_all(vec![command], apply).await)
+        super::only_answer(self.write_all(std::slice::from_ref(command), apply).await)
     }
 }
 
 impl Store for SqliteStore {
-    async fn try_start(&self, command: TryStartCommand) -> Result<TryStartOutcome, StoreError> {
+    async fn try_start(&self, command: &TryStartCommand) -> Result<TryStartOutcome, StoreError> {
         self.write_one(command, claim_in).await
     }
 
     async fn try_start_batch(
         &self,
-        round: Round<TryStartCommand>,
+        round: &Round<TryStartCommand>,
     ) -> Vec<Result<TryStartOutcome, StoreError>> {
-        self.write_all(round.into_commands(), claim_in).await
+        self.write_all(round.as_slice(), claim_in).await
     }
 
     async fn complete(
         &self,
-        command: CompleteCommand,
+        command: &CompleteCommand,
     ) -> Result<Result<Completion, Rejection>, StoreError> {
-        super::only_answer(self.complete_batch(Round::one(command)).await)
+        super::only_answer(self.complete_all(std::slice::from_ref(command)).await)
     }
 
     async fn complete_batch(
         &self,
-        round: Round<CompleteCommand>,
+        round: &Round<CompleteCommand>,
     ) -> Vec<Result<Result<Completion, Rejection>, StoreError>> {
-        let keys = round
-            .iter()
-            .map(|c| KeyHash::of(&c.namespace, &c.key))
-            .collect();
-        let results = self.write_all(round.into_commands(), complete_in).await;
-        self.announce(keys, &results);
-        results
+        self.complete_all(round.as_slice()).await
     }
 
-    async fn release(&self, command: ReleaseCommand) -> Result<Result<(), Rejection>, StoreError> {
+    /// The one writer never waits for a row: nothing to be patient about.
+    fn patient(&self, _deadline: std::time::Instant) -> Self {
+        self.clone()
+    }
+
+    async fn release(&self, command: &ReleaseCommand) -> Result<Result<(), Rejection>, StoreError> {
         let key = KeyHash::of(&command.namespace, &command.key);
         let result = self.write_one(command, release_in).await;
         self.announce(vec![key], std::slice::from_ref(&result));
@@ -354,12 +367,12 @@ impl Store for SqliteStore {
 
     async fn extend_lease(
         &self,
-        command: ExtendLeaseCommand,
+        command: &ExtendLeaseCommand,
     ) -> Result<Result<Instant, Rejection>, StoreError> {
         self.write_one(command, extend_in).await
     }
 
-    async fn lookup(&self, query: LookupQuery) -> Result<KeyState, StoreError> {
+    async fn lookup(&self, query: &LookupQuery) -> Result<KeyState, StoreError> {
         self.ensure_schema().await?;
         // One statement, so that the clock and the row are read in one snapshot.
         let row: Option<KeyRow> = sqlx::query_as(LOOKUP_LIVE_KEY)
@@ -373,22 +386,22 @@ impl Store for SqliteStore {
 
     /// A plain Lookup: this process is the only writer and announces every Complete and
     /// Release it commits.
-    async fn watch(&self, query: LookupQuery) -> Result<KeyState, StoreError> {
+    async fn watch(&self, query: &LookupQuery) -> Result<KeyState, StoreError> {
         self.lookup(query).await
     }
 
     async fn mark_processed(
         &self,
-        command: MarkProcessedCommand,
+        command: &MarkProcessedCommand,
     ) -> Result<Vec<ProcessedEvent>, StoreError> {
         self.write_one(command, mark_in).await
     }
 
     async fn mark_processed_batch(
         &self,
-        round: Round<MarkProcessedCommand>,
+        round: &Round<MarkProcessedCommand>,
     ) -> Vec<Result<Vec<ProcessedEvent>, StoreError>> {
-        self.write_all(round.into_commands(), mark_in).await
+        self.write_all(round.as_slice(), mark_in).await
     }
 
     async fn reap_expired_keys(&self, limit: u32) -> Result<u64, StoreError> {

@@ -39,7 +39,7 @@ async fn a_shared_batch_of_completes_answers_each_as_if_alone(backend: Backend) 
         let round = Round::new(round).expect("a round holds each key once");
         for (position, answer) in positions
             .into_iter()
-            .zip(app.store.complete_batch(round).await)
+            .zip(app.store.complete_batch(&round).await)
         {
             answers[position] = Some(answer);
         }

@@ -20,7 +20,7 @@ async fn a_round_of_claims_answers_each_and_draws_distinct_tokens<S: Store>(
     ])
     .expect("distinct keys");
     let answers: Vec<TryStartOutcome> = store
-        .try_start_batch(round)
+        .try_start_batch(&round)
         .await
         .into_iter()
         .map(|answer| answer.expect("answered"))
@@ -38,7 +38,7 @@ async fn a_round_of_claims_answers_each_and_draws_distinct_tokens<S: Store>(
 
 async fn started_alone<S: Store>(store: &S, name: &str) {
     assert!(matches!(
-        store.try_start(claim(name)).await.expect("claim"),
+        store.try_start(&claim(name)).await.expect("claim"),
         TryStartOutcome::Started(_)
     ));
 }
@@ -46,7 +46,7 @@ async fn started_alone<S: Store>(store: &S, name: &str) {
 async fn a_round_of_completes_answers_each_as_if_alone<S: Store>(store: S, _: &TestDatabase) {
     let mut tokens = Vec::new();
     for name in ["a", "b"] {
-        match store.try_start(claim(name)).await.expect("claim") {
+        match store.try_start(&claim(name)).await.expect("claim") {
             TryStartOutcome::Started(claim) => tokens.push(claim.lease_token),
             other => panic!("{other:?}"),
         }
@@ -58,7 +58,7 @@ async fn a_round_of_completes_answers_each_as_if_alone<S: Store>(store: S, _: &T
     ])
     .expect("distinct keys");
     let verdicts: Vec<Result<(), Rejection>> = store
-        .complete_batch(round)
+        .complete_batch(&round)
         .await
         .into_iter()
         .map(|answer| answer.expect("answered").map(drop))
@@ -75,7 +75,7 @@ async fn a_round_of_completes_answers_each_as_if_alone<S: Store>(store: S, _: &T
 
 async fn marks_report_new_ids_once_in_call_order<S: Store>(store: S, _: &TestDatabase) {
     let first = store
-        .mark_processed(mark("billing", &["e1", "e2", "e1"]))
+        .mark_processed(&mark("billing", &["e1", "e2", "e1"]))
         .await
         .expect("marked");
     let seen: Vec<(&str, bool)> = first
@@ -91,7 +91,7 @@ async fn marks_report_new_ids_once_in_call_order<S: Store>(store: S, _: &TestDat
     ])
     .expect("marks never conflict");
     let answers: Vec<Vec<bool>> = store
-        .mark_processed_batch(round)
+        .mark_processed_batch(&round)
         .await
         .into_iter()
         .map(|answer| {

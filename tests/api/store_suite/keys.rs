@@ -15,7 +15,7 @@ async fn a_fresh_key_is_started_and_a_second_caller_finds_it_in_progress<S: Stor
     let first = claimed(&store, with_attempt(claim("k"), "holder-1")).await;
     assert_eq!(first.attempt, 1);
     assert_eq!(first.checkpoint, None);
-    let second = store.try_start(claim("k")).await.expect("second");
+    let second = store.try_start(&claim("k")).await.expect("second");
     // The holder's attempt id comes with the answer (for the coalescer, never for callers).
     assert_eq!(
         second,
@@ -34,7 +34,7 @@ async fn another_fingerprint_is_a_mismatch_even_with_the_holders_attempt_id<S: S
     claimed(&store, with_attempt(claim("k"), "a-1")).await;
     let other = with_attempt(with_fingerprint(claim("k"), b"f2"), "a-1");
     assert_eq!(
-        store.try_start(other).await.expect("mismatch"),
+        store.try_start(&other).await.expect("mismatch"),
         TryStartOutcome::FingerprintMismatch
     );
 }
@@ -74,7 +74,7 @@ async fn tokens_are_never_reused_across_a_keys_lives<S: Store>(store: S, _: &Tes
     assert_eq!(second.attempt, 1, "a released key starts fresh");
     assert_eq!(
         store
-            .complete(complete("k", first.lease_token, b"late"))
+            .complete(&complete("k", first.lease_token, b"late"))
             .await
             .expect("store"),
         Err(idempotency_coordinator::domain::Rejection::LeaseLost),

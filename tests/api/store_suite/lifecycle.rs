@@ -20,14 +20,14 @@ async fn a_completed_key_is_replayed_and_looked_up_with_its_response<S: Store>(
     let held = token_of(&store, "k").await;
     let completion = completed(&store, complete("k", held, b"answer")).await;
     assert_eq!(
-        store.try_start(claim("k")).await.expect("replay"),
+        store.try_start(&claim("k")).await.expect("replay"),
         TryStartOutcome::Completed {
             response: b"answer".to_vec(),
             completion: completion.clone()
         }
     );
     assert_eq!(
-        store.lookup(lookup("k")).await.expect("lookup"),
+        store.lookup(&lookup("k")).await.expect("lookup"),
         KeyState::Completed {
             response: b"answer".to_vec(),
             fingerprint: b"f1".to_vec(),
@@ -36,7 +36,7 @@ async fn a_completed_key_is_replayed_and_looked_up_with_its_response<S: Store>(
     );
     assert_eq!(
         store
-            .complete(complete("k", held, b"answer"))
+            .complete(&complete("k", held, b"answer"))
             .await
             .expect("store"),
         Ok(completion),
@@ -44,7 +44,7 @@ async fn a_completed_key_is_replayed_and_looked_up_with_its_response<S: Store>(
     );
     assert_eq!(
         store
-            .complete(complete("k", held, b"another"))
+            .complete(&complete("k", held, b"another"))
             .await
             .expect("store"),
         Err(Rejection::AlreadyCompleted)
@@ -58,9 +58,9 @@ async fn release_and_extend<S: Store>(
     token: LeaseToken,
 ) -> [Result<(), Rejection>; 2] {
     [
-        store.release(release(name, token)).await.expect("store"),
+        store.release(&release(name, token)).await.expect("store"),
         store
-            .extend_lease(extend(name, token, Duration::from_secs(5)))
+            .extend_lease(&extend(name, token, Duration::from_secs(5)))
             .await
             .expect("store")
             .map(drop),
@@ -72,7 +72,7 @@ async fn refusals_come_in_the_contracts_order<S: Store>(store: S, _: &TestDataba
     let stranger = token(held.get() + 1000);
     assert_eq!(
         store
-            .complete(complete("absent", held, b"x"))
+            .complete(&complete("absent", held, b"x"))
             .await
             .expect("store"),
         Err(Rejection::KeyNotFound)
@@ -94,12 +94,12 @@ async fn refusals_come_in_the_contracts_order<S: Store>(store: S, _: &TestDataba
 async fn release_makes_the_key_absent<S: Store>(store: S, _: &TestDatabase) {
     let held = token_of(&store, "k").await;
     assert!(matches!(
-        store.lookup(lookup("k")).await.expect("lookup"),
+        store.lookup(&lookup("k")).await.expect("lookup"),
         KeyState::InProgress { attempt: 1, .. }
     ));
     released(&store, release("k", held)).await;
     assert_eq!(
-        store.lookup(lookup("k")).await.expect("lookup"),
+        store.lookup(&lookup("k")).await.expect("lookup"),
         KeyState::Absent
     );
 }
@@ -115,7 +115,7 @@ async fn extend_lease_sets_the_lease_from_now_and_may_shorten_it<S: Store>(
     assert!(shortened > before + chrono::Duration::milliseconds(900));
     assert!(shortened <= after + chrono::Duration::seconds(1));
     assert!(matches!(
-        store.lookup(lookup("k")).await.expect("lookup"),
+        store.lookup(&lookup("k")).await.expect("lookup"),
         KeyState::InProgress { lease_expires_at, .. } if lease_expires_at == shortened
     ));
 }

@@ -132,7 +132,7 @@ pub fn started(outcome: TryStartOutcome) -> Claim {
 pub async fn claimed<S: Store>(store: &S, command: TryStartCommand) -> Claim {
     started(
         store
-            .try_start(command)
+            .try_start(&command)
             .await
             .expect("TryStart reaches the store"),
     )
@@ -141,7 +141,7 @@ pub async fn claimed<S: Store>(store: &S, command: TryStartCommand) -> Claim {
 /// Completes with `command`, which the store must accept; answers the completion.
 pub async fn completed<S: Store>(store: &S, command: CompleteCommand) -> Completion {
     store
-        .complete(command)
+        .complete(&command)
         .await
         .expect("Complete reaches the store")
         .expect("completed")
@@ -150,7 +150,7 @@ pub async fn completed<S: Store>(store: &S, command: CompleteCommand) -> Complet
 /// Releases with `command`, which the store must accept.
 pub async fn released<S: Store>(store: &S, command: ReleaseCommand) {
     store
-        .release(command)
+        .release(&command)
         .await
         .expect("Release reaches the store")
         .expect("released");
@@ -162,7 +162,7 @@ pub async fn extended<S: Store>(
     command: ExtendLeaseCommand,
 ) -> chrono::DateTime<chrono::Utc> {
     store
-        .extend_lease(command)
+        .extend_lease(&command)
         .await
         .expect("ExtendLease reaches the store")
         .expect("extended")

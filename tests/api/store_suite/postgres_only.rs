@@ -37,16 +37,16 @@ async fn no_statement_reads_a_whole_table_however_small_it_is() {
     let store = postgres_store_on(&database, OPERATION_TIMEOUT);
     let held = claimed(&store, claim("a")).await;
     assert!(matches!(
-        store.try_start(claim("a")).await.expect("a again"),
+        store.try_start(&claim("a")).await.expect("a again"),
         TryStartOutcome::InProgress { .. }
     ));
     // A waiter's look: marks the key watched, then finds it marked.
     for _ in 0..2 {
-        store.watch(lookup("a")).await.expect("watch a");
+        store.watch(&lookup("a")).await.expect("watch a");
     }
     let round = Round::new(vec![claim("b"), claim("c")]).expect("distinct keys");
     let tokens: Vec<_> = store
-        .try_start_batch(round)
+        .try_start_batch(&round)
         .await
         .into_iter()
         .map(|answer| started(answer.expect("claimed")).lease_token)
@@ -62,25 +62,25 @@ async fn no_statement_reads_a_whole_table_however_small_it_is() {
         complete("c", tokens[1], b"c"),
     ])
     .expect("distinct keys");
-    for answer in store.complete_batch(round).await {
+    for answer in store.complete_batch(&round).await {
         answer.expect("complete").expect("completed");
     }
     assert!(matches!(
-        store.lookup(lookup("a")).await.expect("lookup"),
+        store.lookup(&lookup("a")).await.expect("lookup"),
         KeyState::Completed { .. }
     ));
     let to_release = claimed(&store, claim("d")).await;
     released(&store, release("d", to_release.lease_token)).await;
     assert!(
         store
-            .release(release("a", held.lease_token))
+            .release(&release("a", held.lease_token))
             .await
             .expect("release")
             .is_err(),
         "a completed key is not released (the refusal is explained by a read)"
     );
     store
-        .mark_processed(mark("billing", &["e1"]))
+        .mark_processed(&mark("billing", &["e1"]))
         .await
         .expect("mark");
     let round = Round::new(vec![
@@ -88,7 +88,7 @@ async fn no_statement_reads_a_whole_table_however_small_it_is() {
         mark("shipping", &["e1"]),
     ])
     .expect("marks never conflict");
-    for answer in store.mark_processed_batch(round).await {
+    for answer in store.mark_processed_batch(&round).await {
         answer.expect("marked");
     }
     store.reap_expired_keys(10).await.expect("reap keys");
@@ -119,10 +119,10 @@ async fn a_statement_waiting_for_the_pool_gets_the_connection_another_kept() {
             let store = store.clone();
             tokio::spawn(async move {
                 if index % 2 == 0 {
-                    store.lookup(lookup("kept")).await.map(drop)
+                    store.lookup(&lookup("kept")).await.map(drop)
                 } else {
                     store
-                        .mark_processed(mark("kept", &[&format!("event-{index}")]))
+                        .mark_processed(&mark("kept", &[&format!("event-{index}")]))
                         .await
                         .map(drop)
                 }
@@ -177,7 +177,7 @@ async fn only_the_keys_a_waiter_watches_are_announced() {
     for look in ["watch", "watch again (marked already)"] {
         assert!(
             matches!(
-                store.watch(lookup("watched")).await.expect(look),
+                store.watch(&lookup("watched")).await.expect(look),
                 KeyState::InProgress { .. }
             ),
             "{look}: the key is in progress"
@@ -193,7 +193,10 @@ async fn only_the_keys_a_waiter_watches_are_announced() {
     );
 
     let held = claimed(&store, claim("watched-release")).await;
-    store.watch(lookup("watched-release")).await.expect("watch");
+    store
+        .watch(&lookup("watched-release"))
+        .await
+        .expect("watch");
     released(&store, release("watched-release", held.lease_token)).await;
     assert_eq!(next_event(&mut events).await, announced("watched-release"));
 
@@ -213,7 +216,7 @@ async fn a_watch_answers_the_key_as_the_lock_it_waited_for_left_it() {
         let hold = database.hold_key(name).await;
         let watching = {
             let store = store.clone();
-            tokio::spawn(async move { store.watch(lookup(name)).await })
+            tokio::spawn(async move { store.watch(&lookup(name)).await })
         };
         crate::support::eventually(
             Duration::from_secs(10),

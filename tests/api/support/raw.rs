@@ -62,3 +62,13 @@ pub async fn delete_key(session: &mut PgConnection, key: &str) {
         .await
         .expect("delete the key");
 }
+
+/// Locks the row of `consumer`'s processed event `event_id`, as a slow statement would.
+pub async fn lock_event(session: &mut PgConnection, consumer: &str, event_id: &str) {
+    sqlx::query("SELECT 1 FROM processed_events WHERE consumer = $1 AND event_id = $2 FOR UPDATE")
+        .bind(consumer)
+        .bind(event_id)
+        .execute(session)
+        .await
+        .expect("lock the event's row");
+}

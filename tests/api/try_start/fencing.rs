@@ -167,7 +167,7 @@ async fn a_claim_paused_while_it_waits_gets_a_token_above_the_released_one(path:
                     let mut claims = Vec::new();
                     for (name, outcome) in ["held key", "other key"]
                         .into_iter()
-                        .zip(store.try_start_batch(round).await)
+                        .zip(store.try_start_batch(&round).await)
                     {
                         claims.push(started(name, outcome.expect("a batched claim")));
                     }
@@ -355,7 +355,7 @@ async fn a_claim_that_waited_behind_the_reapers_delete_counts_its_lease_from_the
                         command_with_lease(&other, LEASE),
                     ])
                     .expect("distinct keys");
-                    let mut answers = store.try_start_batch(round).await.into_iter();
+                    let mut answers = store.try_start_batch(&round).await.into_iter();
                     match answers.next().expect("an answer per call") {
                         Ok(TryStartOutcome::Started(started)) => started.lease_expires_at,
                         other => panic!("expected started, got {other:?}"),
