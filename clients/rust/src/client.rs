@@ -303,6 +303,25 @@ impl Client {
         Fut: Future<Output = Result<tonic::Response<Resp>, tonic::Status>>,
     {
         let give_up_at = Instant::now() + self.retry.total;
+        self.call_until(name, message, retry, give_up_at, send)
+            .await
+    }
+
+    /// Like [`Client::call_with`], with no try started after `give_up_at` (the first is always
+    /// sent): for a call whose retries must stop before the retry budget does.
+    pub(crate) async fn call_until<Req, Resp, M, F, Fut>(
+        &self,
+        name: &'static str,
+        message: M,
+        retry: Retry,
+        give_up_at: Instant,
+        send: F,
+    ) -> Result<Resp, Error>
+    where
+        M: Fn() -> (Req, Duration),
+        F: Fn(Grpc, tonic::Request<Req>) -> Fut,
+        Fut: Future<Output = Result<tonic::Response<Resp>, tonic::Status>>,
+    {
         let mut pauses = self.retry.delays();
         loop {
             let (request, held_for) = message();

@@ -9,6 +9,7 @@ mod leases;
 mod processes;
 mod security;
 mod semantics;
+mod waited;
 
 use std::collections::VecDeque;
 use std::net::SocketAddr;

@@ -8,7 +8,7 @@ use crate::support::{Backend, TestApp};
 
 use super::{Http, ORDERS, TestGateway, Upstream, key};
 
-async fn gateway_process(
+pub(super) async fn gateway_process(
     upstream: &Upstream,
     app: &TestApp,
     flags: &[&str],

@@ -8,6 +8,7 @@ mod leases;
 mod run_once;
 mod scenarios;
 mod security;
+mod waited;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};

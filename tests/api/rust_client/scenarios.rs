@@ -4,12 +4,13 @@
 //! coordinator). The vectors' format is in `clients/conformance/README.md`.
 
 use std::collections::HashMap;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use idempotency_client::{Error, Lease, Outcome, RetryPolicy, RunError};
 use idempotency_coordinator::proto::idempotency::v1::lookup_response::State;
+use idempotency_coordinator::proto::idempotency::v1::try_start_response::Outcome as TryStartOutcome;
 use idempotency_testkit::FaultProxy;
 use serde::Deserialize;
 use serde_json::Value;
@@ -59,6 +60,17 @@ struct Step {
     await_calls: Option<Calls>,
     expect_calls: Option<Calls>,
     expect_key: Option<KeyState>,
+    claim: Option<ClaimStep>,
+    pause_ms: Option<u64>,
+}
+
+/// A holder whose process died: one bare TryStart, nothing after it.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ClaimStep {
+    key: String,
+    request: Value,
+    lease_ttl_ms: u64,
 }
 
 #[derive(Deserialize)]
@@ -82,6 +94,7 @@ struct Work {
     gate: bool,
     #[serde(default)]
     until_cancelled: bool,
+    duration_ms: Option<u64>,
     #[serde(default)]
     refuse_at_end: bool,
 }
@@ -123,7 +136,7 @@ struct Report {
     ran: bool,
     cancelled: bool,
     attempt: Option<u32>,
-    /// What the work failed with, when it was told to fail.
+    /// What the work failed with, when it failed.
     failure: Option<String>,
     /// How long run_once took, from just before the call to its outcome.
     elapsed: Duration,
@@ -161,7 +174,8 @@ impl Runner {
         let has_started = Arc::new(AtomicBool::new(false));
         let (gate, gate_opened) = oneshot::channel();
         let work = run.work.clone();
-        let failure = work.fail.clone();
+        let failure = Arc::new(Mutex::new(None));
+        let work_failure = failure.clone();
         let proxy = Arc::clone(&self.proxy);
         let (ran, cancelled, attempt) = (
             Arc::new(AtomicBool::new(false)),
@@ -198,6 +212,20 @@ impl Runner {
                     {
                         work_cancelled.store(true, Ordering::SeqCst);
                     }
+                    let fail = |message: String| {
+                        *work_failure.lock().expect("lock") = Some(message.clone());
+                        Err(WorkFailed(message))
+                    };
+                    if let Some(duration) = work.duration_ms {
+                        // Working for that long, unless cancelled meanwhile.
+                        if tokio::time::timeout(Duration::from_millis(duration), lease.cancelled())
+                            .await
+                            .is_ok()
+                        {
+                            work_cancelled.store(true, Ordering::SeqCst);
+                            return fail(format!("cancelled within its {duration} ms"));
+                        }
+                    }
                     if work.refuse_at_end {
                         proxy
                             .post("/refuse", "")
@@ -205,7 +233,7 @@ impl Runner {
                             .expect("fault-proxy /refuse");
                     }
                     match work.fail {
-                        Some(message) => Err(WorkFailed(message)),
+                        Some(message) => fail(message),
                         None => Ok(work.result.unwrap_or(Value::Null)),
                     }
                 })
@@ -216,7 +244,7 @@ impl Runner {
                 ran: ran.load(Ordering::SeqCst),
                 cancelled: cancelled.load(Ordering::SeqCst),
                 attempt: (attempt > 0).then_some(attempt),
-                failure,
+                failure: failure.lock().expect("lock").take(),
                 elapsed: began.elapsed(),
             }
         });
@@ -241,6 +269,8 @@ impl Runner {
             step.await_calls.is_some(),
             step.expect_calls.is_some(),
             step.expect_key.is_some(),
+            step.claim.is_some(),
+            step.pause_ms.is_some(),
         ];
         if actions.iter().filter(|action| **action).count() != 1 {
             return Err("a step has exactly one action".into());
@@ -337,10 +367,41 @@ impl Runner {
                     expected.key, expected.state
                 ));
             }
+        } else if let Some(claim) = &step.claim {
+            self.claim(claim).await?;
+        } else if let Some(pause) = step.pause_ms {
+            // The scenario's own timing (a holder that keeps the key this long), not a wait
+            // for something the runner could watch.
+            tokio::time::sleep(Duration::from_millis(pause)).await;
         } else {
             return Err("a step the runner does not know".into());
         }
         Ok(())
+    }
+
+    /// One bare TryStart through the proxy, as the scenario's client sends it (the Rust client
+    /// has no bare TryStart; this is the generated client on the same path): a holder that
+    /// dies at once, leaving its lease to run out.
+    async fn claim(&mut self, claim: &ClaimStep) -> Result<(), String> {
+        let key = self.key(&claim.key);
+        let fingerprint = idempotency_client::fingerprint_of(&claim.request)
+            .map_err(|e| format!("the claim's request: {e}"))?;
+        let mut request = try_start(&key);
+        request.namespace = NAMESPACE.into();
+        request.fingerprint = fingerprint;
+        request.lease_ttl = millis(claim.lease_ttl_ms);
+        request.attempt_id = uuid::Uuid::new_v4().simple().to_string();
+        let mut through_proxy = Client::connect(self.proxy.endpoint())
+            .await
+            .map_err(|e| format!("connecting through the proxy: {e}"))?;
+        let answer = through_proxy
+            .try_start(request)
+            .await
+            .map_err(|status| format!("the claim's TryStart failed: {status:?}"))?;
+        match answer.into_inner().outcome {
+            Some(TryStartOutcome::Started(_)) => Ok(()),
+            other => Err(format!("the claim was answered {other:?}, not started")),
+        }
     }
 
     async fn control(&self, path: &str, body: &str) -> Result<(), String> {

@@ -57,17 +57,40 @@ impl Shared {
         }
     }
 
-    /// ExtendLease (with a checkpoint, if given); a refusal that means the key is no longer
-    /// this holder's loses the lease.
+    /// ExtendLease (with a checkpoint, if given), retried as `retry` allows within the retry
+    /// budget; a refusal that means the key is no longer this holder's loses the lease.
     async fn extend(&self, checkpoint: Option<Vec<u8>>, retry: Retry) -> Result<(), Error> {
-        let sent_at = Instant::now();
+        let give_up_at = Instant::now() + self.client.retry.total;
+        self.extend_until(checkpoint, retry, give_up_at).await
+    }
+
+    /// [`Shared::extend`] with no retry started after `give_up_at`. The lease is counted from
+    /// the sending of the try that got through: the service renews it when it handles that try,
+    /// never before it was sent (an earlier try whose answer was lost renewed it no later).
+    async fn extend_until(
+        &self,
+        checkpoint: Option<Vec<u8>>,
+        retry: Retry,
+        give_up_at: Instant,
+    ) -> Result<(), Error> {
         let request = self.extend_request(checkpoint);
+        let last_sent_at = Mutex::new(Instant::now());
         let answer = self
             .client
-            .call("ExtendLease", &request, retry, |mut grpc, r| async move {
-                grpc.extend_lease(r).await
-            })
+            .call_until(
+                "ExtendLease",
+                || {
+                    if let Ok(mut sent_at) = last_sent_at.lock() {
+                        *sent_at = Instant::now();
+                    }
+                    (request.clone(), Duration::ZERO)
+                },
+                retry,
+                give_up_at,
+                |mut grpc, r| async move { grpc.extend_lease(r).await },
+            )
             .await;
+        let sent_at = *last_sent_at.lock().unwrap_or_else(|p| p.into_inner());
         match answer {
             Ok(answer) => {
                 if let Ok(mut state) = self.state.lock() {
@@ -228,9 +251,43 @@ impl Drop for ReleaseIfAbandoned {
     }
 }
 
+/// Renews, before the work starts, a lease that the service granted only after holding the
+/// claiming TryStart (docs/contract.md, "A claim that waited"): the client cannot tell when
+/// during that call the lease began, so it counts it from the call's sending, which may leave
+/// little or nothing of it; the renewal gives the work a whole lease, counted from its own
+/// sending. It is retried while the lease counted from the TryStart's sending, and the retry
+/// budget, last (the first try is always sent). When it cannot get through, the claim is
+/// released, best effort, so that a retry need not wait for the lease to run out.
+pub(super) async fn renew_before_work(shared: &Shared, claimed_at: Instant) -> Result<(), Error> {
+    let budget_ends = Instant::now() + shared.client.retry.total;
+    let give_up_at = shared
+        .runs_out_at()
+        .map_or(budget_ends, |runs_out_at| runs_out_at.min(budget_ends));
+    tracing::debug!(namespace = %shared.spec.namespace, "the claim waited; renewing its lease");
+    match shared
+        .extend_until(None, Retry::Transient, give_up_at)
+        .await
+    {
+        Ok(()) => Ok(()),
+        Err(lost @ Error::LeaseLost(_)) => Err(lost),
+        Err(error) => {
+            // The service granted the lease no later than it answered the TryStart, so the key
+            // may be held until a lease after that: releasing is worth trying until then.
+            let may_hold_until = (claimed_at + shared.spec.lease_ttl).min(budget_ends);
+            release_until(shared, may_hold_until).await;
+            Err(error)
+        }
+    }
+}
+
 /// Gives the claim up so that a retry starts fresh. Failing to is not the caller's error: the
 /// claim frees itself when its lease runs out.
 pub(super) async fn release(shared: &Shared) {
+    release_until(shared, Instant::now() + shared.client.retry.total).await;
+}
+
+/// [`release`] with no retry started after `give_up_at`.
+async fn release_until(shared: &Shared, give_up_at: Instant) {
     let request = ReleaseRequest {
         namespace: shared.spec.namespace.clone(),
         key: shared.spec.key.clone(),
@@ -238,10 +295,11 @@ pub(super) async fn release(shared: &Shared) {
     };
     let released = shared
         .client
-        .call(
+        .call_until(
             "Release",
-            &request,
+            || (request.clone(), Duration::ZERO),
             Retry::Transient,
+            give_up_at,
             |mut grpc, r| async move { grpc.release(r).await },
         )
         .await;

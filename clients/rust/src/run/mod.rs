@@ -108,7 +108,9 @@ impl<'c, T, E, C> RunOnce<'c, T, E, C> {
 
     /// How long to wait for another holder before failing with [`Error::InProgress`] (default
     /// zero: answer at once). The service holds the TryStart until the holder finishes, gives
-    /// up or its lease runs out (at most 60 s per TryStart; longer limits ask again).
+    /// up or its lease runs out (at most 60 s per TryStart; longer limits ask again). A claim
+    /// granted after the service held its TryStart longer than a tenth of the lease is renewed
+    /// (ExtendLease) before the work starts, so that the work has its whole lease.
     pub fn wait(mut self, wait: Duration) -> Self {
         self.wait = wait;
         self
@@ -221,6 +223,14 @@ impl<T, E, C: Codec<T>> RunOnce<'_, T, E, C> {
         let shared = lease.shared.clone();
 
         let mut abandoned = ReleaseIfAbandoned(Some(shared.clone()));
+        if started.took > shared.spec.lease_ttl / RENEW_AFTER_WAIT_DIVISOR {
+            // The lease may have begun anywhere within that wait: renewed now, the work gets
+            // all of it (docs/contract.md, "A claim that waited").
+            if let Err(error) = renew_before_work(&shared, started.answered_at).await {
+                abandoned.0 = None;
+                return Err(error.into());
+            }
+        }
         let result = run_with_heartbeat(&shared, work(lease), heartbeat, self.cancel_grace).await;
         abandoned.0 = None;
         let (Some(result), None) = (result, shared.lost()) else {
@@ -282,6 +292,10 @@ struct Started {
     checkpoint: Option<Vec<u8>>,
     expires_at: SystemTime,
     runs_out_at: Instant,
+    /// When the claiming TryStart was answered.
+    answered_at: Instant,
+    /// How long the service held the claiming TryStart before it answered.
+    took: Duration,
 }
 
 enum Claim {
@@ -336,6 +350,7 @@ async fn claim(
             .await?;
         match answer.outcome {
             Some(try_start_response::Outcome::Started(started)) => {
+                let answered_at = Instant::now();
                 return Ok(Claim::Started(Started {
                     token: started.lease_token,
                     attempt: started.attempt,
@@ -343,6 +358,8 @@ async fn claim(
                     expires_at: system_time(started.lease_expires_at),
                     // Counted from before TryStart was sent: never later than the service's.
                     runs_out_at: asked_at + spec.lease_ttl,
+                    answered_at,
+                    took: answered_at - asked_at,
                 }));
             }
             Some(try_start_response::Outcome::Completed(completed)) => {
@@ -381,6 +398,12 @@ async fn claim(
         }
     }
 }
+
+/// A claim whose TryStart took longer than this part of the lease (`lease_ttl / 10`) is renewed
+/// before the work starts. Below it, counting the lease from the TryStart's sending costs the
+/// work less than a tenth of its lease and the heartbeat (every third) keeps most of its margin;
+/// past it, a long wait would leave the work little of its lease, or none.
+const RENEW_AFTER_WAIT_DIVISOR: u32 = 10;
 
 /// What is left of the caller's limit when a waiting TryStart comes back that is too little to
 /// ask again for.
@@ -435,4 +458,7 @@ impl Client {
 
 mod lease;
 pub use lease::Lease;
-use lease::{LeaseState, ReleaseIfAbandoned, Shared, complete, release, run_with_heartbeat};
+use lease::{
+    LeaseState, ReleaseIfAbandoned, Shared, complete, release, renew_before_work,
+    run_with_heartbeat,
+};
