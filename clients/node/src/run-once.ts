@@ -34,6 +34,12 @@ function serverWaitMs(waitEnds: number): number {
 }
 // A failed heartbeat (other than a lost lease) is tried again this soon, if the interval is longer.
 const HEARTBEAT_RETRY_MS = 1_000;
+/**
+ * A TryStart that claimed a key after longer than this fraction of the lease is followed at once
+ * by a renewal, before the work starts (docs/contract.md, "A claim that waited"): past it the
+ * first heartbeat would have less than two thirds of its margin left.
+ */
+const RENEW_AFTER_WAITING_FRACTION = 0.1;
 
 /**
  * runOnce and what it needs beyond the client's calls: waiting for a holder, holding the lease
@@ -162,6 +168,16 @@ export class RunOnce {
     const { namespace, key } = request;
     const token = started.leaseToken;
     const lease = new HeldLease(this.client, namespace, key, started, askedAt, options.leaseTtlMs, options.signal);
+    // A TryStart that took long (the service held it while another holder had the key) may have
+    // left little of the lease as this client counts it: renewed, the work gets it all.
+    if (performance.now() - askedAt > options.leaseTtlMs * RENEW_AFTER_WAITING_FRACTION) {
+      try {
+        await this.renewAfterWaiting(lease, options.signal);
+      } catch (error) {
+        lease.detach();
+        throw error;
+      }
+    }
     const heartbeat = new Heartbeat(lease, options.heartbeatIntervalMs);
     let value: T;
     try {
@@ -191,6 +207,37 @@ export class RunOnce {
       throw new ResultNotStoredError(value, error);
     }
     return { value, replayed: false };
+  }
+
+  /**
+   * Renews, before the work starts, a lease whose TryStart took long (docs/contract.md, "A claim
+   * that waited"): the service started it when it granted the claim, at an instant this client
+   * cannot read off its clock, so the lease is counted from the TryStart's sending and may be
+   * nearly over, or over, by the time the answer came. Counted from this renewal's sending
+   * instead, the work gets its whole lease.
+   *
+   * Retried until the lease counted from the TryStart's sending runs out (or the retry budget
+   * does). Refused, it throws LeaseLostError; when it cannot get through, the key is released
+   * with one try (best effort), so that a retry need not wait for the lease to run out, and its
+   * error is thrown. Either way the work does not run.
+   */
+  private async renewAfterWaiting(lease: HeldLease, signal: AbortSignal | undefined): Promise<void> {
+    try {
+      await retrying(() => lease.extend(), {
+        retry: { ...this.retry, totalMs: Math.min(this.retry.totalMs, lease.msLeft()) },
+        when: isTransient,
+        signal,
+      });
+    } catch (error) {
+      if (error instanceof LeaseLostError) throw error;
+      // One try: the coordinator has just been unreachable for the renewal's whole window.
+      try {
+        await this.client.release(lease.namespace, lease.key, lease.token);
+      } catch {
+        // The key frees when its lease runs out; the renewal's error is what the caller needs.
+      }
+      throw error;
+    }
   }
 
   /**
@@ -260,7 +307,8 @@ class HeldLease implements Lease {
     private readonly leaseTtlMs: number,
     callerSignal: AbortSignal | undefined,
   ) {
-    // Counted from before the TryStart was sent, so never later than the service's expiry.
+    // Counted from the TryStart's (first) sending, never from its answer: the service may have
+    // started the lease any time in between, so this is never later than its expiry.
     this.runsOutAt = askedAt + leaseTtlMs;
     this.token = started.leaseToken;
     this.attempt = started.attempt;
@@ -291,6 +339,11 @@ class HeldLease implements Lease {
       }
       throw error;
     }
+  }
+
+  /** How long the lease has left, as this client counts it (negative once it may have run out). */
+  msLeft(): number {
+    return this.runsOutAt - performance.now();
   }
 
   saveCheckpoint(checkpoint: Uint8Array): Promise<void> {

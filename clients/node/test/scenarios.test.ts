@@ -17,6 +17,7 @@ import {
   ResultNotStoredError,
   UnauthenticatedError,
   UnavailableError,
+  fingerprintOf,
   type Lease,
   type RunOnceOptions,
 } from '../src';
@@ -43,6 +44,7 @@ interface Work {
   fail?: string;
   gate?: boolean;
   until_cancelled?: boolean;
+  duration_ms?: number;
   refuse_at_end?: boolean;
 }
 
@@ -88,6 +90,8 @@ interface Step {
   await_calls?: { method: string; count: number };
   expect_calls?: { method: string; count: number; min_gap_ms?: number };
   expect_key?: { key: string; state: 'absent' | 'in_progress' | 'completed' };
+  claim?: { key: string; request: Json; lease_ttl_ms: number };
+  pause_ms?: number;
 }
 
 interface Scenario {
@@ -100,13 +104,29 @@ interface Scenario {
 const KNOWN_FIELDS = {
   scenario: ['name', 'what', 'client', 'steps'],
   client: ['retry_budget_ms'],
-  step: ['run', 'expect', 'await_started', 'open_gate', 'join', 'fault', 'refuse', 'restore', 'reset', 'await_calls', 'expect_calls', 'expect_key'],
+  step: [
+    'run',
+    'expect',
+    'await_started',
+    'open_gate',
+    'join',
+    'fault',
+    'refuse',
+    'restore',
+    'reset',
+    'await_calls',
+    'expect_calls',
+    'expect_key',
+    'claim',
+    'pause_ms',
+  ],
   run: ['as', 'key', 'request', 'wait_ms', 'lease_ttl_ms', 'work'],
-  work: ['result', 'fail', 'gate', 'until_cancelled', 'refuse_at_end'],
+  work: ['result', 'fail', 'gate', 'until_cancelled', 'duration_ms', 'refuse_at_end'],
   expect: ['result', 'error', 'carried_result', 'work_ran', 'work_cancelled', 'attempt', 'min_elapsed_ms'],
   await_calls: ['method', 'count'],
   expect_calls: ['method', 'count', 'min_gap_ms'],
   expect_key: ['key', 'state'],
+  claim: ['key', 'request', 'lease_ttl_ms'],
 } as const;
 const ERROR_KINDS: readonly ErrorKind[] = [
   'mismatch',
@@ -139,10 +159,28 @@ function checkScenario(scenario: Scenario): void {
     checkFields('await_calls', step.await_calls, where);
     checkFields('expect_calls', step.expect_calls, where);
     checkFields('expect_key', step.expect_key, where);
+    checkFields('claim', step.claim, where);
+    const kinds = Object.keys(step).filter((name) => name !== 'expect');
+    assert.equal(kinds.length, 1, `${where}: a step of one kind, not ${JSON.stringify(kinds)}`);
+    if (step.expect !== undefined) {
+      assert.ok(step.run !== undefined || step.join !== undefined, `${where}: an "expect" belongs to a run or a join`);
+    }
+    for (const [name, ms] of [
+      ['work.duration_ms', step.run?.work.duration_ms],
+      ['claim.lease_ttl_ms', step.claim?.lease_ttl_ms],
+      ['pause_ms', step.pause_ms],
+    ] as const) {
+      if (ms !== undefined) assert.ok(isMilliseconds(ms), `${where}: ${name} is not a duration: ${JSON.stringify(ms)}`);
+    }
     if (step.expect?.error !== undefined) {
       assert.ok(ERROR_KINDS.includes(step.expect.error), `${where}: unknown error kind ${step.expect.error}`);
     }
   });
+}
+
+/** A duration of the vectors: a number of milliseconds, not negative. */
+function isMilliseconds(value: unknown): value is number {
+  return typeof value === 'number' && Number.isFinite(value) && value >= 0;
 }
 
 const { scenarios } = JSON.parse(fs.readFileSync(path.join(CONFORMANCE, 'scenarios.json'), 'utf8')) as {
@@ -208,6 +246,11 @@ class RunningCall {
       this.started.resolve();
       if (work.gate) await this.gate.promise;
       if (work.until_cancelled) await untilAborted(lease.signal, WAIT_LIMIT_MS);
+      if (work.duration_ms !== undefined) {
+        // Works that long unless the client cancels it first: then it must not return its result.
+        await untilAborted(lease.signal, work.duration_ms);
+        if (lease.signal.aborted) throw new Error('the client cancelled the work before it was done');
+      }
       if (work.refuse_at_end) await proxy.refuse();
       if (work.fail !== undefined) {
         this.thrown = new WorkFailure(work.fail);
@@ -379,6 +422,22 @@ async function runScenario(scenario: Scenario, index: number, server: Coordinato
         assert.ok(step.expect, `${where}: a join needs an "expect"`);
         joined.add(step.join);
         checkOutcome(call, await within(call.outcome, `${where}: ${call.name} ending`, call.limitMs), step.expect, `${where} (${call.name})`);
+      } else if (step.claim !== undefined) {
+        // A holder whose process died: one TryStart through the proxy, then nothing (no
+        // heartbeat, no Release), so that its lease runs out.
+        const { key, request, lease_ttl_ms: leaseTtlMs } = step.claim;
+        const outcome = await client.tryStart({
+          namespace: NAMESPACE,
+          key: keyOf(key),
+          fingerprint: fingerprintOf(request),
+          leaseTtlMs,
+          attemptId: randomUUID(),
+        });
+        assert.equal(outcome.kind, 'started', `${where}: the claim's TryStart answered ${outcome.kind}`);
+      } else if (step.pause_ms !== undefined) {
+        // The scenario's own timing (a holder that keeps the key this long), not a wait for
+        // something the runner could watch.
+        await new Promise((resolve) => setTimeout(resolve, step.pause_ms));
       } else if (step.fault !== undefined) {
         await proxy.fault(step.fault);
       } else if (step.refuse !== undefined) {

@@ -4,6 +4,7 @@ SQLite file, and gives tests a raw view of the service to check what the client 
 from __future__ import annotations
 
 import contextlib
+import datetime as dt
 import logging
 import os
 import signal
@@ -205,15 +206,21 @@ class RawService:
         return state
 
     def try_start(
-        self, namespace: str, key: str, fingerprint: bytes, attempt_id: str
+        self,
+        namespace: str,
+        key: str,
+        fingerprint: bytes,
+        attempt_id: str,
+        lease_ttl: float | None = None,
     ) -> pb.TryStartResponse:
-        return self.stub.try_start(
-            pb.TryStartRequest(
-                namespace=namespace, key=key, fingerprint=fingerprint, attempt_id=attempt_id
-            ),
-            timeout=10,
-            metadata=self.metadata,
+        """A bare TryStart: a holder that claims without a client, with the service's default
+        lease unless `lease_ttl` (seconds) is given."""
+        request = pb.TryStartRequest(
+            namespace=namespace, key=key, fingerprint=fingerprint, attempt_id=attempt_id
         )
+        if lease_ttl is not None:
+            request.lease_ttl.FromTimedelta(dt.timedelta(seconds=lease_ttl))
+        return self.stub.try_start(request, timeout=10, metadata=self.metadata)
 
     def close(self) -> None:
         self._channel.close()

@@ -46,6 +46,7 @@ from idempotency_client import (
     RetryPolicy,
     Unauthenticated,
     Unavailable,
+    fingerprint_of,
 )
 from idempotency_client._core import RunOnceOptions
 
@@ -163,11 +164,20 @@ class Run:
     """When the runner was about to call run_once (`time.monotonic`)."""
 
     def __post_init__(self) -> None:
-        unknown = set(self.work) - {"result", "fail", "gate", "until_cancelled", "refuse_at_end"}
+        unknown = set(self.work) - {
+            "result",
+            "fail",
+            "gate",
+            "until_cancelled",
+            "duration_ms",
+            "refuse_at_end",
+        }
         assert not unknown, f"work orders this runner does not know: {sorted(unknown)}"
         assert ("result" in self.work) or ("fail" in self.work), (
             f"a work without an end: {self.work}"
         )
+        duration_ms = self.work.get("duration_ms", 0)
+        assert is_milliseconds(duration_ms), f"duration_ms is not a duration: {duration_ms!r}"
         if "fail" in self.work:
             self.failure = RuntimeError(self.work["fail"])
 
@@ -175,6 +185,12 @@ class Run:
         self.ran = True
         self.attempt = attempt
         self.started.set()
+
+    @property
+    def duration(self) -> float | None:
+        """Seconds the work works for (`duration_ms`), when it does."""
+        duration_ms = self.work.get("duration_ms")
+        return None if duration_ms is None else duration_ms / 1000
 
     def pass_gate(self) -> None:
         if not self.gate.wait(LIMIT):
@@ -194,6 +210,9 @@ def sync_work(run: Run, proxy: FaultProxy) -> Callable[[Lease], object]:
             run.pass_gate()
         if run.work.get("until_cancelled"):
             lease.cancelled.wait(LIMIT)
+        if run.duration is not None and lease.cancelled.wait(run.duration):
+            run.cancelled = True
+            raise RuntimeError("the client cancelled the work before it was done")
         # A sync work cannot be interrupted: the client cancels it by setting `cancelled`.
         run.cancelled = lease.cancelled.is_set()
         if run.work.get("refuse_at_end"):
@@ -210,13 +229,12 @@ def async_work(run: Run, proxy: FaultProxy) -> Callable[[AsyncLease], Awaitable[
             if run.work.get("gate"):
                 await asyncio.to_thread(run.pass_gate)
             if run.work.get("until_cancelled"):
-                # Not wait_for, which (before 3.12) swallows a cancellation that comes as the
-                # event is set, and the client sets `cancelled` just before it cancels the task.
-                waiting = asyncio.ensure_future(lease.cancelled.wait())
-                try:
-                    await asyncio.wait({waiting}, timeout=LIMIT)
-                finally:
-                    waiting.cancel()
+                await set_within(lease.cancelled, LIMIT)
+            if run.duration is not None and await set_within(lease.cancelled, run.duration):
+                # The client cancels the task as it sets `cancelled`: not reached unless it
+                # stops doing so, and then the work must still not return its result.
+                run.cancelled = True
+                raise RuntimeError("the client cancelled the work before it was done")
         except asyncio.CancelledError:
             # The client cancels the work's task when the lease is lost (nothing else does).
             run.cancelled = True
@@ -227,6 +245,23 @@ def async_work(run: Run, proxy: FaultProxy) -> Callable[[AsyncLease], Awaitable[
         return run.end()
 
     return work
+
+
+async def set_within(event: asyncio.Event, seconds: float) -> bool:
+    """Waits at most `seconds` for `event`; whether it is set."""
+    # Not wait_for, which (before 3.12) swallows a cancellation that comes as the event is set,
+    # and the client sets `cancelled` just before it cancels the work's task.
+    waiting = asyncio.ensure_future(event.wait())
+    try:
+        await asyncio.wait({waiting}, timeout=seconds)
+    finally:
+        waiting.cancel()
+    return event.is_set()
+
+
+def is_milliseconds(value: object) -> bool:
+    """A duration of the vectors: a number of milliseconds, not negative (and not a bool)."""
+    return isinstance(value, int | float) and not isinstance(value, bool) and value >= 0
 
 
 RunFuture = asyncio.Future[Outcome[Any]]
@@ -335,13 +370,17 @@ class Scenario:
             cleanup.push_async_callback(asyncio.to_thread, proxy.close)
             raw = RawService(self._upstream)
             cleanup.callback(raw.close)
+            # The client has no bare TryStart (only run_once): a `claim` goes through the proxy
+            # on a channel of its own, counted in the proxy's call log like the client's calls.
+            raw_through_proxy = RawService(proxy.address)
+            cleanup.callback(raw_through_proxy.close)
             runs = FLAVOURS[self._flavour](proxy.address, self.retry(), proxy)
             cleanup.push_async_callback(runs.close)
             # After a failed step, no work may wait for its gate before the client closes.
             cleanup.callback(self._open_every_gate)
             for number, step in enumerate(self._vector["steps"], 1):
                 try:
-                    await self._step(step, runs, proxy, raw)
+                    await self._step(step, runs, proxy, raw, raw_through_proxy)
                 except (AssertionError, pytest.fail.Exception) as failed:
                     raise AssertionError(f"step {number} {json.dumps(step)}: {failed}") from failed
             not_joined = sorted(set(self._runs) - self._joined)
@@ -352,8 +391,16 @@ class Scenario:
             run.gate.set()
 
     async def _step(
-        self, step: dict[str, Any], runs: Runs, proxy: FaultProxy, raw: RawService
+        self,
+        step: dict[str, Any],
+        runs: Runs,
+        proxy: FaultProxy,
+        raw: RawService,
+        raw_through_proxy: RawService,
     ) -> None:
+        kinds = set(step) - {"expect"}
+        assert len(kinds) == 1, f"a step of one kind: {step}"
+        assert "expect" not in step or kinds <= {"run", "join"}, f"nothing to expect: {step}"
         if "run" in step:
             await self._run(step, runs)
         elif "await_started" in step:
@@ -367,6 +414,13 @@ class Scenario:
             run, future = self._runs[name]
             self._joined.add(name)
             self._check(run, await outcome_of(future), step["expect"])
+        elif "claim" in step:
+            await self._claim(raw_through_proxy, **step["claim"])
+        elif "pause_ms" in step:
+            assert is_milliseconds(step["pause_ms"]), step
+            # The scenario's own timing (a holder that keeps the key this long), not a wait for
+            # something the runner could watch.
+            await asyncio.sleep(step["pause_ms"] / 1000)
         elif "fault" in step:
             await asyncio.to_thread(proxy.post, "/faults", step["fault"])
         elif "refuse" in step or "restore" in step or "reset" in step:
@@ -461,6 +515,21 @@ class Scenario:
             )
         else:
             pytest.fail(f"an error kind this runner does not know: {kind}")
+
+    async def _claim(
+        self, through_proxy: RawService, key: str, request: object, lease_ttl_ms: float
+    ) -> None:
+        """A holder that claims the key and then dies: one TryStart, no heartbeat, no Release."""
+        assert is_milliseconds(lease_ttl_ms), f"lease_ttl_ms is not a duration: {lease_ttl_ms!r}"
+        answer = await asyncio.to_thread(
+            through_proxy.try_start,
+            NAMESPACE,
+            self.key(key),
+            fingerprint_of(request),
+            attempt_id=f"crashed-holder-{uuid.uuid4().hex}",
+            lease_ttl=lease_ttl_ms / 1000,
+        )
+        assert answer.WhichOneof("outcome") == "started", f"the claim was answered {answer}"
 
     async def _await_calls(self, proxy: FaultProxy, method: str, count: int) -> None:
         loop = asyncio.get_running_loop()

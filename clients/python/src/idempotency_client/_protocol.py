@@ -72,6 +72,11 @@ Response = TypeVar("Response", bound=Message)
 
 log = logging.getLogger("idempotency_client")
 
+RENEW_AFTER_WAITING_FRACTION = 0.1
+"""A TryStart that claimed a key after longer than this fraction of the lease is followed at
+once by a renewal, before the work starts (docs/contract.md, "A claim that waited"): past it the
+first heartbeat would have less than two thirds of its margin left."""
+
 Clock = Callable[[], float]
 """A client's monotonic clock, in seconds."""
 
@@ -149,7 +154,8 @@ class LeaseBase(abc.ABC, Generic[Client]):
         self._client = client
         self._spec = spec
         self._lost_because: CallError | None = None
-        # Counted from before TryStart was sent, so never later than the service's expiry.
+        # Counted from the TryStart's (first) sending, never from its answer: the service may
+        # have started the lease any time in between, so this is never later than its expiry.
         self._runs_out_at = asked_at + spec.lease_ttl
 
     @property
@@ -197,11 +203,15 @@ class Calls:
         *,
         retry: RetryWhen | None,
         fresh: Callable[[], tuple[Request, float]] | None = None,
+        until: float | None = None,
     ) -> Steps[Response]:
         """One call, sent again while `retry` says so (the same request, so a TryStart keeps its
-        attempt_id), within the retry policy's total time."""
+        attempt_id), within the retry policy's total time, and when `until` is given, not after
+        that instant of the clock."""
         pauses = self._retry.delays()
         give_up_at = self._clock() + self._retry.total
+        if until is not None:
+            give_up_at = min(give_up_at, until)
         while True:
             # `fresh` makes the request anew for each try, with how long beyond the normal call
             # timeout the service may hold it (a TryStart's wait).
@@ -230,6 +240,10 @@ class Calls:
         if isinstance(claim, Replay):
             return Outcome(spec.codec.decode(claim.response), replayed=True)
         lease = lease_for(spec, claim, asked_at)
+        # A TryStart that took long (the service held it while another holder had the key) may
+        # have left little of the lease as this client counts it: renewed, the work gets it all.
+        if self._clock() - asked_at > spec.lease_ttl * RENEW_AFTER_WAITING_FRACTION:
+            yield from self.renew_after_waiting(lease)
         try:
             try:
                 value = yield RunWork(lease, work)
@@ -308,12 +322,39 @@ class Calls:
                 log.debug("the service did not wait for key in namespace %s", spec.namespace)
                 yield Pause(min(next(pauses), remaining))
 
-    def release(self, lease: LeaseBase[Any]) -> Steps[None]:
-        """Gives the claim up so that a retry starts fresh. A failure here only delays that retry
-        until the lease runs out, so it is logged, not raised over the work's own error."""
+    def renew_after_waiting(self, lease: LeaseBase[Any]) -> Steps[None]:
+        """Renews, before the work starts, a lease whose TryStart took long (docs/contract.md, "A
+        claim that waited"): the service started it when it granted the claim, at an instant
+        this client cannot read off its clock, so the lease is counted from the TryStart's
+        sending and may be nearly over, or over, by the time the answer came. Counted from this
+        renewal's sending instead, the work gets its whole lease.
+
+        Retried until the lease counted from the TryStart's sending runs out (or the retry
+        budget does). Refused, it raises `LeaseLost`; when it cannot get through, the key is
+        released with one try (best effort), so that a retry need not wait for the lease to run
+        out, and its error is raised. Either way the work does not run."""
+        log.debug(
+            "the claim in namespace %s took long; renewing its lease before the work starts",
+            lease.namespace,
+        )
+        try:
+            yield from self.extend(lease, None, retry=is_transient, until=lease._runs_out_at)
+        except LeaseLost:
+            raise
+        except BaseException:
+            # One try: the coordinator has just been unreachable for the renewal's whole window.
+            yield from self.release(lease, retry=None)
+            raise
+
+    def release(
+        self, lease: LeaseBase[Any], *, retry: RetryWhen | None = is_transient
+    ) -> Steps[None]:
+        """Gives the claim up so that a retry starts fresh, retried while `retry` says so. A
+        failure here only delays that retry until the lease runs out, so it is logged, not raised
+        over the work's own error."""
         request = lease._spec.release_request(lease.token)
         try:
-            yield from self.call(RELEASE, request, retry=is_transient)
+            yield from self.call(RELEASE, request, retry=retry)
         except KeyNotFound:
             pass  # Already absent: an earlier try of this Release worked, or the key expired.
         except LeaseLost as error:
@@ -340,14 +381,21 @@ class Calls:
             raise refused
 
     def extend(
-        self, lease: LeaseBase[Any], checkpoint: bytes | None, *, retry: RetryWhen | None
+        self,
+        lease: LeaseBase[Any],
+        checkpoint: bytes | None,
+        *,
+        retry: RetryWhen | None,
+        until: float | None = None,
     ) -> Steps[None]:
-        """Renews the lease (saving `checkpoint` when given); a key that is no longer the lease's
-        loses it, and raises `LeaseLost`."""
+        """Renews the lease (saving `checkpoint` when given), retried while `retry` says so but
+        not after `until`; a key that is no longer the lease's loses it, and raises
+        `LeaseLost`."""
+        # Before the first try: never later than whichever try renewed the lease.
         sent_at = self._clock()
         request = lease._spec.extend_request(lease.token, checkpoint)
         try:
-            answer = yield from self.call(EXTEND_LEASE, request, retry=retry)
+            answer = yield from self.call(EXTEND_LEASE, request, retry=retry, until=until)
         except (LeaseLost, KeyNotFound, AlreadyCompleted) as error:
             lease._lose(error)
             raise LeaseLost() from error
