@@ -3,6 +3,8 @@
 # PyPI, strict: unknown fields are errors), offline, from the schemas the package ships. Installs
 # the validator into a venv here (gitignored). Also checks what the schemas cannot: the pod's
 # termination grace outlasts --shutdown-grace, and the validator does refuse a broken manifest.
+# Then the monitoring files: the Prometheus rules (promtool's check and unit tests) and the
+# Grafana dashboard, both against the metrics docs/metrics.md lists (check_monitoring.py).
 set -euo pipefail
 cd "$(dirname "$0")"
 
@@ -42,3 +44,20 @@ if '["migrate"' not in open("kubernetes/migrate-job.yaml").read():
     sys.exit("the migrate Job does not run `migrate`")
 print(f"deploy: pods get {period}s to drain for {grace}s")
 PY
+
+# The Prometheus rules and the Grafana dashboard. promtool is Debian's `prometheus` package, which
+# scripts/services installs.
+if ! command -v promtool >/dev/null 2>&1; then
+  echo "deploy: promtool is missing: run scripts/services as root (Debian's prometheus package)" >&2
+  exit 1
+fi
+promtool check rules prometheus/idempotency-rules.yml
+promtool test rules prometheus/idempotency-rules.test.yml
+# Every query names only metrics the service exports, every metric has a panel, panel ids are
+# unique, the dashboard's queries parse, and each alert's tests fail when the alert is broken
+# either way (never firing, always firing).
+export PYTHONDONTWRITEBYTECODE=1
+python3 check_monitoring.py --mutate-alerts
+# The checker itself refuses what it exists to refuse.
+python3 -m unittest test_check_monitoring
+echo "deploy: alert rules and dashboard checked against docs/metrics.md"
