@@ -71,8 +71,8 @@ pub struct ServeArgs {
     pub no_coalesce: bool,
 
     /// Shared statements (TryStart, Complete and MarkProcessed together) that may run at once.
-    /// Fewer means bigger batches, fewer commits and more throughput; more means a key held by
-    /// a slow transaction delays fewer calls.
+    /// Fewer means bigger batches, fewer commits and more throughput. A key held by another
+    /// transaction does not depend on it: its calls leave the shared statements after 20 ms.
     #[arg(long, env = "IDEMPOTENCY_COALESCE_EXECUTORS", default_value_t = 1,
           value_parser = clap::value_parser!(u32).range(1..=1000))]
     pub coalesce_executors: u32,

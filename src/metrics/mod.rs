@@ -183,15 +183,15 @@ fn describe() {
     );
     describe_gauge!(
         "idempotency_held_keys",
-        "Keys and event ids found held by another transaction, whose calls wait on their own now."
+        "Keys and event ids found locked by an outside transaction, whose calls wait on their own now."
     );
     describe_counter!(
         "idempotency_held_key_calls_total",
-        "Calls that waited for their key, held by another transaction, on their own (the held-key lane)."
+        "Calls that waited on their own (the held-key lane) for their key, locked by an outside transaction."
     );
     describe_counter!(
         "idempotency_held_key_reruns_total",
-        "Calls run again alone because their shared statement met a key held by another transaction."
+        "Calls run again alone because their shared statement met a key locked by an outside transaction."
     );
 }
 

@@ -176,14 +176,19 @@ async fn a_claim_that_waited_for_the_row_gets_a_token_above_the_one_claimed_mean
 /// statement's, and the held key's takeover draws a token above the one claimed meanwhile.
 #[tokio::test]
 async fn a_shared_claim_statement_draws_tokens_and_starts_leases_in_key_order() {
-    let (app, mut client) = app_and_client(Backend::Postgres).await;
+    let (app, mut client) =
+        app_and_client_with(Backend::Postgres, &["--operation-timeout", "30s"]).await;
     let suffix = unique_key("order");
     let (held, fresh) = (format!("a-held-{suffix}"), format!("b-fresh-{suffix}"));
     claim(&mut client, try_start(&held)).await;
 
     let hold = app.database.hold_key(&held).await;
     let batch = {
-        let store = app.store.clone();
+        // Patient, as a call whose key is held runs: the statement waits for the held row (a
+        // shared one on the service's path waits only briefly, then its calls run alone).
+        let store = app
+            .store
+            .patient(std::time::Instant::now() + std::time::Duration::from_secs(25));
         let commands = vec![
             store_try_start(&held, "batch-attempt"),
             store_try_start(&fresh, "batch-attempt"),
@@ -229,14 +234,19 @@ async fn a_shared_claim_statement_draws_tokens_and_starts_leases_in_key_order() 
 /// the rest, would deadlock here (and PostgreSQL would abort one of them).
 #[tokio::test]
 async fn shared_claims_do_not_deadlock_when_a_key_appears_while_they_wait() {
-    let (app, mut client) = app_and_client(Backend::Postgres).await;
+    let (app, mut client) =
+        app_and_client_with(Backend::Postgres, &["--operation-timeout", "30s"]).await;
     let suffix = unique_key("order");
     let (first, second) = (format!("a-{suffix}"), format!("b-{suffix}"));
     claim(&mut client, try_start(&second)).await;
     let hold = app.database.hold_key(&second).await;
 
     let batch = |attempt: &str| {
-        let store = app.store.clone();
+        // Patient, as a call whose key is held runs: the statement waits for the held row (a
+        // shared one on the service's path waits only briefly, then its calls run alone).
+        let store = app
+            .store
+            .patient(std::time::Instant::now() + std::time::Duration::from_secs(25));
         let commands = vec![
             store_try_start(&first, attempt),
             store_try_start(&second, attempt),

@@ -114,8 +114,10 @@ async fn the_drain_ends_when_the_grace_period_does(backend: Backend) {
 async fn sigterm_answers_every_call_in_flight_and_exits_zero() {
     let database = TestDatabase::create(Backend::Postgres).await;
     // From outside the process, calls are seen through their statements, so this test runs
-    // each call as a statement of its own (coalescing would gather them into a few).
-    let mut server = ServerProcess::start(&database.url, &["--no-coalesce"]).await;
+    // each call as a statement of its own (coalescing would gather them into a few), and with a
+    // pool whose held-key lane (a quarter of it) lets all nine wait in the store at once.
+    let mut server =
+        ServerProcess::start(&database.url, &["--no-coalesce", "--pool-size", "40"]).await;
     let mut client = idempotency_coordinator::proto::idempotency::v1::idempotency_service_client::IdempotencyServiceClient::connect(server.endpoint())
         .await
         .expect("connect");

@@ -315,11 +315,12 @@ async fn a_coalesced_round_is_one_statement_span_linked_to_every_call(backend: B
     let client = server.client_when_serving().await;
     let metrics_address = metrics_address(&server);
 
-    // The one executor is kept busy by a claim of a key held from outside; the calls that
-    // queue meanwhile go to the store together, as one round, once the hold ends.
-    let blocked_key = unique_key("held");
-    claim(&mut client.clone(), try_start(&blocked_key)).await;
-    let hold = database.hold_key(&blocked_key).await;
+    // The one executor is kept busy by a claim whose statement the database does not answer
+    // (a key held from outside would not do: its claim leaves the shared path after 20 ms);
+    // the calls that queue meanwhile go to the store together, as one round, once it answers.
+    claim(&mut client.clone(), try_start(&unique_key("warm"))).await;
+    let hold = database.stall_writes().await;
+    let blocked_key = unique_key("stalled");
     let blocked = {
         let mut client = client.clone();
         let request = try_start(&blocked_key);
@@ -338,7 +339,7 @@ async fn a_coalesced_round_is_one_statement_span_linked_to_every_call(backend: B
         queued.push(tokio::spawn(async move { client.try_start(request).await }));
     }
     queue_depth_reaches(metrics_address, 4).await;
-    hold.release().await;
+    hold.end().await;
     blocked
         .await
         .expect("the blocked call's task")

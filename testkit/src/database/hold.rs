@@ -177,3 +177,80 @@ impl KeyHold {
         }
     }
 }
+
+impl TestDatabase {
+    /// Stalls the service's writes without a lock the service could tell from a held key: on
+    /// PostgreSQL its sessions on this database are stopped (SIGSTOP), as a database that stops
+    /// answering mid-statement (a disk that hangs) would; on SQLite the write lock is held,
+    /// which stalls every write the same way. Until [`Stall::end`] (or the stall is dropped).
+    /// The service must already have a connection open (any call made before does), or its
+    /// next statement would open a new session, which nothing stops.
+    pub async fn stall_writes(&self) -> Stall {
+        match &self.inspector {
+            Inspector::Postgres(pool) => {
+                let pids: Vec<(i32,)> = sqlx::query_as(
+                    "SELECT pid FROM pg_stat_activity
+                     WHERE datname = current_database()
+                       AND application_name LIKE 'idempotency-coordinator%'",
+                )
+                .fetch_all(pool)
+                .await
+                .expect("read pg_stat_activity");
+                assert!(!pids.is_empty(), "the service has no session to stall");
+                let stopped = pids
+                    .into_iter()
+                    .map(|(pid,)| {
+                        assert!(signal("STOP", pid), "SIGSTOP to backend {pid}");
+                        pid
+                    })
+                    .collect();
+                Stall {
+                    stopped,
+                    held: None,
+                }
+            }
+            Inspector::Sqlite(_) => Stall {
+                stopped: Vec::new(),
+                held: Some(self.hold_keys(&[]).await),
+            },
+        }
+    }
+}
+
+/// The service's writes stalled from outside (see [`TestDatabase::stall_writes`]).
+pub struct Stall {
+    /// PostgreSQL: the stopped backends, continued when the stall ends or is dropped, whatever
+    /// happens: a backend left stopped would keep the test's database from being dropped.
+    stopped: Vec<i32>,
+    /// SQLite: the write lock held.
+    held: Option<KeyHold>,
+}
+
+impl Stall {
+    /// Lets the stalled writes go on.
+    pub async fn end(mut self) {
+        if let Some(hold) = self.held.take() {
+            hold.release().await;
+        }
+        // The stopped backends are continued as `self` is dropped.
+    }
+}
+
+impl Drop for Stall {
+    fn drop(&mut self) {
+        for pid in self.stopped.drain(..) {
+            if !signal("CONT", pid) {
+                eprintln!("could not SIGCONT backend {pid}");
+            }
+        }
+    }
+}
+
+/// Sends SIG`name` to `pid` (a backend runs as another user; the tests run as root).
+fn signal(name: &str, pid: i32) -> bool {
+    std::process::Command::new("kill")
+        .arg(format!("-{name}"))
+        .arg(pid.to_string())
+        .status()
+        .is_ok_and(|status| status.success())
+}

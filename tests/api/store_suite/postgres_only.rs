@@ -215,7 +215,8 @@ async fn a_watch_answers_the_key_as_the_lock_it_waited_for_left_it() {
         claimed(&store, claim(name)).await;
         let hold = database.hold_key(name).await;
         let watching = {
-            let store = store.clone();
+            // Patient, as a waiter's look at a held key runs (`service::held_keys`).
+            let store = store.patient(std::time::Instant::now() + OPERATION_TIMEOUT);
             tokio::spawn(async move { store.watch(&lookup(name)).await })
         };
         crate::support::eventually(

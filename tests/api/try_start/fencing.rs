@@ -144,7 +144,10 @@ async fn a_claim_paused_while_it_waits_gets_a_token_above_the_released_one(path:
     }
 
     let claim = {
-        let store = app.store.clone();
+        // Patient, as a call whose key is held runs: its statement waits for the row.
+        let store = app
+            .store
+            .patient(std::time::Instant::now() + Duration::from_secs(50));
         let mut client = client.clone();
         let (key, other) = (key.clone(), other.clone());
         tokio::spawn(async move {
@@ -343,7 +346,10 @@ async fn a_claim_that_waited_behind_the_reapers_delete_counts_its_lease_from_the
     raw::delete_key(&mut session, &key).await;
 
     let claim = {
-        let store = app.store.clone();
+        // Patient, as a call whose key is held runs: its statement waits for the row.
+        let store = app
+            .store
+            .patient(std::time::Instant::now() + Duration::from_secs(50));
         let mut client = client.clone();
         let key = key.clone();
         tokio::spawn(async move {
