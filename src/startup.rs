@@ -210,10 +210,7 @@ impl Application {
             settings.coalescing,
             waiting,
             ReplayCache::new(settings.replay_cache_bytes, clock.clone()),
-            HeldKeys::new(
-                HeldKeys::lane_for_pool(settings.store.pool_size),
-                settings.operation_timeout,
-            ),
+            HeldKeys::for_pool(settings.store.pool_size, settings.operation_timeout),
             &Lifecycle {
                 supervisor: supervisor.clone(),
                 shutdown: shutdown.clone(),

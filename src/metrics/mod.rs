@@ -190,6 +190,10 @@ fn describe() {
         "Calls that waited on their own (the held-key lane) for their key, locked by an outside transaction."
     );
     describe_counter!(
+        "idempotency_stalled_statements_total",
+        "Shared statements that ran past 50 ms and gave their executor back, so that the calls queued behind them started their own."
+    );
+    describe_counter!(
         "idempotency_held_key_reruns_total",
         "Calls run again alone because their shared statement met a key locked by an outside transaction."
     );

@@ -34,7 +34,7 @@ pub mod waiting;
 
 use coalesce::{
     AloneFuture, Backlog, Coalescer, CoalescerSettings, Executors, FollowsEarlier, Isolate,
-    RoundFuture,
+    RoundFuture, WhyAlone,
 };
 use held_keys::{HeldKeys, RunsAlone, Watch};
 pub use in_flight::InFlight;
@@ -181,12 +181,19 @@ impl<C: RunsAlone> Isolate<C, C::Answer> for Isolation {
         &self,
         command: C,
         answer_by: tokio::time::Instant,
-        after_shared: bool,
+        why: WhyAlone,
     ) -> AloneFuture<C::Answer> {
         let (held, store, timeout) = (self.held.clone(), self.store.clone(), self.timeout);
         let deadline = self.store_deadline(answer_by);
         Box::pin(async move {
-            let alone = held.run_alone(&store, &command, after_shared, deadline);
+            let alone = async {
+                match why {
+                    WhyAlone::KnownHeld => held.in_lane(&store, &command, deadline).await,
+                    WhyAlone::MetHeld { shared } => {
+                        held.after_held(&store, &command, shared, deadline).await
+                    }
+                }
+            };
             match tokio::time::timeout_at(answer_by, alone).await {
                 Ok(answer) => answer.map_err(CoordinatorError::Store),
                 Err(_elapsed) => Err(CoordinatorError::TimedOut(timeout)),
@@ -514,10 +521,7 @@ impl Coordinator {
             }
             match command.run_alone(&store).await {
                 Err(error) => match error.key_held() {
-                    Some(after_shared) => {
-                        held.run_alone(&store, &command, after_shared, deadline)
-                            .await
-                    }
+                    Some(shared) => held.after_held(&store, &command, shared, deadline).await,
                     None => Err(error),
                 },
                 answered => answered,

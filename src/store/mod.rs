@@ -84,11 +84,14 @@ pub trait Store: Clone + Send + Sync + 'static {
         command: &ReleaseCommand,
     ) -> impl Future<Output = Result<Result<(), Rejection>, StoreError>> + Send;
 
-    /// This store for a call whose own key is held by another transaction
-    /// ([`StoreError::KeyHeld`]): its statements wait for a row lock up to the lock budget
-    /// instead of briefly, and end, committed or not, by `deadline`. A store without row locks
-    /// (SQLite, whose one writer never waits for a row) answers itself.
-    fn patient(&self, deadline: std::time::Instant) -> Self;
+    /// This store for a call that runs on its own (`service::held_keys`): each statement waits
+    /// for a row lock briefly, or with `LockWait::Patient` (a call whose own key another
+    /// transaction holds) up to the lock budget; and each, its wait for a connection included,
+    /// starts only with time to spare before `deadline` and is ended by the database by then,
+    /// so that nothing it writes can land after its caller was told it timed out. A store
+    /// without row locks or connections to wait for (SQLite, whose one writer ends its own
+    /// transactions by their deadline) answers itself.
+    fn limited(&self, deadline: std::time::Instant, lock_wait: LockWait) -> Self;
 
     /// Answers the lease's new expiry.
     fn extend_lease(
@@ -152,6 +155,15 @@ pub trait Store: Clone + Send + Sync + 'static {
     /// [`KeyEvent::Missed`] each time). A store whose only writer is this process sends its
     /// events as it commits and has nothing to watch.
     fn watch_keys(&self, shutdown: CancellationToken) -> impl Future<Output = ()> + Send;
+}
+
+/// How long a [`Store::limited`] statement waits for a row lock another transaction holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LockWait {
+    /// Briefly, as every statement does (`TimeBudget::brief_lock`).
+    Brief,
+    /// Up to the lock budget: the call's own key is held.
+    Patient,
 }
 
 /// Where the data lives.
@@ -331,10 +343,10 @@ impl Store for AnyStore {
         delegate!(self, store => store.release(command))
     }
 
-    fn patient(&self, deadline: std::time::Instant) -> Self {
+    fn limited(&self, deadline: std::time::Instant, lock_wait: LockWait) -> Self {
         match self {
-            Self::Postgres(store) => Self::Postgres(store.patient(deadline)),
-            Self::Sqlite(store) => Self::Sqlite(store.patient(deadline)),
+            Self::Postgres(store) => Self::Postgres(store.limited(deadline, lock_wait)),
+            Self::Sqlite(store) => Self::Sqlite(store.limited(deadline, lock_wait)),
         }
     }
 

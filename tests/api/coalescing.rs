@@ -8,7 +8,7 @@ use idempotency_coordinator::domain::batch::Round;
 use idempotency_coordinator::proto::idempotency::v1::{
     TryStartRequest, lookup_response::State, try_start_response::Outcome,
 };
-use idempotency_coordinator::store::Store;
+use idempotency_coordinator::store::{LockWait, Store};
 use tonic::Code;
 
 use crate::support::*;
@@ -186,9 +186,10 @@ async fn a_shared_claim_statement_draws_tokens_and_starts_leases_in_key_order() 
     let batch = {
         // Patient, as a call whose key is held runs: the statement waits for the held row (a
         // shared one on the service's path waits only briefly, then its calls run alone).
-        let store = app
-            .store
-            .patient(std::time::Instant::now() + std::time::Duration::from_secs(25));
+        let store = app.store.limited(
+            std::time::Instant::now() + std::time::Duration::from_secs(25),
+            LockWait::Patient,
+        );
         let commands = vec![
             store_try_start(&held, "batch-attempt"),
             store_try_start(&fresh, "batch-attempt"),
@@ -244,9 +245,10 @@ async fn shared_claims_do_not_deadlock_when_a_key_appears_while_they_wait() {
     let batch = |attempt: &str| {
         // Patient, as a call whose key is held runs: the statement waits for the held row (a
         // shared one on the service's path waits only briefly, then its calls run alone).
-        let store = app
-            .store
-            .patient(std::time::Instant::now() + std::time::Duration::from_secs(25));
+        let store = app.store.limited(
+            std::time::Instant::now() + std::time::Duration::from_secs(25),
+            LockWait::Patient,
+        );
         let commands = vec![
             store_try_start(&first, attempt),
             store_try_start(&second, attempt),

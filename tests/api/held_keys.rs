@@ -34,8 +34,28 @@ enum Route {
 }
 
 /// The service on `route`, with its default settings (the test harness's small pool aside);
-/// behind PgBouncer, with the flags its documentation gives.
+/// behind PgBouncer, with the flags its documentation gives. Warmed up: a replica that has
+/// served traffic has its pool's connections open, and a test of how long calls wait should
+/// not time the opening of a connection for the first of them.
 async fn service(route: Route) -> (TestApp, Option<PgBouncer>) {
+    let (app, bouncer) = started(route).await;
+    let client = app.client().await;
+    for _ in 0..3 {
+        let mut lookups = JoinSet::new();
+        for n in 0..8 {
+            let mut client = client.clone();
+            lookups.spawn(async move { client.lookup(lookup(&format!("warm-{n}"))).await });
+        }
+        while let Some(looked) = lookups.join_next().await {
+            looked
+                .expect("a warm-up lookup's task")
+                .expect("a warm-up lookup");
+        }
+    }
+    (app, bouncer)
+}
+
+async fn started(route: Route) -> (TestApp, Option<PgBouncer>) {
     match route {
         Route::Direct => (TestApp::spawn(Backend::Postgres).await, None),
         Route::PgBouncer => {
@@ -438,3 +458,56 @@ async fn a_held_key_under_steady_load_leaves_the_other_callers_their_throughput(
         &askers.failures[..askers.failures.len().min(5)]
     );
 }
+
+/// A statement the database stops answering (its session stopped, as a disk that hangs would
+/// stall it) delays the calls queued behind it only until it has run 50 ms: it then gives its
+/// executor back and goes on, and they start their own statement on another connection.
+#[tokio::test]
+async fn a_stalled_statement_does_not_hold_up_the_calls_queued_behind_it() {
+    // Not warmed up: every connection open when the stall begins is stalled, and the calls
+    // behind must find one that is not (a new one) to show that they do not wait.
+    let (app, _bouncer) = started(Route::Direct).await;
+    let client = app.client().await;
+    let suffix = unique_key("");
+    // One connection open, the one the next statement takes; it is stalled.
+    claim(&mut client.clone(), try_start(&format!("warm{suffix}"))).await;
+    let stall = app.database.stall_writes().await;
+    let mut stalled = JoinSet::new();
+    spawn_claim(&mut stalled, &client, &format!("stalled{suffix}"));
+    app.wait_for_blocked_calls(1).await;
+
+    let mut calls = JoinSet::new();
+    for other in 0..20 {
+        spawn_claim(&mut calls, &client, &format!("b-{other:02}{suffix}"));
+    }
+    let answers = joined(calls).await;
+    for call in &answers {
+        assert!(
+            matches!(call.answer, Ok(Outcome::Started(_))),
+            "{} is started: {:?}",
+            call.key,
+            call.answer
+        );
+        assert!(
+            call.took < STALLED_AFTER + OTHERS_ANSWERED_WITHIN,
+            "{} was answered after {:?}, behind the stalled statement",
+            call.key,
+            call.took
+        );
+    }
+    assert!(
+        !stalled.is_empty() && stalled.try_join_next().is_none(),
+        "the stalled statement is still stalled"
+    );
+    stall.end().await;
+    for call in joined(stalled).await {
+        assert!(
+            matches!(call.answer, Ok(Outcome::Started(_))),
+            "the stalled claim is answered once its session goes on: {:?}",
+            call.answer
+        );
+    }
+}
+
+/// How long a shared statement runs before it gives its executor back.
+const STALLED_AFTER: Duration = Duration::from_millis(50);

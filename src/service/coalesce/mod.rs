@@ -77,16 +77,26 @@ pub type RoundFuture<'a, R> = Pin<Box<dyn Future<Output = Vec<Result<R, StoreErr
 /// A call's answer from a run of its own (see [`Isolate`]).
 pub type AloneFuture<R> = Pin<Box<dyn Future<Output = Result<R, CoordinatorError>> + Send>>;
 
+/// Why a call runs on its own (see [`Isolate`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WhyAlone {
+    /// Its key is remembered as held: it goes to the held-key lane at once.
+    KnownHeld,
+    /// Its statement met a held key; `shared`: the statement carried other calls, so the held
+    /// key may be theirs.
+    MetHeld { shared: bool },
+}
+
 /// How a call leaves the shared path when a key is held (`service::held_keys`).
 pub trait Isolate<C, R>: Send + Sync {
     /// Whether `command`'s key is known to be held: it then runs on its own at once, and no
     /// shared statement waits for it.
     fn is_held(&self, command: &C) -> bool;
 
-    /// `command` on its own, answered by `answer_by`: once more briefly when `after_shared` (its
-    /// shared statement met a held key, maybe another call's), and patiently, in the held-key
-    /// lane, when its own key is held.
-    fn alone(&self, command: C, answer_by: Instant, after_shared: bool) -> AloneFuture<R>;
+    /// `command` on its own, answered by `answer_by`: once more briefly when its shared
+    /// statement met a held key (maybe another call's), and patiently, in the held-key lane,
+    /// when its own key is held.
+    fn alone(&self, command: C, answer_by: Instant, why: WhyAlone) -> AloneFuture<R>;
 }
 
 /// A formed batch's run, which holds an executor's permit until it is done. Boxed: it is built
@@ -187,6 +197,7 @@ where
     {
         let (queue, waiting) = mpsc::unbounded_channel::<Pending<C, R>>();
         let queue_capacity = settings.queue_capacity.clamp(1, Semaphore::MAX_PERMITS);
+        let stalls = executors.stalls();
         let executors = executors.permits();
         let execute = Arc::new(execute);
         let timeout = settings.timeout;
@@ -203,10 +214,17 @@ where
                     .record(weight as f64);
                 let execute = execute.clone();
                 let alone = alone.clone();
+                let mut executor = run::Executor::new(permit, stalls.clone());
                 Box::pin(async move {
-                    run::run_batch(batch, execute.as_ref(), &alone, timeout, (label, db_system))
-                        .await;
-                    drop(permit);
+                    run::run_batch(
+                        batch,
+                        execute.as_ref(),
+                        (&alone, &mut executor),
+                        timeout,
+                        (label, db_system),
+                    )
+                    .await;
+                    drop(executor);
                 })
             },
         );

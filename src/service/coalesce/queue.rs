@@ -7,8 +7,8 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore, oneshot};
 use tokio::time::Instant;
 use tracing::Span;
 
-use super::Coalescer;
 use super::in_place::InPlace;
+use super::{Coalescer, WhyAlone};
 use crate::domain::batch::Batchable;
 use crate::service::CoordinatorError;
 use crate::service::in_flight::InFlightGuard;
@@ -44,17 +44,46 @@ pub(super) struct Held {
 /// than one executor per kind, at the same throughput (BENCHMARKS.md). Permits are handed out
 /// in the order they are asked for, so no kind waits behind another for more than its turn.
 #[derive(Debug, Clone)]
-pub struct Executors(Arc<Semaphore>);
+pub struct Executors {
+    permits: Arc<Semaphore>,
+    /// Batches whose statement has run past [`STALLED_AFTER`] give their executor back (the
+    /// statement goes on), so that the calls queued behind a stalled statement (a disk that
+    /// hangs, a commit that waits) start their own; at most this many at once, beyond which
+    /// a stalled statement keeps its executor (the store is stalled for everyone).
+    stalls: Arc<Semaphore>,
+}
+
+/// How long a batch's statement runs before it gives its executor back (see [`Executors`]): a
+/// statement of the service takes milliseconds; one that runs this long is stalled, and the
+/// calls queued behind it should not wait for it.
+pub const STALLED_AFTER: std::time::Duration = std::time::Duration::from_millis(50);
+
+/// How many stalled statements may run beside the executors.
+const STALLED_STATEMENTS: usize = 4;
 
 impl Executors {
     pub fn new(count: usize) -> Self {
-        Self(Arc::new(Semaphore::new(
-            count.clamp(1, Semaphore::MAX_PERMITS),
-        )))
+        Self {
+            permits: Arc::new(Semaphore::new(count.clamp(1, Semaphore::MAX_PERMITS))),
+            stalls: Arc::new(Semaphore::new(STALLED_STATEMENTS)),
+        }
+    }
+
+    /// These executors, with at most `count` stalled statements beside them (0: a stalled
+    /// statement keeps its executor).
+    pub fn with_stalled_statements(self, count: usize) -> Self {
+        Self {
+            stalls: Arc::new(Semaphore::new(count.min(Semaphore::MAX_PERMITS))),
+            ..self
+        }
     }
 
     pub(super) fn permits(&self) -> Arc<Semaphore> {
-        self.0.clone()
+        self.permits.clone()
+    }
+
+    pub(super) fn stalls(&self) -> Arc<Semaphore> {
+        self.stalls.clone()
     }
 }
 
@@ -107,9 +136,9 @@ impl<C: Batchable, R> Coalescer<C, R> {
         // for it, and every call queued behind that statement with it.
         if self.isolation.is_held(&command) {
             let in_flight = self.in_flight.enter();
-            let alone = self
-                .isolation
-                .alone(command, Instant::now() + self.timeout, false);
+            let alone =
+                self.isolation
+                    .alone(command, Instant::now() + self.timeout, WhyAlone::KnownHeld);
             return match self
                 .tasks
                 .spawn(async move {

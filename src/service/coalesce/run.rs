@@ -5,13 +5,14 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
 use tokio_util::task::TaskTracker;
 use tracing::{Instrument, Span};
 
 use super::answer::{self, Waiter};
-use super::queue::Pending;
-use super::{FollowsEarlier, Isolate, RoundFuture};
+use super::queue::{Pending, STALLED_AFTER};
+use super::{FollowsEarlier, Isolate, RoundFuture, WhyAlone};
 use crate::domain::batch::{Batchable, Round, round_numbers};
 use crate::service::CoordinatorError;
 use crate::store::StoreError;
@@ -33,15 +34,55 @@ impl<C, R> Clone for Alone<C, R> {
 }
 
 impl<C, R: Send + 'static> Alone<C, R> {
-    fn send(&self, waiter: Waiter<C, R>, command: C, after_shared: bool) {
+    fn send(&self, waiter: Waiter<C, R>, command: C, shared: bool) {
         let run = self
             .isolation
-            .alone(command, waiter.answer_by, after_shared);
+            .alone(command, waiter.answer_by, WhyAlone::MetHeld { shared });
         self.tasks.spawn(async move {
             let answer = run.await;
             let _ = waiter.reply.send(answer);
             drop(waiter.held);
         });
+    }
+}
+
+/// The executor a batch runs on: its permit, given back should a statement stall.
+pub(super) struct Executor {
+    permit: Option<OwnedSemaphorePermit>,
+    /// Held once the permit is given back (see [`super::Executors`]).
+    stalled: Option<OwnedSemaphorePermit>,
+    stalls: Arc<Semaphore>,
+}
+
+impl Executor {
+    pub(super) fn new(permit: OwnedSemaphorePermit, stalls: Arc<Semaphore>) -> Self {
+        Self {
+            permit: Some(permit),
+            stalled: None,
+            stalls,
+        }
+    }
+
+    /// Awaits `statement`; should it run past [`STALLED_AFTER`], the executor is given back
+    /// (when fewer than the most stalled statements run), so that the calls queued behind
+    /// start their own statement while this one goes on.
+    async fn unless_stalled<T>(&mut self, statement: impl Future<Output = T>) -> T {
+        let mut statement = std::pin::pin!(statement);
+        if self.permit.is_none() {
+            return statement.await;
+        }
+        let stalled_at = Instant::now() + STALLED_AFTER;
+        tokio::select! {
+            biased;
+            done = &mut statement => return done,
+            () = tokio::time::sleep_until(stalled_at) => {}
+        }
+        if let Ok(stalled) = self.stalls.clone().try_acquire_owned() {
+            metrics::counter!("idempotency_stalled_statements_total").increment(1);
+            self.stalled = Some(stalled);
+            self.permit = None;
+        }
+        statement.await
     }
 }
 
@@ -51,7 +92,7 @@ impl<C, R: Send + 'static> Alone<C, R> {
 pub(super) async fn run_batch<C, R, F>(
     batch: Vec<Pending<C, R>>,
     execute: &F,
-    alone: &Alone<C, R>,
+    (alone, executor): (&Alone<C, R>, &mut Executor),
     timeout: Duration,
     (label, db_system): (&'static str, &'static str),
 ) where
@@ -100,9 +141,13 @@ pub(super) async fn run_batch<C, R, F>(
             // Boxed (`RoundFuture`): the store's future is large, and this one is moved whole
             // into the box that holds the batch's run (`BatchRun`); a pointer is cheaper to
             // move than the state it points to.
-            Ok(round) => match timed(label, nobody_waits_after, execute(&round))
-                .instrument(statement)
-                .await
+            Ok(round) => match timed(
+                label,
+                nobody_waits_after,
+                executor.unless_stalled(execute(&round)),
+            )
+            .instrument(statement)
+            .await
             {
                 Ok(results) => {
                     let (kept, answers) = leave_if_held(waiters, round, results, alone);
@@ -142,7 +187,7 @@ fn leave_if_held<C, R: Send + 'static>(
             "a batch answered fewer results than it had commands",
         )));
         match result.as_ref().err().and_then(StoreError::key_held) {
-            Some(after_shared) => alone.send(waiter, command, after_shared),
+            Some(shared) => alone.send(waiter, command, shared),
             None => {
                 kept.push(waiter);
                 answers.push(result.map_err(CoordinatorError::Store));

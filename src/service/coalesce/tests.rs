@@ -53,9 +53,10 @@ impl FollowsEarlier<u32> for Command {
 
 /// What the test coalescers do with a call whose key was held: its command, whether it came
 /// from a shared statement, answered its value times three.
-type SentAlone = Arc<Mutex<Vec<(Command, bool)>>>;
+type SentAlone = Arc<Mutex<Vec<(Command, WhyAlone)>>>;
 
-/// Keys from 900 on are held; a call sent alone is recorded and answered its value × 3.
+/// Keys from 950 on are known to be held (from 900 on, the store finds them held); a call sent
+/// alone is recorded and answered its value × 3.
 #[derive(Default)]
 struct TestIsolation {
     sent: SentAlone,
@@ -70,12 +71,9 @@ impl Isolate<Command, u32> for TestIsolation {
         &self,
         command: Command,
         _answer_by: tokio::time::Instant,
-        after_shared: bool,
+        why: WhyAlone,
     ) -> AloneFuture<u32> {
-        self.sent
-            .lock()
-            .expect("sent alone")
-            .push((command, after_shared));
+        self.sent.lock().expect("sent alone").push((command, why));
         Box::pin(async move { Ok(command.value * 3) })
     }
 }
@@ -86,6 +84,12 @@ fn key_held(shared: bool) -> StoreError {
         shared,
         cause: sqlx::Error::PoolTimedOut,
     }
+}
+
+/// One executor that a round keeps however long it runs (no stalled statement gives it back):
+/// what waits and how long is then the test's order of events.
+fn held_executor() -> Executors {
+    Executors::new(1).with_stalled_statements(0)
 }
 
 fn settings(max_batch: usize, wait_budget: Duration) -> CoalescerSettings {
@@ -117,7 +121,7 @@ fn recording(settings: CoalescerSettings, pause: Duration) -> (Coalescer<Command
 
 /// A coalescer whose executor records each round, then waits for a permit of the gate.
 fn gated(settings: CoalescerSettings) -> (Coalescer<Command, u32>, Seen, Arc<Semaphore>) {
-    gated_sharing(settings, &Executors::new(1), &Backlog::new(1_000_000))
+    gated_sharing(settings, &held_executor(), &Backlog::new(1_000_000))
 }
 
 /// [`gated`], sharing `executors` and `backlog` with other coalescers.
@@ -145,7 +149,7 @@ fn gated_tracked(
     let (coalescer, seen) = recording_shared(
         settings,
         Pace::Gate(gate.clone()),
-        (&Executors::new(1), &Backlog::new(1_000_000)),
+        (&held_executor(), &Backlog::new(1_000_000)),
         tasks.clone(),
     );
     (coalescer, seen, gate)
@@ -652,7 +656,11 @@ async fn the_calls_of_a_statement_that_met_a_held_key_leave_it_and_run_alone() {
         sent.iter()
             .map(|(c, shared)| (c.value, *shared))
             .collect::<Vec<_>>(),
-        vec![(2, true), (900, true), (3, true)]
+        vec![
+            (2, WhyAlone::MetHeld { shared: true }),
+            (900, WhyAlone::MetHeld { shared: true }),
+            (3, WhyAlone::MetHeld { shared: true })
+        ]
     );
 }
 
@@ -687,6 +695,39 @@ async fn a_lone_call_of_a_held_key_runs_alone_as_its_own() {
         sent.iter()
             .map(|(c, shared)| (c.value, *shared))
             .collect::<Vec<_>>(),
-        vec![(901, false), (950, false)]
+        vec![
+            (901, WhyAlone::MetHeld { shared: false }),
+            (950, WhyAlone::KnownHeld)
+        ]
     );
+}
+
+#[tokio::test]
+async fn a_stalled_round_gives_its_executor_back_to_the_calls_behind_it() {
+    let gate = Arc::new(Semaphore::new(0));
+    let (coalescer, seen) = recording_shared(
+        settings(100, Duration::from_secs(5)),
+        Pace::Gate(gate.clone()),
+        (
+            &Executors::new(1).with_stalled_statements(1),
+            &Backlog::new(1_000_000),
+        ),
+        TaskTracker::new(),
+    );
+    // The first round stalls at the gate; past STALLED_AFTER it gives the executor back, and
+    // the calls queued behind it run in a round of their own while it still stalls.
+    let stalled = spawn_submit(&coalescer, Command::keyed(1));
+    until_rounds(&seen, 1).await;
+    let behind = spawn_submit(&coalescer, Command::keyed(2));
+    until_rounds(&seen, 2).await;
+    assert!(!stalled.is_finished(), "the first round still stalls");
+    // Only one stalled round at a time: the second keeps its executor, and a third call waits.
+    let third = spawn_submit(&coalescer, Command::keyed(3));
+    until_holding(&coalescer, 3).await;
+    tokio::time::sleep(super::queue::STALLED_AFTER * 3).await;
+    assert_eq!(seen.lock().expect("rounds").len(), 2, "no third round yet");
+    gate.add_permits(3);
+    assert_eq!(stalled.await.expect("task").expect("answered"), 2);
+    assert_eq!(behind.await.expect("task").expect("answered"), 4);
+    assert_eq!(third.await.expect("task").expect("answered"), 6);
 }

@@ -143,7 +143,7 @@ impl PgStore {
             begin,
             probe_options: Arc::new(options),
             budget,
-            patient_until: None,
+            limits: None,
         })
     }
 

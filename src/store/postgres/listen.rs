@@ -72,7 +72,7 @@ impl PgStore {
     /// looked at again, all on one connection within the store's share of the budget.
     pub(super) async fn watch_key(&self, query: &LookupQuery) -> Result<KeyState, StoreError> {
         let began = std::time::Instant::now();
-        let mut connection = self.connections.lend().await.map_err(classify)?;
+        let mut connection = self.lend().await.map_err(classify)?;
         let (namespace, key) = (query.namespace.as_str(), query.key.as_str());
         loop {
             let looked: Option<WatchedKeyRow> = self

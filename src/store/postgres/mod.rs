@@ -40,7 +40,7 @@ use self::rows::{CompleteRow, KeyRow, MarkRow, TryStartBatchRow, TryStartRow};
 use self::sql::*;
 use self::statements::Statement;
 use super::schema;
-use super::{KeyEvent, Pooler, Store, StoreError};
+use super::{KeyEvent, LockWait, Pooler, Store, StoreError};
 use crate::domain::batch::Round;
 use crate::domain::budget::TimeBudget;
 use crate::domain::{
@@ -90,9 +90,9 @@ pub struct PgStore {
     /// Behind a pooler in transaction mode: the statement that opens the transaction each
     /// statement runs in, with the settings a direct connection gets in its startup packet.
     begin: Option<SqlStr>,
-    /// A patient store ([`Store::patient`]): each statement runs in a transaction of its own that
-    /// waits for a row lock up to the lock budget, and ends by then.
-    patient_until: Option<std::time::Instant>,
+    /// A limited store ([`Store::limited`]): each statement runs in a transaction of its own
+    /// that ends by the deadline and waits for row locks as told.
+    limits: Option<(std::time::Instant, LockWait)>,
 }
 
 impl std::fmt::Debug for PgStore {
@@ -282,9 +282,9 @@ impl Store for PgStore {
             .collect()
     }
 
-    fn patient(&self, deadline: std::time::Instant) -> Self {
+    fn limited(&self, deadline: std::time::Instant, lock_wait: LockWait) -> Self {
         Self {
-            patient_until: Some(deadline),
+            limits: Some((deadline, lock_wait)),
             ..self.clone()
         }
     }

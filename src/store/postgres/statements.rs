@@ -15,6 +15,7 @@ use super::error::classify;
 use super::rows::GuardRow;
 use super::sql::GUARD_STATE;
 use crate::domain::{GuardedKey, LeaseToken, Rejection, classify_refusal};
+use crate::store::LockWait;
 use crate::store::StoreError;
 
 /// A query of the store, answered by rows of type `O`.
@@ -26,20 +27,39 @@ const MIN_STATEMENT_TIME: Duration = Duration::from_millis(10);
 impl PgStore {
     /// The statement that opens the transaction `query` runs in, if it needs one: behind a
     /// pooler in transaction mode, the one that sets what a direct connection's startup packet
-    /// does; for a patient store, one that waits for row locks up to the lock budget and ends
-    /// by the store's deadline (however little is left: PostgreSQL then cancels the statement
-    /// itself, and nothing is written).
-    fn transaction_for_statement(&self) -> Option<SqlStr> {
-        let Some(deadline) = self.patient_until else {
-            return self.begin.clone();
+    /// does; for a limited store, one that ends the statement by the store's deadline and waits
+    /// for row locks as the store was told. Refused (as a wait for a connection that ran out:
+    /// nothing was sent) when less than [`MIN_STATEMENT_TIME`] is left before the deadline.
+    fn transaction_for_statement(&self) -> Result<Option<SqlStr>, sqlx::Error> {
+        let Some((deadline, lock_wait)) = self.limits else {
+            return Ok(self.begin.clone());
         };
         let left = deadline.saturating_duration_since(std::time::Instant::now());
-        let statement = left.min(self.budget.statement);
-        Some(begin_statement(
-            statement.as_millis(),
-            self.budget.lock,
+        if left < MIN_STATEMENT_TIME {
+            return Err(sqlx::Error::PoolTimedOut);
+        }
+        let lock = match lock_wait {
+            LockWait::Brief => self.budget.brief_lock,
+            LockWait::Patient => self.budget.lock,
+        };
+        Ok(Some(begin_statement(
+            left.min(self.budget.statement).as_millis(),
+            lock,
             self.begin.is_some(),
-        ))
+        )))
+    }
+
+    /// A connection of the calls' pool, within the pool's wait, and for a limited store only
+    /// while its deadline allows.
+    pub(super) async fn lend(&self) -> Result<super::kept::Lent<'_>, sqlx::Error> {
+        match self.limits {
+            None => self.connections.lend().await,
+            Some((deadline, _)) => {
+                tokio::time::timeout_at(deadline.into(), self.connections.lend())
+                    .await
+                    .unwrap_or(Err(sqlx::Error::PoolTimedOut))
+            }
+        }
     }
 
     /// Runs `query` on `connection` and answers its rows: directly, or in a transaction of its
@@ -52,7 +72,7 @@ impl PgStore {
     where
         O: Send + Unpin + for<'r> FromRow<'r, PgRow>,
     {
-        match self.transaction_for_statement() {
+        match self.transaction_for_statement()? {
             None => query.fetch_all(connection).await,
             Some(begin) => {
                 let mut transaction = connection.begin_with(begin).await?;
@@ -79,7 +99,7 @@ impl PgStore {
     where
         O: Send + Unpin + for<'r> FromRow<'r, PgRow>,
     {
-        if self.begin.is_none() && self.patient_until.is_none() {
+        if self.begin.is_none() && self.limits.is_none() {
             return query.fetch_optional(connection).await;
         }
         Ok(self
@@ -106,7 +126,7 @@ impl PgStore {
         O: Send + Unpin + for<'r> FromRow<'r, PgRow>,
     {
         let spent = began.elapsed();
-        if spent <= self.budget.connection_wait || self.patient_until.is_some() {
+        if spent <= self.budget.connection_wait || self.limits.is_some() {
             return self
                 .fetch_optional_with(connection, query)
                 .await
@@ -138,7 +158,7 @@ impl PgStore {
     where
         O: Send + Unpin + for<'r> FromRow<'r, PgRow>,
     {
-        let mut connection = self.connections.lend().await?;
+        let mut connection = self.lend().await?;
         let rows = self.fetch_all_with(&mut connection, query).await?;
         connection.keep();
         Ok(rows)
@@ -153,7 +173,7 @@ impl PgStore {
     where
         O: Send + Unpin + for<'r> FromRow<'r, PgRow>,
     {
-        let mut connection = self.connections.lend().await?;
+        let mut connection = self.lend().await?;
         let row = self.fetch_optional_with(&mut connection, query).await?;
         connection.keep();
         Ok(row)

@@ -353,8 +353,8 @@ impl Store for SqliteStore {
         self.complete_all(round.as_slice()).await
     }
 
-    /// The one writer never waits for a row: nothing to be patient about.
-    fn patient(&self, _deadline: std::time::Instant) -> Self {
+    /// The one writer never waits for a row, and its transactions keep to their own deadline.
+    fn limited(&self, _deadline: std::time::Instant, _lock_wait: super::LockWait) -> Self {
         self.clone()
     }
 

@@ -49,8 +49,10 @@ impl TestDatabase {
         }
     }
 
-    /// PostgreSQL only: the process id of a backend of the service's that waits for a lock in
-    /// this database, if one does.
+    /// PostgreSQL only: the process id of a backend of the service's that has waited for a lock
+    /// in this database for a while (100 ms: longer than the service's first, brief wait for a
+    /// row, so that it is the statement that waits for the lock on its own, and will still be
+    /// waiting when the caller acts on it), if one does.
     pub async fn waiting_service_backend(&self) -> Option<i32> {
         let Inspector::Postgres(pool) = &self.inspector else {
             panic!("only PostgreSQL shows its waiting backends");
@@ -60,6 +62,7 @@ impl TestDatabase {
              WHERE datname = current_database()
                AND application_name = 'idempotency-coordinator'
                AND wait_event_type = 'Lock'
+               AND clock_timestamp() - query_start > interval '100 milliseconds'
              LIMIT 1",
         )
         .fetch_optional(pool)
@@ -180,8 +183,9 @@ impl KeyHold {
 
 impl TestDatabase {
     /// Stalls the service's writes without a lock the service could tell from a held key: on
-    /// PostgreSQL its sessions on this database are stopped (SIGSTOP), as a database that stops
-    /// answering mid-statement (a disk that hangs) would; on SQLite the write lock is held,
+    /// PostgreSQL its idle sessions on this database are stopped (SIGSTOP; idle, so that none is
+    /// stopped inside a statement, holding a lock others would wait for), as a database that
+    /// stops answering (a disk that hangs) would to the next statement sent on them; on SQLite the write lock is held,
     /// which stalls every write the same way. Until [`Stall::end`] (or the stall is dropped).
     /// The service must already have a connection open (any call made before does), or its
     /// next statement would open a new session, which nothing stops.
@@ -191,7 +195,8 @@ impl TestDatabase {
                 let pids: Vec<(i32,)> = sqlx::query_as(
                     "SELECT pid FROM pg_stat_activity
                      WHERE datname = current_database()
-                       AND application_name LIKE 'idempotency-coordinator%'",
+                       AND application_name LIKE 'idempotency-coordinator%'
+                       AND state = 'idle'",
                 )
                 .fetch_all(pool)
                 .await

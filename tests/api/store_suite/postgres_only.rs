@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use idempotency_coordinator::domain::batch::Round;
 use idempotency_coordinator::domain::{KeyHash, KeyState, TryStartOutcome};
-use idempotency_coordinator::store::{KeyEvent, Store};
+use idempotency_coordinator::store::{KeyEvent, LockWait, Store};
 use tokio::sync::broadcast;
 use tokio_util::sync::CancellationToken;
 
@@ -216,7 +216,10 @@ async fn a_watch_answers_the_key_as_the_lock_it_waited_for_left_it() {
         let hold = database.hold_key(name).await;
         let watching = {
             // Patient, as a waiter's look at a held key runs (`service::held_keys`).
-            let store = store.patient(std::time::Instant::now() + OPERATION_TIMEOUT);
+            let store = store.limited(
+                std::time::Instant::now() + OPERATION_TIMEOUT,
+                LockWait::Patient,
+            );
             tokio::spawn(async move { store.watch(&lookup(name)).await })
         };
         crate::support::eventually(

@@ -198,6 +198,14 @@ impl TestApp {
         self.in_flight.count()
     }
 
+    /// Waits until `count` calls are in flight in the server (in the store, or queued for it).
+    pub async fn wait_for_blocked_calls(&self, count: usize) {
+        super::eventually(Duration::from_secs(10), "calls are in flight", || async {
+            self.calls_in_flight() >= count
+        })
+        .await;
+    }
+
     /// Waits until `count` calls are in flight in the server, held up in the store by a lock
     /// taken from outside (see `TestDatabase::hold_key`). For PostgreSQL it also waits until
     /// the store shows a statement waiting for that lock.

@@ -10,7 +10,7 @@ use std::time::Duration;
 use idempotency_coordinator::domain::batch::Round;
 use idempotency_coordinator::domain::{LeaseTtl, TryStartCommand, TryStartOutcome};
 use idempotency_coordinator::proto::idempotency::v1::TryStartRequest;
-use idempotency_coordinator::store::Store;
+use idempotency_coordinator::store::{LockWait, Store};
 
 use crate::support::*;
 
@@ -145,9 +145,10 @@ async fn a_claim_paused_while_it_waits_gets_a_token_above_the_released_one(path:
 
     let claim = {
         // Patient, as a call whose key is held runs: its statement waits for the row.
-        let store = app
-            .store
-            .patient(std::time::Instant::now() + Duration::from_secs(50));
+        let store = app.store.limited(
+            std::time::Instant::now() + Duration::from_secs(50),
+            LockWait::Patient,
+        );
         let mut client = client.clone();
         let (key, other) = (key.clone(), other.clone());
         tokio::spawn(async move {
@@ -347,9 +348,10 @@ async fn a_claim_that_waited_behind_the_reapers_delete_counts_its_lease_from_the
 
     let claim = {
         // Patient, as a call whose key is held runs: its statement waits for the row.
-        let store = app
-            .store
-            .patient(std::time::Instant::now() + Duration::from_secs(50));
+        let store = app.store.limited(
+            std::time::Instant::now() + Duration::from_secs(50),
+            LockWait::Patient,
+        );
         let mut client = client.clone();
         let key = key.clone();
         tokio::spawn(async move {
