@@ -86,19 +86,32 @@ struct Timed<T> {
     answer: Result<T, tonic::Status>,
 }
 
-fn spawn_claim(calls: &mut JoinSet<Timed<Outcome>>, client: &Client, key: &str) {
-    let (mut client, key) = (client.clone(), key.to_owned());
+/// Runs `call` in a task of `calls`, timed from just before it is sent.
+fn spawn_timed<T, F, Fut>(calls: &mut JoinSet<Timed<T>>, key: &str, call: F)
+where
+    T: Send + 'static,
+    F: FnOnce() -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = Result<T, tonic::Status>> + Send,
+{
+    let key = key.to_owned();
     calls.spawn(async move {
         let began = Instant::now();
-        let answer = client
-            .try_start(try_start(&key))
-            .await
-            .map(|response| response.into_inner().outcome.expect("an outcome"));
+        let answer = call().await;
         Timed {
             key,
             took: began.elapsed(),
             answer,
         }
+    });
+}
+
+fn spawn_claim(calls: &mut JoinSet<Timed<Outcome>>, client: &Client, key: &str) {
+    let (mut client, request) = (client.clone(), try_start(key));
+    spawn_timed(calls, key, move || async move {
+        client
+            .try_start(request)
+            .await
+            .map(|response| response.into_inner().outcome.expect("an outcome"))
     });
 }
 
@@ -241,26 +254,6 @@ async fn claims_behind_a_claim_waiting_for_a_held_key_behind_pgbouncer() {
     claims_behind_a_claim_waiting_for_a_held_key(Route::PgBouncer).await;
 }
 
-/// One RPC of the row-lock scenario, answered with nothing but success or a status.
-type Answered = Timed<()>;
-
-fn spawn_rpc<F, Fut>(calls: &mut JoinSet<Answered>, key: &str, call: F)
-where
-    F: FnOnce() -> Fut + Send + 'static,
-    Fut: std::future::Future<Output = Result<(), tonic::Status>> + Send,
-{
-    let key = key.to_owned();
-    calls.spawn(async move {
-        let began = Instant::now();
-        let answer = call().await;
-        Timed {
-            key,
-            took: began.elapsed(),
-            answer,
-        }
-    });
-}
-
 /// A row lock (`SELECT … FOR UPDATE`) on an in-progress key and on a processed event: the
 /// Complete, ExtendLease and MarkProcessed calls of that key and event wait on their own and
 /// are told to retry at their lock budget; those of other keys and events, sent while the
@@ -287,16 +280,16 @@ async fn row_locks_delay_only_their_own_writes(route: Route) {
     let mut held_calls = JoinSet::new();
     let token = tokens[&held_key];
     let (mut c, key) = (client.clone(), held_key.clone());
-    spawn_rpc(&mut held_calls, "held Complete", move || async move {
+    spawn_timed(&mut held_calls, "held Complete", move || async move {
         c.complete(complete(&key, token, b"done")).await.map(drop)
     });
     let (mut c, key) = (client.clone(), held_key.clone());
-    spawn_rpc(&mut held_calls, "held ExtendLease", move || async move {
+    spawn_timed(&mut held_calls, "held ExtendLease", move || async move {
         c.extend_lease(extend(&key, token)).await.map(drop)
     });
     let (mut c, event) = (client.clone(), held_event.clone());
     let fresh = format!("fresh-with-held{suffix}");
-    spawn_rpc(&mut held_calls, "held MarkProcessed", move || async move {
+    spawn_timed(&mut held_calls, "held MarkProcessed", move || async move {
         c.mark_processed(mark(consumer, &[&fresh, &event]))
             .await
             .map(drop)
@@ -308,11 +301,11 @@ async fn row_locks_delay_only_their_own_writes(route: Route) {
         let key = format!("k{i}{suffix}");
         let (mut c, token) = (client.clone(), tokens[&key]);
         if i % 2 == 0 {
-            spawn_rpc(&mut calls, &key.clone(), move || async move {
+            spawn_timed(&mut calls, &key.clone(), move || async move {
                 c.complete(complete(&key, token, b"done")).await.map(drop)
             });
         } else {
-            spawn_rpc(&mut calls, &key.clone(), move || async move {
+            spawn_timed(&mut calls, &key.clone(), move || async move {
                 c.extend_lease(extend(&key, token)).await.map(drop)
             });
         }
@@ -320,7 +313,7 @@ async fn row_locks_delay_only_their_own_writes(route: Route) {
     for i in 0..4 {
         let mut c = client.clone();
         let ids: Vec<String> = (0..3).map(|j| format!("e{i}-{j}{suffix}")).collect();
-        spawn_rpc(&mut calls, &format!("events {i}"), move || async move {
+        spawn_timed(&mut calls, &format!("events {i}"), move || async move {
             let ids: Vec<&str> = ids.iter().map(String::as_str).collect();
             c.mark_processed(mark(consumer, &ids)).await.map(drop)
         });

@@ -252,7 +252,7 @@ impl Drop for Stall {
 }
 
 /// Sends SIG`name` to `pid` (a backend runs as another user; the tests run as root).
-fn signal(name: &str, pid: i32) -> bool {
+pub fn signal(name: &str, pid: i32) -> bool {
     std::process::Command::new("kill")
         .arg(format!("-{name}"))
         .arg(pid.to_string())

@@ -8,7 +8,7 @@
 mod hold;
 mod inspect;
 
-pub use hold::{KeyHold, Stall};
+pub use hold::{KeyHold, Stall, signal};
 
 use std::path::PathBuf;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};

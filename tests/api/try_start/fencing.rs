@@ -13,6 +13,7 @@ use idempotency_coordinator::proto::idempotency::v1::TryStartRequest;
 use idempotency_coordinator::store::{LockWait, Store};
 
 use crate::support::*;
+use idempotency_testkit::database::signal;
 
 /// A PostgreSQL backend stopped with SIGSTOP, continued (SIGCONT) when dropped, whatever
 /// happens: a backend left stopped would keep the test's database from being dropped.
@@ -31,15 +32,6 @@ impl Drop for StoppedBackend {
             eprintln!("could not SIGCONT backend {}", self.0);
         }
     }
-}
-
-/// Sends SIG`name` to `pid` (the backend runs as another user; the tests run as root).
-fn signal(name: &str, pid: i32) -> bool {
-    std::process::Command::new("kill")
-        .arg(format!("-{name}"))
-        .arg(pid.to_string())
-        .status()
-        .is_ok_and(|status| status.success())
 }
 
 /// How another transaction holds the key while the claim waits for it.
