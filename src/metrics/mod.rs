@@ -191,7 +191,7 @@ fn describe() {
     );
     describe_counter!(
         "idempotency_stalled_statements_total",
-        "Shared statements that ran past 50 ms and gave their executor back, so that the calls queued behind them started their own."
+        "Batches that waited 50 ms for a coalescer executor (the running statements stalled) and ran beside the executors instead."
     );
     describe_counter!(
         "idempotency_held_key_reruns_total",

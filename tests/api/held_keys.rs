@@ -453,8 +453,8 @@ async fn a_held_key_under_steady_load_leaves_the_other_callers_their_throughput(
 }
 
 /// A statement the database stops answering (its session stopped, as a disk that hangs would
-/// stall it) delays the calls queued behind it only until it has run 50 ms: it then gives its
-/// executor back and goes on, and they start their own statement on another connection.
+/// stall it) delays the calls queued behind it by 50 ms at most: their batch then runs beside
+/// it, on another connection, while it goes on.
 #[tokio::test]
 async fn a_stalled_statement_does_not_hold_up_the_calls_queued_behind_it() {
     // Not warmed up: every connection open when the stall begins is stalled, and the calls
@@ -502,5 +502,5 @@ async fn a_stalled_statement_does_not_hold_up_the_calls_queued_behind_it() {
     }
 }
 
-/// How long a shared statement runs before it gives its executor back.
+/// How long a formed batch waits for an executor before it runs beside the stalled ones.
 const STALLED_AFTER: Duration = Duration::from_millis(50);

@@ -4,11 +4,11 @@
 
 use std::sync::Arc;
 
-use tokio::sync::{Semaphore, mpsc};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 use tokio_util::task::TaskTracker;
 
 use super::PrepareBatch;
-use super::queue::Pending;
+use super::queue::{Pending, STALLED_AFTER};
 use crate::domain::batch::Batchable;
 
 /// The dispatcher's loop: each batch it forms runs as a task of `tasks`. It ends when every
@@ -16,7 +16,7 @@ use crate::domain::batch::Batchable;
 /// closed.
 pub(super) async fn dispatch<C: Batchable, R>(
     mut waiting: mpsc::UnboundedReceiver<Pending<C, R>>,
-    executors: Arc<Semaphore>,
+    (executors, stalls): (Arc<Semaphore>, Arc<Semaphore>),
     max_batch: usize,
     (prepare_batch, tasks): (PrepareBatch<C, R>, TaskTracker),
 ) {
@@ -30,7 +30,7 @@ pub(super) async fn dispatch<C: Batchable, R>(
                 None => return,
             },
         };
-        let Ok(permit) = executors.clone().acquire_owned().await else {
+        let Some(permit) = executor_or_stalled(&executors, &stalls).await else {
             return;
         };
         let (batch, weight) = close_batch(first, &mut waiting, max_batch, &mut carried);
@@ -62,4 +62,27 @@ fn close_batch<C: Batchable, R>(
         batch.push(next);
     }
     (batch, weight)
+}
+
+/// A permit to run a batch: an executor's, or, once the executors have all been busy for
+/// [`STALLED_AFTER`] (a statement of the service takes milliseconds: the running ones are
+/// stalled, by a disk that hangs or a commit that waits), one of the few places for batches
+/// beside them, so that the calls queued behind a stalled statement do not wait for it. `None`
+/// once the executors are closed.
+async fn executor_or_stalled(
+    executors: &Arc<Semaphore>,
+    stalls: &Arc<Semaphore>,
+) -> Option<OwnedSemaphorePermit> {
+    match tokio::time::timeout(STALLED_AFTER, executors.clone().acquire_owned()).await {
+        Ok(permit) => permit.ok(),
+        Err(_stalled) => {
+            tokio::select! {
+                permit = executors.clone().acquire_owned() => permit.ok(),
+                Ok(stalled) = stalls.clone().acquire_owned() => {
+                    metrics::counter!("idempotency_stalled_statements_total").increment(1);
+                    Some(stalled)
+                }
+            }
+        }
+    }
 }

@@ -214,17 +214,10 @@ where
                     .record(weight as f64);
                 let execute = execute.clone();
                 let alone = alone.clone();
-                let mut executor = run::Executor::new(permit, stalls.clone());
                 Box::pin(async move {
-                    run::run_batch(
-                        batch,
-                        execute.as_ref(),
-                        (&alone, &mut executor),
-                        timeout,
-                        (label, db_system),
-                    )
-                    .await;
-                    drop(executor);
+                    run::run_batch(batch, execute.as_ref(), &alone, timeout, (label, db_system))
+                        .await;
+                    drop(permit);
                 })
             },
         );
@@ -232,7 +225,7 @@ where
             name,
             forming::dispatch(
                 waiting,
-                executors.clone(),
+                (executors.clone(), stalls),
                 settings.max_batch.max(1),
                 (prepare_batch.clone(), tasks.clone()),
             ),

@@ -46,16 +46,17 @@ pub(super) struct Held {
 #[derive(Debug, Clone)]
 pub struct Executors {
     permits: Arc<Semaphore>,
-    /// Batches whose statement has run past [`STALLED_AFTER`] give their executor back (the
-    /// statement goes on), so that the calls queued behind a stalled statement (a disk that
-    /// hangs, a commit that waits) start their own; at most this many at once, beyond which
-    /// a stalled statement keeps its executor (the store is stalled for everyone).
+    /// Places for batches beside the executors, taken by a batch that has waited
+    /// [`STALLED_AFTER`] for an executor (the running statements are stalled: a disk that
+    /// hangs, a commit that waits), so that the calls queued behind a stalled statement start
+    /// their own; at most this many at once, beyond which they wait (the store is stalled for
+    /// everyone).
     stalls: Arc<Semaphore>,
 }
 
-/// How long a batch's statement runs before it gives its executor back (see [`Executors`]): a
-/// statement of the service takes milliseconds; one that runs this long is stalled, and the
-/// calls queued behind it should not wait for it.
+/// How long a formed batch waits for an executor before it takes a place beside them (see
+/// [`Executors`]): a statement of the service takes milliseconds; executors busy this long are
+/// running stalled statements, and the calls queued behind them should not wait for those.
 pub const STALLED_AFTER: std::time::Duration = std::time::Duration::from_millis(50);
 
 /// How many stalled statements may run beside the executors.

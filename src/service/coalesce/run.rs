@@ -5,13 +5,12 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
 use tokio_util::task::TaskTracker;
 use tracing::{Instrument, Span};
 
 use super::answer::{self, Waiter};
-use super::queue::{Pending, STALLED_AFTER};
+use super::queue::Pending;
 use super::{FollowsEarlier, Isolate, RoundFuture, WhyAlone};
 use crate::domain::batch::{Batchable, Round, round_numbers};
 use crate::service::CoordinatorError;
@@ -46,53 +45,13 @@ impl<C, R: Send + 'static> Alone<C, R> {
     }
 }
 
-/// The executor a batch runs on: its permit, given back should a statement stall.
-pub(super) struct Executor {
-    permit: Option<OwnedSemaphorePermit>,
-    /// Held once the permit is given back (see [`super::Executors`]).
-    stalled: Option<OwnedSemaphorePermit>,
-    stalls: Arc<Semaphore>,
-}
-
-impl Executor {
-    pub(super) fn new(permit: OwnedSemaphorePermit, stalls: Arc<Semaphore>) -> Self {
-        Self {
-            permit: Some(permit),
-            stalled: None,
-            stalls,
-        }
-    }
-
-    /// Awaits `statement`; should it run past [`STALLED_AFTER`], the executor is given back
-    /// (when fewer than the most stalled statements run), so that the calls queued behind
-    /// start their own statement while this one goes on.
-    async fn unless_stalled<T>(&mut self, statement: impl Future<Output = T>) -> T {
-        let mut statement = std::pin::pin!(statement);
-        if self.permit.is_none() {
-            return statement.await;
-        }
-        let stalled_at = Instant::now() + STALLED_AFTER;
-        tokio::select! {
-            biased;
-            done = &mut statement => return done,
-            () = tokio::time::sleep_until(stalled_at) => {}
-        }
-        if let Ok(stalled) = self.stalls.clone().try_acquire_owned() {
-            metrics::counter!("idempotency_stalled_statements_total").increment(1);
-            self.stalled = Some(stalled);
-            self.permit = None;
-        }
-        statement.await
-    }
-}
-
 /// Runs a batch round by round, answering each command as soon as its round is done, and each
 /// command that its key's previous answer decides ([`FollowsEarlier`]) as soon as that answer
 /// comes. A command whose round met a held key is answered by a run of its own ([`Alone`]).
 pub(super) async fn run_batch<C, R, F>(
     batch: Vec<Pending<C, R>>,
     execute: &F,
-    (alone, executor): (&Alone<C, R>, &mut Executor),
+    alone: &Alone<C, R>,
     timeout: Duration,
     (label, db_system): (&'static str, &'static str),
 ) where
@@ -141,13 +100,9 @@ pub(super) async fn run_batch<C, R, F>(
             // Boxed (`RoundFuture`): the store's future is large, and this one is moved whole
             // into the box that holds the batch's run (`BatchRun`); a pointer is cheaper to
             // move than the state it points to.
-            Ok(round) => match timed(
-                label,
-                nobody_waits_after,
-                executor.unless_stalled(execute(&round)),
-            )
-            .instrument(statement)
-            .await
+            Ok(round) => match timed(label, nobody_waits_after, execute(&round))
+                .instrument(statement)
+                .await
             {
                 Ok(results) => {
                     let (kept, answers) = leave_if_held(waiters, round, results, alone);

@@ -703,7 +703,7 @@ async fn a_lone_call_of_a_held_key_runs_alone_as_its_own() {
 }
 
 #[tokio::test]
-async fn a_stalled_round_gives_its_executor_back_to_the_calls_behind_it() {
+async fn the_calls_behind_a_stalled_round_run_beside_it() {
     let gate = Arc::new(Semaphore::new(0));
     let (coalescer, seen) = recording_shared(
         settings(100, Duration::from_secs(5)),
@@ -714,14 +714,14 @@ async fn a_stalled_round_gives_its_executor_back_to_the_calls_behind_it() {
         ),
         TaskTracker::new(),
     );
-    // The first round stalls at the gate; past STALLED_AFTER it gives the executor back, and
-    // the calls queued behind it run in a round of their own while it still stalls.
+    // The first round stalls at the gate, holding the executor; the call queued behind it waits
+    // STALLED_AFTER for the executor, then runs in a round of its own beside it.
     let stalled = spawn_submit(&coalescer, Command::keyed(1));
     until_rounds(&seen, 1).await;
     let behind = spawn_submit(&coalescer, Command::keyed(2));
     until_rounds(&seen, 2).await;
     assert!(!stalled.is_finished(), "the first round still stalls");
-    // Only one stalled round at a time: the second keeps its executor, and a third call waits.
+    // Only one place beside the executor: a third call waits for either.
     let third = spawn_submit(&coalescer, Command::keyed(3));
     until_holding(&coalescer, 3).await;
     tokio::time::sleep(super::queue::STALLED_AFTER * 3).await;
