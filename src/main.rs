@@ -5,7 +5,7 @@ use std::process::ExitCode;
 use anyhow::Context;
 use clap::Parser;
 use idempotency_coordinator::auth;
-use idempotency_coordinator::config::{Cli, Command, HealthcheckArgs, TokenCommand};
+use idempotency_coordinator::config::{AdminArg, Cli, Command, HealthcheckArgs, TokenCommand};
 use idempotency_coordinator::store::{AnyStore, Store};
 use idempotency_coordinator::{Application, shutdown, telemetry};
 use tokio_util::sync::CancellationToken;
@@ -94,6 +94,12 @@ async fn run(command: Command) -> anyhow::Result<()> {
                 reload.reload_tokens(app.authenticator()),
             );
             tracing::info!(address = %app.local_addr(), store = app.store().backend(), "listening");
+            if app.authenticator().is_none() {
+                tracing::info!(
+                    "no --tokens-file: the admin API (idempotency.v1.AdminService) answers \
+                     callers on the loopback interface only"
+                );
+            }
             if let Some(address) = app.metrics_addr() {
                 tracing::info!(%address, "serving metrics at /metrics");
             }
@@ -116,8 +122,18 @@ async fn run(command: Command) -> anyhow::Result<()> {
             tokio::spawn(stop.cancel_on_signal(shutdown.clone()));
             idempotency_gateway::run(*args, shutdown).await?;
         }
-        Command::Token(TokenCommand::New { name, scopes }) => {
-            let (token, line) = auth::new_token(&name, &scopes).map_err(anyhow::Error::msg)?;
+        Command::Token(TokenCommand::New {
+            name,
+            scopes,
+            admin,
+        }) => {
+            let admin = match admin {
+                None => auth::AdminRight::None,
+                Some(AdminArg::Read) => auth::AdminRight::Read,
+                Some(AdminArg::Write) => auth::AdminRight::Write,
+            };
+            let (token, line) =
+                auth::new_token(&name, &scopes, admin).map_err(anyhow::Error::msg)?;
             println!("# The token, for the caller only (it is not stored anywhere):");
             println!("{token}");
             println!("# The line to add to the tokens file:");

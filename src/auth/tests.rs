@@ -2,6 +2,7 @@
 
 use std::num::NonZeroU32;
 
+use super::AdminRight;
 use super::rate::RateLimiter;
 use super::tokens::MAX_TOKENS_FILE_BYTES;
 use super::*;
@@ -12,7 +13,8 @@ fn set(text: &str) -> TokenSet {
 
 #[test]
 fn generated_tokens_authenticate_through_their_line() {
-    let (token, line) = new_token("payments", "payments-*,billing").expect("a token");
+    let (token, line) =
+        new_token("payments", "payments-*,billing", AdminRight::None).expect("a token");
     assert!(token.starts_with(TOKEN_PREFIX));
     assert!(
         !line.contains(&token),
@@ -30,7 +32,7 @@ fn generated_tokens_authenticate_through_their_line() {
 
 #[test]
 fn a_star_allows_every_scope() {
-    let (token, line) = new_token("admin", "*").expect("a token");
+    let (token, line) = new_token("admin", "*", AdminRight::None).expect("a token");
     assert!(
         set(&line)
             .authenticate(&token)
@@ -81,7 +83,7 @@ struct TokensOnDisk {
 }
 
 fn tokens_on_disk(folder: &str) -> TokensOnDisk {
-    let (token, line) = new_token("payments", "*").expect("a token");
+    let (token, line) = new_token("payments", "*", AdminRight::None).expect("a token");
     let dir = std::env::temp_dir().join(format!("{folder}-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("a folder");
     let path = dir.join("tokens");

@@ -100,7 +100,19 @@ pub enum TokenCommand {
         /// separated by commas (e.g. payments-*,billing), or * for all.
         #[arg(long)]
         scopes: String,
+        /// Also grant the admin API within those scopes: `read` (list keys, read records,
+        /// statistics, the audit trail) or `write` (read, and release or erase keys). None
+        /// when absent.
+        #[arg(long, value_enum)]
+        admin: Option<AdminArg>,
     },
+}
+
+/// The admin right `token new --admin` grants.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum AdminArg {
+    Read,
+    Write,
 }
 
 impl Cli {

@@ -3,9 +3,15 @@
 //! reflection pass untouched (orchestrators' probes carry no token).
 //!
 //! Every request of the API carries its scope (`namespace` or `consumer`) in field 1, so the
-//! layer reads the one unary message, takes field 1, and asks [`Authenticator::admit`]. The
-//! message is read only up to the decoding limit: a bigger one is refused from its length
-//! prefix, as the gRPC layer would.
+//! layer reads the one message, takes field 1, and asks the [`Authenticator`]. The message is
+//! read only up to the decoding limit: a bigger one is refused from its length prefix, as the
+//! gRPC layer would.
+//!
+//! The admin API (`idempotency.v1.AdminService`) passes the same door and more: its caller's
+//! token must carry the admin right the method needs (`read` or `write`), within its scopes.
+//! Without a tokens file there is no token to carry it, so the admin API answers callers
+//! connected over the loopback interface only. The admitted caller's identity goes to the
+//! handler as an [`AdminCaller`] extension, for the audit trail.
 
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -19,10 +25,54 @@ use tonic::codegen::http;
 use tonic::{Code, Status};
 use tower::{Layer, Service};
 
-use crate::auth::Authenticator;
+use crate::auth::{AdminRight, Authenticator, Refusal};
 
 /// The path prefix of the calls this layer guards.
 const GUARDED: &str = "/idempotency.v1.IdempotencyService/";
+
+/// The path prefix of the admin API, guarded with the admin right too.
+const ADMIN: &str = "/idempotency.v1.AdminService/";
+
+/// Who an admitted admin call comes from, for the audit trail: `token:<name>`, or `loopback`.
+#[derive(Debug, Clone)]
+pub struct AdminCaller(pub String);
+
+/// The admin right a method of the admin API needs: reads need `read`; anything else
+/// (changes, and a method this build does not know) `write`.
+fn admin_right_needed(method: &str) -> AdminRight {
+    match method {
+        "ListKeys" | "GetKey" | "NamespaceStats" | "ListAuditEvents" => AdminRight::Read,
+        _ => AdminRight::Write,
+    }
+}
+
+/// The `action` label of `idempotency_admin_actions_total` for a method (a fixed set).
+pub fn admin_action_label(method: &str) -> &'static str {
+    match method {
+        "ListKeys" => "list_keys",
+        "GetKey" => "get_key",
+        "NamespaceStats" => "namespace_stats",
+        "ListAuditEvents" => "list_audit_events",
+        "ForceRelease" => "force_release",
+        "EraseKey" => "erase_key",
+        "EraseNamespace" => "erase_namespace",
+        _ => "unknown",
+    }
+}
+
+/// Whether the request came over a loopback connection.
+fn from_loopback<B>(request: &http::Request<B>) -> bool {
+    use tonic::transport::server::TlsConnectInfo;
+    let extensions = request.extensions();
+    extensions
+        .get::<super::connections::ConnectionInfo>()
+        .or_else(|| {
+            extensions
+                .get::<TlsConnectInfo<super::connections::ConnectionInfo>>()
+                .map(TlsConnectInfo::get_ref)
+        })
+        .is_some_and(|info| info.remote.ip().is_loopback())
+}
 
 /// Field 1 of any request of the API, read without knowing which request it is.
 #[derive(Clone, PartialEq, Message)]
@@ -33,7 +83,8 @@ struct ScopeField {
 
 #[derive(Clone)]
 pub struct AuthLayer {
-    authenticator: Arc<Authenticator>,
+    /// `None`: no tokens file; the API is open and the admin API answers loopback only.
+    authenticator: Option<Arc<Authenticator>>,
     decoding_limit: usize,
     read_timeout: Duration,
 }
@@ -41,7 +92,7 @@ pub struct AuthLayer {
 impl AuthLayer {
     /// `read_timeout` bounds the wait for a request's message once its caller is known.
     pub fn new(
-        authenticator: Arc<Authenticator>,
+        authenticator: Option<Arc<Authenticator>>,
         decoding_limit: usize,
         read_timeout: Duration,
     ) -> Self {
@@ -69,7 +120,7 @@ impl<S> Layer<S> for AuthLayer {
 #[derive(Clone)]
 pub struct AuthService<S> {
     inner: S,
-    authenticator: Arc<Authenticator>,
+    authenticator: Option<Arc<Authenticator>>,
     decoding_limit: usize,
     read_timeout: Duration,
 }
@@ -137,18 +188,33 @@ where
         self.inner.poll_ready(cx)
     }
 
-    fn call(&mut self, request: http::Request<Body>) -> Self::Future {
-        if !request.uri().path().starts_with(GUARDED) {
+    fn call(&mut self, mut request: http::Request<Body>) -> Self::Future {
+        let path = request.uri().path();
+        let admin_method = path.strip_prefix(ADMIN).map(str::to_owned);
+        if admin_method.is_none() && (!path.starts_with(GUARDED) || self.authenticator.is_none()) {
             return Box::pin(self.inner.call(request));
         }
+        let Some(authenticator) = self.authenticator.clone() else {
+            // The admin API without a tokens file: loopback callers only.
+            let method = admin_method.unwrap_or_default();
+            if !from_loopback(&request) {
+                count_admin_refusal(&method);
+                return Box::pin(std::future::ready(Ok(refuse(
+                    super::status::admin_loopback_only(),
+                ))));
+            }
+            request
+                .extensions_mut()
+                .insert(AdminCaller("loopback".to_owned()));
+            return Box::pin(self.inner.call(request));
+        };
         // The inner service was made ready for this call; a fresh clone takes its place.
         let clone = self.inner.clone();
         let mut inner = std::mem::replace(&mut self.inner, clone);
-        let authenticator = self.authenticator.clone();
         let limit = self.decoding_limit;
         let read_timeout = self.read_timeout;
         Box::pin(async move {
-            let (parts, body) = request.into_parts();
+            let (mut parts, body) = request.into_parts();
             let authorization = parts
                 .headers
                 .get(http::header::AUTHORIZATION)
@@ -162,6 +228,9 @@ where
                 Ok(caller) => caller,
                 Err(refusal) => {
                     count_refusal(&refusal);
+                    if let Some(method) = &admin_method {
+                        count_admin_refusal(method);
+                    }
                     return Ok(refuse(super::status::refused(refusal)));
                 }
             };
@@ -177,9 +246,23 @@ where
                     )));
                 }
             };
-            if let Err(refusal) = authenticator.authorize(&caller, &scope) {
+            let admitted = match &admin_method {
+                Some(method) => {
+                    authenticator.authorize_admin(&caller, &scope, admin_right_needed(method))
+                }
+                None => authenticator.authorize(&caller, &scope),
+            };
+            if let Err(refusal) = admitted {
                 count_refusal(&refusal);
+                if let Some(method) = &admin_method {
+                    count_admin_refusal(method);
+                }
                 return Ok(refuse(super::status::refused(refusal)));
+            }
+            if admin_method.is_some() {
+                parts
+                    .extensions
+                    .insert(AdminCaller(format!("token:{}", caller.name)));
             }
             let request =
                 http::Request::from_parts(parts, Body::new(http_body_util::Full::new(message)));
@@ -188,9 +271,16 @@ where
     }
 }
 
+/// `idempotency_admin_actions_total{outcome="permission_denied"}`: an admin call turned away at
+/// the door.
+fn count_admin_refusal(method: &str) {
+    metrics::counter!("idempotency_admin_actions_total",
+        "action" => admin_action_label(method), "outcome" => "permission_denied")
+    .increment(1);
+}
+
 /// `idempotency_auth_refusals_total`, by reason (never the caller's name or token).
-fn count_refusal(refusal: &crate::auth::Refusal) {
-    use crate::auth::Refusal;
+fn count_refusal(refusal: &Refusal) {
     let reason = match refusal {
         Refusal::Unauthenticated => "unauthenticated",
         Refusal::PermissionDenied { .. } => "permission_denied",

@@ -3,6 +3,7 @@
 //! and reflection (v1 and v1alpha, with the `google.protobuf` and `google.rpc` descriptors so
 //! that grpcurl decodes error details).
 
+mod admin;
 mod auth_layer;
 pub mod codec;
 pub mod connections;
@@ -21,8 +22,10 @@ use crate::auth::Authenticator;
 
 use crate::domain::Limits;
 use crate::health::HealthState;
+use crate::proto::idempotency::v1::admin_service_server::AdminServiceServer;
 use crate::proto::idempotency::v1::idempotency_service_server::IdempotencyServiceServer;
 use crate::service::Coordinator;
+use crate::service::admin::Admin;
 
 pub use service::IdempotencyApi;
 
@@ -92,9 +95,11 @@ pub struct MetricsSettings {
 
 /// Serves until `shutdown` completes, then stops accepting, lets calls in flight finish, and
 /// returns once every connection has closed.
+#[allow(clippy::too_many_arguments)]
 pub async fn serve(
     listener: TcpListener,
     coordinator: Coordinator,
+    admin: Admin,
     limits: Limits,
     security: Security,
     health: HealthState,
@@ -108,6 +113,8 @@ pub async fn serve(
         metrics.namespace_labels,
     ))
     .max_decoding_message_size(decoding_limit);
+    let admin = AdminServiceServer::new(admin::AdminApi::new(admin))
+        .max_decoding_message_size(decoding_limit);
 
     let reflection_v1 = reflection_builder().build_v1()?;
     let reflection_v1alpha = reflection_builder().build_v1alpha()?;
@@ -134,21 +141,25 @@ pub async fn serve(
         }
         server = server.tls_config(config)?;
     }
-    let door = security.authenticator.map(|authenticator| {
-        auth_layer::AuthLayer::new(authenticator, decoding_limit, security.request_read_timeout)
-    });
+    // Always in place: without tokens it still keeps the admin API to loopback callers.
+    let door = auth_layer::AuthLayer::new(
+        security.authenticator,
+        decoding_limit,
+        security.request_read_timeout,
+    );
     // Outermost first: every call, refused at the door or not, is counted on its connection.
     // With metrics on, the metrics layer comes first, so that refusals at the door are counted.
     let layers = tower::ServiceBuilder::new()
         .layer(crate::metrics::GrpcMetricsLayer { on: metrics.on })
         .layer(connections::ConnectionLayer::new(budget))
-        .option_layer(door);
+        .layer(door);
     server
         .layer(layers)
         .add_service(health)
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)
         .add_service(api)
+        .add_service(admin)
         .serve_with_incoming_shutdown(incoming, shutdown)
         .await?;
     Ok(())

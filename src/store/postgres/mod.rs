@@ -16,6 +16,7 @@
 //! statements, and `error` classifies the driver's errors. This file is the [`Store`]
 //! implementation on top of them.
 
+mod admin;
 mod connect;
 mod error;
 mod kept;
@@ -86,6 +87,8 @@ pub struct PgStore {
     /// The listener's connection settings, to find out why it cannot connect.
     listen_options: Arc<PgConnectOptions>,
     events: broadcast::Sender<KeyEvent>,
+    /// Erasures heard on [`sql::ERASED_CHANNEL`], for every replica's replay cache.
+    erasures: broadcast::Sender<super::Erasure>,
     url: String,
     /// Behind a pooler in transaction mode: the statement that opens the transaction each
     /// statement runs in, with the settings a direct connection gets in its startup packet.
