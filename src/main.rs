@@ -22,11 +22,15 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 #[tokio::main]
 async fn main() -> ExitCode {
     let command = Cli::parse().into_command();
+    if let Command::Admin(args) = command {
+        // A client: no logging, the answer on standard output, a failure on standard error.
+        return idempotency_coordinator::grpc::admin_cli::run(*args).await;
+    }
     let log_format = match &command {
         Command::Serve(args) => args.database.log_format,
         Command::Migrate(args) => args.database.log_format,
         Command::Gateway(args) if args.log_format == "json" => telemetry::LogFormat::Json,
-        Command::Token(_) | Command::Healthcheck(_) | Command::Gateway(_) => {
+        Command::Token(_) | Command::Healthcheck(_) | Command::Gateway(_) | Command::Admin(_) => {
             telemetry::LogFormat::Text
         }
     };
@@ -115,7 +119,7 @@ async fn run(command: Command) -> anyhow::Result<()> {
             tracing::info!("schema migrations applied");
             store.close().await;
         }
-        Command::Healthcheck(_) => {}
+        Command::Healthcheck(_) | Command::Admin(_) => {}
         Command::Gateway(args) => {
             let shutdown = CancellationToken::new();
             let stop = shutdown::on_stop_signals().context("installing signal handlers")?;

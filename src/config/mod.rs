@@ -7,6 +7,7 @@
 //! duration parser, the error that names the flag) is shared with the gateway through the
 //! `idempotency-settings` crate.
 
+pub mod admin;
 mod connections;
 mod security;
 mod serve;
@@ -54,6 +55,9 @@ pub enum Command {
     /// Manage callers' bearer tokens.
     #[command(subcommand)]
     Token(TokenCommand),
+    /// The operator's tools over a running coordinator's admin API: find stuck keys, read a
+    /// key's record, release or erase keys, namespace statistics, the audit trail.
+    Admin(Box<admin::AdminArgs>),
     /// Exit 0 when the service at --addr answers SERVING to a gRPC health check of
     /// idempotency.v1.IdempotencyService, 1 otherwise (for a container HEALTHCHECK).
     Healthcheck(HealthcheckArgs),

@@ -490,18 +490,18 @@ WHERE namespace = $1 AND key = $2 AND expires_at > now()"
 /// `idempotency_keys_in_progress`), its live processed events, and the clock.
 pub(super) const NAMESPACE_STATS: &str = r#"
 SELECT
-    count(*) FILTER (WHERE completed_at IS NULL AND lease_expires_at > now()) AS in_progress,
-    count(*) FILTER (WHERE completed_at IS NULL AND lease_expires_at <= now()) AS stuck,
-    count(*) FILTER (WHERE completed_at IS NOT NULL) AS completed,
-    coalesce(sum(octet_length(key) + octet_length(fingerprint)
-                 + coalesce(octet_length(response), 0) + coalesce(octet_length(checkpoint), 0)),
-             0)::bigint AS stored_bytes,
-    (SELECT count(*) FROM processed_events
-     WHERE consumer = $1 AND expires_at > now()) AS processed_events,
+    count(*) FILTER (WHERE k.completed_at IS NULL AND k.lease_expires_at > now()) AS in_progress,
+    count(*) FILTER (WHERE k.completed_at IS NULL AND k.lease_expires_at <= now()) AS stuck,
+    count(*) FILTER (WHERE k.completed_at IS NOT NULL) AS completed,
+    coalesce(sum(octet_length(k.key) + octet_length(k.fingerprint)
+                 + coalesce(octet_length(k.response), 0)
+                 + coalesce(octet_length(k.checkpoint), 0)), 0)::bigint AS stored_bytes,
+    (SELECT count(*) FROM processed_events AS e
+     WHERE e.consumer = $1 AND e.expires_at > now()) AS processed_events,
     oldest.key AS oldest_stuck_key,
     oldest.lease_expires_at AS oldest_stuck_at,
     now() AS read_at
-FROM idempotency_keys
+FROM idempotency_keys AS k
 LEFT JOIN LATERAL (
     SELECT s.key, s.lease_expires_at FROM idempotency_keys AS s
     WHERE s.namespace = $1 AND s.completed_at IS NULL
@@ -509,7 +509,7 @@ LEFT JOIN LATERAL (
     ORDER BY s.lease_expires_at, s.key
     LIMIT 1
 ) AS oldest ON true
-WHERE idempotency_keys.namespace = $1 AND idempotency_keys.expires_at > now()
+WHERE k.namespace = $1 AND k.expires_at > now()
 GROUP BY oldest.key, oldest.lease_expires_at
 "#;
 

@@ -100,7 +100,11 @@ impl TokensFile {
 
 /// A token for `scopes`, and its tokens-file line.
 pub fn token(name: &str, scopes: &str) -> (String, String) {
-    admin_token(name, scopes, idempotency_coordinator::auth::AdminRight::None)
+    admin_token(
+        name,
+        scopes,
+        idempotency_coordinator::auth::AdminRight::None,
+    )
 }
 
 /// A token for `scopes` with `admin` over the admin API, and its tokens-file line.
