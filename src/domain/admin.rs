@@ -413,7 +413,8 @@ pub struct AuditEvent {
 /// What a ForceRelease found.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ForceReleased {
-    /// The key was in progress (live or stuck) and is now absent; recorded as audit event `id`.
+    /// The key was in progress (live or stuck); its lease is revoked (a token nobody holds, the
+    /// lease ended), so that the next claim takes it over. Recorded as audit event `audit_id`.
     Released { before: KeySummary, audit_id: i64 },
     /// The key is completed: nothing changed, nothing recorded.
     Completed,

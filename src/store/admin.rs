@@ -74,8 +74,9 @@ pub trait AdminStore: Store {
         namespace: &Scope,
     ) -> impl Future<Output = Result<NamespaceStats, StoreError>> + Send;
 
-    /// Makes an in-progress key absent whatever its token, recording `audit` with the record
-    /// before, in one transaction.
+    /// Revokes the lease of an in-progress key whatever its token (a new token nobody holds,
+    /// the lease ended now: its holder's writes are refused as lease lost, and the next claim
+    /// takes it over), recording `audit` with the record before, in one transaction.
     fn force_release(
         &self,
         audit: &AuditEntry,

@@ -52,6 +52,18 @@ use crate::domain::{
 
 static MIGRATOR: Migrator = sqlx::migrate!("./migrations/postgres");
 
+/// The admin API's statements that must read an index, never the table, by name: for the test
+/// that EXPLAINs them on a table of a million rows (`tests/api/admin/scale.rs`).
+pub fn indexed_admin_statements() -> [(&'static str, &'static str); 5] {
+    [
+        ("stuck", LIST_STUCK_KEYS),
+        ("in_progress", LIST_IN_PROGRESS_KEYS),
+        ("completed", LIST_COMPLETED_KEYS),
+        ("by_key", LIST_KEYS_BY_KEY),
+        ("stuck_gauges", STUCK_KEYS),
+    ]
+}
+
 /// How the store connects.
 #[derive(Debug, Clone)]
 pub struct PgSettings {

@@ -523,21 +523,37 @@ FROM idempotency_keys
 WHERE completed_at IS NULL AND lease_expires_at <= now() AND expires_at > now()
 "#;
 
-/// ForceRelease: deletes key `$1`, `$2` if it is in progress and live by the clock read under
-/// its lock, whatever its token, announcing it to waiters; answers the row as it was.
+/// ForceRelease: revokes the lease of key `$1`, `$2` if it is in progress and live by the clock
+/// read under its lock, whatever its token: the key keeps its row, but with a fresh token that
+/// nobody holds (drawn under the row's lock, so above every token the key had), no attempt_id
+/// (its holder cannot re-enter) and its lease ended now. Its holder's Complete, Release and
+/// ExtendLease are then refused as LEASE_LOST, and the next TryStart takes it over (a greater
+/// token, attempt + 1, the checkpoint handed over). Waiters are told. Answers the row as it was.
 pub(super) const FORCE_RELEASE: &str = concat!(
-    "DELETE FROM idempotency_keys AS k
-WHERE k.namespace = $1 AND k.key = $2 AND k.completed_at IS NULL
-  AND k.expires_at > clock_timestamp()
-RETURNING ",
+    "WITH before AS (
+    SELECT ",
     summary_columns!("clock_timestamp()"),
-    ", ",
+    " FROM idempotency_keys
+    WHERE namespace = $1 AND key = $2 AND completed_at IS NULL
+      AND expires_at > clock_timestamp()
+    FOR UPDATE
+), revoked AS (
+    UPDATE idempotency_keys AS k
+    SET lease_token = nextval('lease_token_seq'),
+        lease_expires_at = least(k.lease_expires_at, clock_timestamp()),
+        attempt_id = NULL,
+        claim_ticket = NULL
+    FROM before AS b
+    WHERE k.namespace = $1 AND k.key = b.key
+    RETURNING k.lease_token AS revoked_token, ",
     notify_watched_key!("k."),
-    " AS announced"
+    " AS announced
+)
+SELECT before.*, revoked.revoked_token FROM before, revoked"
 );
 
 /// Whether live key `$1`, `$2` is completed (no row: absent), to explain a ForceRelease that
-/// deleted nothing.
+/// changed nothing.
 pub(super) const KEY_COMPLETED: &str = "SELECT completed_at IS NOT NULL FROM idempotency_keys \
      WHERE namespace = $1 AND key = $2 AND expires_at > now()";
 

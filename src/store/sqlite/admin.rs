@@ -260,7 +260,19 @@ impl AdminStore for SqliteStore {
         let found = Self::any_key_in(&mut write.tx, audit, key).await?;
         let answer = match found {
             Some((before, true)) if before.completed_at.is_none() => {
-                Self::delete_key_in(&mut write.tx, audit, key).await?;
+                let (token,): (i64,) = sqlx::query_as(super::sql::NEXT_TOKEN)
+                    .fetch_one(&mut *write.tx)
+                    .await
+                    .map_err(classify)?;
+                let now = super::ops::now(&mut write.tx).await?;
+                sqlx::query(super::sql::REVOKE_LEASE)
+                    .bind(audit.namespace.as_str())
+                    .bind(key.as_str())
+                    .bind(token)
+                    .bind(now.timestamp_micros())
+                    .execute(&mut *write.tx)
+                    .await
+                    .map_err(classify)?;
                 let audit_id = record_in(&mut write.tx, audit, Some(before.to_json()))
                     .await
                     .map_err(classify)?;

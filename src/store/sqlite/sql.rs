@@ -244,3 +244,9 @@ pub(super) const REAP_AUDIT: &str = concat!(
     now_us!(),
     " ORDER BY expires_at LIMIT ?1)"
 );
+
+/// ForceRelease (see the PostgreSQL store's): key `?1`, `?2` gets token `?3`, which nobody
+/// holds, no attempt_id, and its lease ended by `?4` at the latest.
+pub(super) const REVOKE_LEASE: &str = "UPDATE idempotency_keys
+SET lease_token = ?3, attempt_id = NULL, lease_expires_at = min(lease_expires_at, ?4)
+WHERE namespace = ?1 AND key = ?2";
