@@ -318,4 +318,36 @@ for_each_backend!(
     an_erased_key_is_forgotten_by_the_replay_cache_at_once,
     a_namespace_is_erased_in_batches_with_its_events_and_others_are_untouched,
     the_audit_trail_pages_newest_first,
+    the_reaper_deletes_audit_events_past_their_retention,
 );
+
+/// The audit trail is kept for `--audit-retention` and then reaped like the rest: an event whose
+/// time is over (moved there from outside: the retention's least is an hour) is deleted by the
+/// reaper, and a live one stays.
+async fn the_reaper_deletes_audit_events_past_their_retention(backend: Backend) {
+    let (app, _client) = app_and_client_with(backend, &["--reaper-interval", "100ms"]).await;
+    let admin = admin_client(&app).await;
+    for key in ["old", "new"] {
+        answered(
+            admin.clone().erase_key(erase_key(key, "cleanup")).await,
+            "EraseKey",
+        );
+    }
+    let past = match backend {
+        Backend::Postgres => {
+            "UPDATE admin_audit_events SET expires_at = now() - interval '1 second' \
+             WHERE key = 'old'"
+        }
+        Backend::Sqlite => "UPDATE admin_audit_events SET expires_at = 0 WHERE key = 'old'",
+    };
+    app.database.execute(past).await;
+    eventually(
+        Duration::from_secs(10),
+        "the old event was reaped",
+        || async { app.database.count_rows("admin_audit_events").await == 1 },
+    )
+    .await;
+    let events = audit_events(&admin).await;
+    assert_eq!(events.len(), 1);
+    assert_eq!(events[0].key, "new");
+}
