@@ -9,9 +9,11 @@
 //!
 //! The admin API (`idempotency.v1.AdminService`) passes the same door and more: its caller's
 //! token must carry the admin right the method needs (`read` or `write`), within its scopes.
-//! Without a tokens file there is no token to carry it, so the admin API answers callers
-//! connected over the loopback interface only. The admitted caller's identity goes to the
-//! handler as an [`AdminCaller`] extension, for the audit trail.
+//! Without a tokens file there is no door (the API is open, and its calls pay nothing for a
+//! layer), and no token to carry an admin right: the admin service itself is then wrapped in
+//! [`LoopbackOnly`], which answers callers connected over the loopback interface only. Either
+//! way the admitted caller's identity goes to the handler as an [`AdminCaller`] extension, for
+//! the audit trail.
 
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -83,8 +85,7 @@ struct ScopeField {
 
 #[derive(Clone)]
 pub struct AuthLayer {
-    /// `None`: no tokens file; the API is open and the admin API answers loopback only.
-    authenticator: Option<Arc<Authenticator>>,
+    authenticator: Arc<Authenticator>,
     decoding_limit: usize,
     read_timeout: Duration,
 }
@@ -92,7 +93,7 @@ pub struct AuthLayer {
 impl AuthLayer {
     /// `read_timeout` bounds the wait for a request's message once its caller is known.
     pub fn new(
-        authenticator: Option<Arc<Authenticator>>,
+        authenticator: Arc<Authenticator>,
         decoding_limit: usize,
         read_timeout: Duration,
     ) -> Self {
@@ -120,7 +121,7 @@ impl<S> Layer<S> for AuthLayer {
 #[derive(Clone)]
 pub struct AuthService<S> {
     inner: S,
-    authenticator: Option<Arc<Authenticator>>,
+    authenticator: Arc<Authenticator>,
     decoding_limit: usize,
     read_timeout: Duration,
 }
@@ -188,26 +189,13 @@ where
         self.inner.poll_ready(cx)
     }
 
-    fn call(&mut self, mut request: http::Request<Body>) -> Self::Future {
+    fn call(&mut self, request: http::Request<Body>) -> Self::Future {
         let path = request.uri().path();
         let admin_method = path.strip_prefix(ADMIN).map(str::to_owned);
-        if admin_method.is_none() && (!path.starts_with(GUARDED) || self.authenticator.is_none()) {
+        if admin_method.is_none() && !path.starts_with(GUARDED) {
             return Box::pin(self.inner.call(request));
         }
-        let Some(authenticator) = self.authenticator.clone() else {
-            // The admin API without a tokens file: loopback callers only.
-            let method = admin_method.unwrap_or_default();
-            if !from_loopback(&request) {
-                count_admin_refusal(&method);
-                return Box::pin(std::future::ready(Ok(refuse(
-                    super::status::admin_loopback_only(),
-                ))));
-            }
-            request
-                .extensions_mut()
-                .insert(AdminCaller("loopback".to_owned()));
-            return Box::pin(self.inner.call(request));
-        };
+        let authenticator = self.authenticator.clone();
         // The inner service was made ready for this call; a fresh clone takes its place.
         let clone = self.inner.clone();
         let mut inner = std::mem::replace(&mut self.inner, clone);
@@ -268,6 +256,58 @@ where
                 http::Request::from_parts(parts, Body::new(http_body_util::Full::new(message)));
             inner.call(request).await
         })
+    }
+}
+
+/// The admin service, which on a server without a tokens file (`enforce`) answers callers
+/// connected over the loopback interface only (as `loopback`), and `PERMISSION_DENIED` to the
+/// others, before the request is read. With tokens it passes every call on: the door has
+/// checked it.
+#[derive(Clone)]
+pub struct LoopbackOnly<S> {
+    inner: S,
+    enforce: bool,
+}
+
+impl<S> LoopbackOnly<S> {
+    pub fn new(inner: S, enforce: bool) -> Self {
+        Self { inner, enforce }
+    }
+}
+
+impl<S: tonic::server::NamedService> tonic::server::NamedService for LoopbackOnly<S> {
+    const NAME: &'static str = S::NAME;
+}
+
+impl<S> Service<http::Request<Body>> for LoopbackOnly<S>
+where
+    S: Service<http::Request<Body>, Response = http::Response<Body>> + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
+{
+    type Response = http::Response<Body>;
+    type Error = S::Error;
+    type Future = BoxFuture<Result<Self::Response, Self::Error>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, mut request: http::Request<Body>) -> Self::Future {
+        if !self.enforce {
+            return Box::pin(self.inner.call(request));
+        }
+        if !from_loopback(&request) {
+            let method = request.uri().path().strip_prefix(ADMIN).unwrap_or_default();
+            count_admin_refusal(method);
+            return Box::pin(std::future::ready(Ok(refuse(
+                super::status::admin_loopback_only(),
+            ))));
+        }
+        request
+            .extensions_mut()
+            .insert(AdminCaller("loopback".to_owned()));
+        Box::pin(self.inner.call(request))
     }
 }
 

@@ -116,6 +116,9 @@ pub async fn serve(
     .max_decoding_message_size(decoding_limit);
     let admin = AdminServiceServer::new(admin::AdminApi::new(admin))
         .max_decoding_message_size(decoding_limit);
+    // Without tokens the door below is absent, and the admin API keeps to loopback callers by
+    // itself; with tokens the door checks every admin call's right and scope.
+    let admin = auth_layer::LoopbackOnly::new(admin, security.authenticator.is_none());
 
     let reflection_v1 = reflection_builder().build_v1()?;
     let reflection_v1alpha = reflection_builder().build_v1alpha()?;
@@ -142,18 +145,15 @@ pub async fn serve(
         }
         server = server.tls_config(config)?;
     }
-    // Always in place: without tokens it still keeps the admin API to loopback callers.
-    let door = auth_layer::AuthLayer::new(
-        security.authenticator,
-        decoding_limit,
-        security.request_read_timeout,
-    );
+    let door = security.authenticator.map(|authenticator| {
+        auth_layer::AuthLayer::new(authenticator, decoding_limit, security.request_read_timeout)
+    });
     // Outermost first: every call, refused at the door or not, is counted on its connection.
     // With metrics on, the metrics layer comes first, so that refusals at the door are counted.
     let layers = tower::ServiceBuilder::new()
         .layer(crate::metrics::GrpcMetricsLayer { on: metrics.on })
         .layer(connections::ConnectionLayer::new(budget))
-        .layer(door);
+        .option_layer(door);
     server
         .layer(layers)
         .add_service(health)
