@@ -6,10 +6,13 @@ use std::path::PathBuf;
 use prost::Message;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let proto = "proto/idempotency/v1/idempotency.proto";
+    let protos = [
+        "proto/idempotency/v1/idempotency.proto",
+        "proto/idempotency/v1/admin.proto",
+    ];
     println!("cargo:rerun-if-changed=proto");
 
-    let descriptors = protox::compile([proto], ["proto"])?;
+    let descriptors = protox::compile(protos, ["proto"])?;
     let out_dir = PathBuf::from(std::env::var("OUT_DIR")?);
     std::fs::write(
         out_dir.join("idempotency_descriptor.bin"),

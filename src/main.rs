@@ -5,7 +5,7 @@ use std::process::ExitCode;
 use anyhow::Context;
 use clap::Parser;
 use idempotency_coordinator::auth;
-use idempotency_coordinator::config::{Cli, Command, HealthcheckArgs, TokenCommand};
+use idempotency_coordinator::config::{AdminArg, Cli, Command, HealthcheckArgs, TokenCommand};
 use idempotency_coordinator::store::{AnyStore, Store};
 use idempotency_coordinator::{Application, shutdown, telemetry};
 use tokio_util::sync::CancellationToken;
@@ -22,11 +22,15 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 #[tokio::main]
 async fn main() -> ExitCode {
     let command = Cli::parse().into_command();
+    if let Command::Admin(args) = command {
+        // A client: no logging, the answer on standard output, a failure on standard error.
+        return idempotency_coordinator::grpc::admin_cli::run(*args).await;
+    }
     let log_format = match &command {
         Command::Serve(args) => args.database.log_format,
         Command::Migrate(args) => args.database.log_format,
         Command::Gateway(args) if args.log_format == "json" => telemetry::LogFormat::Json,
-        Command::Token(_) | Command::Healthcheck(_) | Command::Gateway(_) => {
+        Command::Token(_) | Command::Healthcheck(_) | Command::Gateway(_) | Command::Admin(_) => {
             telemetry::LogFormat::Text
         }
     };
@@ -94,6 +98,12 @@ async fn run(command: Command) -> anyhow::Result<()> {
                 reload.reload_tokens(app.authenticator()),
             );
             tracing::info!(address = %app.local_addr(), store = app.store().backend(), "listening");
+            if app.authenticator().is_none() {
+                tracing::info!(
+                    "no --tokens-file: the admin API (idempotency.v1.AdminService) answers \
+                     callers on the loopback interface only"
+                );
+            }
             if let Some(address) = app.metrics_addr() {
                 tracing::info!(%address, "serving metrics at /metrics");
             }
@@ -109,15 +119,25 @@ async fn run(command: Command) -> anyhow::Result<()> {
             tracing::info!("schema migrations applied");
             store.close().await;
         }
-        Command::Healthcheck(_) => {}
+        Command::Healthcheck(_) | Command::Admin(_) => {}
         Command::Gateway(args) => {
             let shutdown = CancellationToken::new();
             let stop = shutdown::on_stop_signals().context("installing signal handlers")?;
             tokio::spawn(stop.cancel_on_signal(shutdown.clone()));
             idempotency_gateway::run(*args, shutdown).await?;
         }
-        Command::Token(TokenCommand::New { name, scopes }) => {
-            let (token, line) = auth::new_token(&name, &scopes).map_err(anyhow::Error::msg)?;
+        Command::Token(TokenCommand::New {
+            name,
+            scopes,
+            admin,
+        }) => {
+            let admin = match admin {
+                None => auth::AdminRight::None,
+                Some(AdminArg::Read) => auth::AdminRight::Read,
+                Some(AdminArg::Write) => auth::AdminRight::Write,
+            };
+            let (token, line) =
+                auth::new_token(&name, &scopes, admin).map_err(anyhow::Error::msg)?;
             println!("# The token, for the caller only (it is not stored anywhere):");
             println!("{token}");
             println!("# The line to add to the tokens file:");

@@ -1,4 +1,4 @@
-//! Deletes expired keys and events in bounded batches. Expired rows are already ABSENT for every
+//! Deletes expired keys, events and audit events in bounded batches. Expired rows are already ABSENT for every
 //! RPC; the reaper only reclaims their space. Each batch is one statement that skips rows held
 //! by others (`FOR UPDATE SKIP LOCKED`), so several replicas can reap side by side. A full batch
 //! is followed at once by the next; a partial one means the backlog is cleared until the next
@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
-use crate::store::{Store, StoreError};
+use crate::store::{AdminStore, StoreError};
 use crate::telemetry::error_chain;
 
 #[derive(Debug, Clone)]
@@ -17,7 +17,8 @@ pub struct ReaperSettings {
     pub batch_size: u32,
     /// Bounds each batch, like any other store operation.
     pub batch_timeout: Duration,
-    /// After each sweep, read the lag (`idempotency_reaper_lag_seconds`): with metrics on.
+    /// After each sweep, read the lag (`idempotency_reaper_lag_seconds`) and the stuck keys
+    /// (`idempotency_stuck_keys`, `idempotency_oldest_stuck_key_seconds`): with metrics on.
     pub measure_lag: bool,
 }
 
@@ -25,6 +26,8 @@ pub struct ReaperSettings {
 enum Table {
     Keys,
     Events,
+    /// The admin API's audit trail (`--audit-retention`).
+    Audit,
 }
 
 impl Table {
@@ -33,31 +36,50 @@ impl Table {
         match self {
             Self::Keys => "keys",
             Self::Events => "events",
+            Self::Audit => "audit",
         }
     }
 }
 
-pub async fn run<S: Store>(store: S, settings: ReaperSettings, shutdown: CancellationToken) {
+pub async fn run<S: AdminStore>(store: S, settings: ReaperSettings, shutdown: CancellationToken) {
     loop {
         tokio::select! {
             _ = shutdown.cancelled() => return,
             _ = tokio::time::sleep(settings.interval) => {}
         }
-        for table in [Table::Keys, Table::Events] {
+        for table in [Table::Keys, Table::Events, Table::Audit] {
             if sweep(&store, table, &settings, &shutdown).await == Sweep::Stopped {
                 return;
             }
         }
         if settings.measure_lag {
             measure_lag(&store, &settings).await;
+            measure_stuck_keys(&store, &settings).await;
         }
+    }
+}
+
+/// Sets `idempotency_stuck_keys` and `idempotency_oldest_stuck_key_seconds`: keys in progress
+/// whose lease ran out, across all namespaces, read from the in-progress keys' index (never the
+/// table). When the read fails, the gauges keep their last values (the failure is in the logs).
+async fn measure_stuck_keys<S: AdminStore>(store: &S, settings: &ReaperSettings) {
+    match tokio::time::timeout(settings.batch_timeout, store.stuck_keys()).await {
+        Ok(Ok(stuck)) => {
+            metrics::gauge!("idempotency_stuck_keys").set(stuck.count as f64);
+            metrics::gauge!("idempotency_oldest_stuck_key_seconds").set(stuck.oldest.as_secs_f64());
+        }
+        Ok(Err(StoreError::NotMigrated(_))) => {}
+        Ok(Err(error)) => {
+            tracing::debug!(error = %error_chain(&error), "reading the stuck keys failed");
+        }
+        Err(_) => tracing::debug!("reading the stuck keys timed out"),
     }
 }
 
 /// Sets `idempotency_reaper_lag_seconds` from what the sweep left: whatever it could not
 /// delete (rows held by others, a sweep cut short by a failure) and what expired since. When
 /// the read fails, the gauges keep their last values (the failure is in the logs).
-async fn measure_lag<S: Store>(store: &S, settings: &ReaperSettings) {
+async fn measure_lag<S: AdminStore>(store: &S, settings: &ReaperSettings) {
     match tokio::time::timeout(settings.batch_timeout, store.expired_backlog()).await {
         Ok(Ok(backlog)) => {
             for (table, age) in [(Table::Keys, backlog.keys), (Table::Events, backlog.events)] {
@@ -79,7 +101,7 @@ enum Sweep {
     Stopped,
 }
 
-async fn sweep<S: Store>(
+async fn sweep<S: AdminStore>(
     store: &S,
     table: Table,
     settings: &ReaperSettings,
@@ -94,6 +116,7 @@ async fn sweep<S: Store>(
             match table {
                 Table::Keys => store.reap_expired_keys(settings.batch_size).await,
                 Table::Events => store.reap_expired_events(settings.batch_size).await,
+                Table::Audit => store.reap_expired_audit(settings.batch_size).await,
             }
         };
         let deleted = match tokio::time::timeout(settings.batch_timeout, batch).await {

@@ -24,7 +24,7 @@ use crate::reaper;
 use crate::service::held_keys::HeldKeys;
 use crate::service::waiting::{DatabaseClock, Waiters};
 use crate::service::{Coordinator, InFlight, ReplayCache, Waiting};
-use crate::store::{AnyStore, OpenError, Store};
+use crate::store::{AdminStore, AnyStore, OpenError, Store};
 use crate::supervise::Lifecycle;
 use crate::supervise::{Supervisor, TaskFailure};
 
@@ -202,6 +202,27 @@ impl Application {
                     .follow(store.key_events(), shutdown.clone()),
             )
         });
+        let replays = ReplayCache::new(settings.replay_cache_bytes, clock.clone());
+        // Erasures by any replica (this one's too) empty this replica's replay cache of what
+        // they erased. Subscribed before serving begins, so that none is missed.
+        if let Some(replays) = &replays {
+            supervisor.spawn(
+                "erasure follower",
+                &shutdown,
+                crate::service::admin::follow_erasures(
+                    store.erasures(),
+                    replays.clone(),
+                    shutdown.clone(),
+                ),
+            );
+        }
+        let admin = crate::service::admin::Admin::new(
+            store.clone(),
+            replays.clone(),
+            settings.audit_retention,
+            store_work.clone(),
+            shutdown.clone(),
+        );
         let coordinator = Coordinator::new(
             store.clone(),
             store_work.clone(),
@@ -209,7 +230,7 @@ impl Application {
             settings.operation_timeout,
             settings.coalescing,
             waiting,
-            ReplayCache::new(settings.replay_cache_bytes, clock.clone()),
+            replays,
             HeldKeys::for_pool(settings.store.pool_size, settings.operation_timeout),
             &Lifecycle {
                 supervisor: supervisor.clone(),
@@ -267,6 +288,7 @@ impl Application {
         let serving = grpc::serve(
             listener,
             coordinator,
+            admin,
             settings.limits.clone(),
             security,
             health.clone(),

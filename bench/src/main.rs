@@ -13,6 +13,7 @@
 mod contended;
 mod cost;
 mod direct;
+mod erase;
 mod flags;
 mod gateway;
 mod load;
@@ -89,6 +90,9 @@ enum BenchCommand {
     },
     /// TryStart latency while the reaper clears a backlog of expired keys, against without.
     ReaperUnderLoad(reaper::Settings),
+    /// TryStart throughput while the admin API erases a namespace of a million keys, against
+    /// without (before and after).
+    EraseUnderLoad(erase::Settings),
     /// Callers piled up on a few keys whose holder works, then completes: waiting on the server
     /// (TryStart's `wait`) against polling every 50 ms.
     Contended(contended::Settings),
@@ -264,6 +268,7 @@ async fn main() -> anyhow::Result<()> {
             drop_postgres_database(&postgres_server, &database).await?;
         }
         BenchCommand::ReaperUnderLoad(settings) => reaper::run(settings).await?,
+        BenchCommand::EraseUnderLoad(settings) => erase::run(settings).await?,
         BenchCommand::Contended(settings) => contended::run(settings).await?,
         BenchCommand::CompareFlags(settings) => flags::run(settings).await?,
         BenchCommand::Gateway(settings) => gateway::run(settings).await?,

@@ -4,9 +4,14 @@
 //! The tokens file has one token per line:
 //!
 //! ```text
-//! # name      hash of the token (64 hex digits, from `token new`)   scopes
+//! # name      hash of the token (64 hex digits, from `token new`)   scopes              admin
 //! payments    sha256:<64 hex digits>                                 payments-*,billing
+//! oncall      sha256:<64 hex digits>                                 payments-*          admin=write
 //! ```
+//!
+//! The fourth field is optional: `admin=read` lets the token read the admin API
+//! (`idempotency.v1.AdminService`) and `admin=write` also change keys through it, in both cases
+//! only within the token's scopes. Without it a token has no admin right.
 //!
 //! Scopes are namespaces (for keys) and consumers (for events) alike: an exact name, a prefix
 //! ending in `*` (`payments-*`), or `*` for every scope. Only the SHA-256 of a token is stored;
@@ -23,7 +28,7 @@ use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use rate::RateLimiter;
-pub use tokens::{Caller, TOKEN_PREFIX, TokenSet, TokensFileError, new_token};
+pub use tokens::{AdminRight, Caller, TOKEN_PREFIX, TokenSet, TokensFileError, new_token};
 
 /// Why a call was turned away at the door.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -148,6 +153,23 @@ impl Authenticator {
                     })
             }
             None => Ok(()),
+        }
+    }
+
+    /// Whether `caller` may make an admin call that needs `needed` in `scope`: it must have
+    /// been given the scope and at least that admin right.
+    pub fn authorize_admin(
+        &self,
+        caller: &Caller,
+        scope: &str,
+        needed: AdminRight,
+    ) -> Result<(), Refusal> {
+        if caller.admin >= needed && needed != AdminRight::None {
+            self.authorize(caller, scope)
+        } else {
+            Err(Refusal::PermissionDenied {
+                caller: caller.name.clone(),
+            })
         }
     }
 

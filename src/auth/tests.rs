@@ -2,6 +2,7 @@
 
 use std::num::NonZeroU32;
 
+use super::AdminRight;
 use super::rate::RateLimiter;
 use super::tokens::MAX_TOKENS_FILE_BYTES;
 use super::*;
@@ -12,7 +13,8 @@ fn set(text: &str) -> TokenSet {
 
 #[test]
 fn generated_tokens_authenticate_through_their_line() {
-    let (token, line) = new_token("payments", "payments-*,billing").expect("a token");
+    let (token, line) =
+        new_token("payments", "payments-*,billing", AdminRight::None).expect("a token");
     assert!(token.starts_with(TOKEN_PREFIX));
     assert!(
         !line.contains(&token),
@@ -30,7 +32,7 @@ fn generated_tokens_authenticate_through_their_line() {
 
 #[test]
 fn a_star_allows_every_scope() {
-    let (token, line) = new_token("admin", "*").expect("a token");
+    let (token, line) = new_token("admin", "*", AdminRight::None).expect("a token");
     assert!(
         set(&line)
             .authenticate(&token)
@@ -81,7 +83,7 @@ struct TokensOnDisk {
 }
 
 fn tokens_on_disk(folder: &str) -> TokensOnDisk {
-    let (token, line) = new_token("payments", "*").expect("a token");
+    let (token, line) = new_token("payments", "*", AdminRight::None).expect("a token");
     let dir = std::env::temp_dir().join(format!("{folder}-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("a folder");
     let path = dir.join("tokens");
@@ -203,4 +205,69 @@ fn the_rate_limit_admits_bursts_of_its_rate_then_refuses() {
         limiter.admit("b").is_ok(),
         "each caller has a budget of its own"
     );
+}
+
+#[test]
+fn an_admin_right_is_an_optional_fourth_field_and_old_lines_grant_none() {
+    let (reader, reader_line) = new_token("dashboards", "team-a*", AdminRight::Read).expect("read");
+    let (writer, writer_line) = new_token("oncall", "*", AdminRight::Write).expect("write");
+    let (plain, plain_line) = new_token("orders", "*", AdminRight::None).expect("plain");
+    assert!(
+        reader_line.ends_with(" team-a* admin=read"),
+        "{reader_line}"
+    );
+    assert!(writer_line.ends_with(" * admin=write"), "{writer_line}");
+    assert_eq!(plain_line.split_whitespace().count(), 3, "today's format");
+    let tokens = set(&[reader_line, writer_line, plain_line].join("\n"));
+    let authenticator = |token: &str| tokens.authenticate(token).expect("known").clone();
+    assert_eq!(authenticator(&reader).admin, AdminRight::Read);
+    assert_eq!(authenticator(&writer).admin, AdminRight::Write);
+    assert_eq!(authenticator(&plain).admin, AdminRight::None);
+    for bad in ["admin=root", "admin", "read", "admin=write extra"] {
+        let line = format!("x sha256:{} * {bad}", "ab".repeat(32));
+        assert!(TokenSet::parse(&line).is_err(), "{bad:?} is refused");
+    }
+}
+
+#[test]
+fn an_admin_call_needs_the_right_and_the_scope() {
+    let dir = std::env::temp_dir().join(format!("admin-rights-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("a folder");
+    let path = dir.join("tokens");
+    let (reader, reader_line) = new_token("dashboards", "team-a*", AdminRight::Read).expect("read");
+    let (plain, plain_line) = new_token("orders", "*", AdminRight::None).expect("plain");
+    std::fs::write(&path, format!("{reader_line}\n{plain_line}\n")).expect("write");
+    let authenticator = Authenticator::load(&path, None).expect("load");
+    let caller = |token: &str| {
+        authenticator
+            .authenticate(Some(&format!("Bearer {token}")))
+            .expect("known")
+    };
+    let (reader, plain) = (caller(&reader), caller(&plain));
+    assert!(
+        authenticator
+            .authorize_admin(&reader, "team-a1", AdminRight::Read)
+            .is_ok()
+    );
+    assert!(
+        authenticator
+            .authorize_admin(&reader, "team-b", AdminRight::Read)
+            .is_err()
+    );
+    assert!(
+        authenticator
+            .authorize_admin(&reader, "team-a1", AdminRight::Write)
+            .is_err()
+    );
+    assert!(
+        authenticator
+            .authorize_admin(&plain, "anything", AdminRight::Read)
+            .is_err()
+    );
+    assert!(
+        authenticator
+            .authorize_admin(&plain, "anything", AdminRight::None)
+            .is_err()
+    );
+    let _ = std::fs::remove_dir_all(dir);
 }

@@ -47,12 +47,48 @@ impl ScopePattern {
     }
 }
 
+/// What a token may do with the admin API (`idempotency.v1.AdminService`), within its scopes:
+/// the optional fourth field of its line, `admin=read` or `admin=write`. A line without it
+/// (every line written before the admin API existed) grants no admin right.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Default)]
+pub enum AdminRight {
+    #[default]
+    None,
+    /// List keys, read a key's record, a namespace's statistics, the audit trail.
+    Read,
+    /// Read, and release or erase keys and namespaces.
+    Write,
+}
+
+impl AdminRight {
+    /// The fourth field of a tokens file line.
+    fn parse_field(field: &str) -> Result<Self, String> {
+        match field {
+            "admin=read" => Ok(Self::Read),
+            "admin=write" => Ok(Self::Write),
+            other => Err(format!(
+                "the fourth field must be admin=read or admin=write, not {other:?}"
+            )),
+        }
+    }
+
+    /// The fourth field granting this right, if any.
+    pub fn field(self) -> Option<&'static str> {
+        match self {
+            Self::None => None,
+            Self::Read => Some("admin=read"),
+            Self::Write => Some("admin=write"),
+        }
+    }
+}
+
 /// A caller the tokens file knows.
 #[derive(Debug, Clone)]
 pub struct Caller {
     pub name: String,
     hash: [u8; 32],
     scopes: Vec<ScopePattern>,
+    pub admin: AdminRight,
 }
 
 impl Caller {
@@ -175,10 +211,21 @@ impl TokenSet {
                 continue;
             }
             let fields: Vec<&str> = content.split_whitespace().collect();
-            let [name, hash_field, scopes] = fields[..] else {
-                return Err(invalid(
-                    "expected three fields: name, sha256:<hex>, scopes".into(),
-                ));
+            let (name, hash_field, scopes, admin) = match fields[..] {
+                [name, hash, scopes] => (name, hash, scopes, AdminRight::None),
+                [name, hash, scopes, admin] => (
+                    name,
+                    hash,
+                    scopes,
+                    AdminRight::parse_field(admin).map_err(invalid)?,
+                ),
+                _ => {
+                    return Err(invalid(
+                        "expected three fields (name, sha256:<hex>, scopes) and optionally a \
+                         fourth (admin=read or admin=write)"
+                            .into(),
+                    ));
+                }
             };
             if !name
                 .chars()
@@ -207,6 +254,7 @@ impl TokenSet {
                 name: name.to_owned(),
                 hash,
                 scopes,
+                admin,
             });
         }
         Ok(Self { callers })
@@ -262,13 +310,18 @@ fn parse_scopes(scopes: &str) -> Result<Vec<ScopePattern>, String> {
     scopes.split(',').map(ScopePattern::parse).collect()
 }
 
-/// A new token and the line that grants it `scopes` under `name`.
-pub fn new_token(name: &str, scopes: &str) -> Result<(String, String), String> {
+/// A new token and the line that grants it `scopes` under `name`, with `admin` over the admin
+/// API within those scopes.
+pub fn new_token(name: &str, scopes: &str, admin: AdminRight) -> Result<(String, String), String> {
     check_name(name)?;
     parse_scopes(scopes)?;
     let mut secret = [0u8; 32];
     getrandom::fill(&mut secret).map_err(|e| format!("no randomness: {e}"))?;
     let token = format!("{TOKEN_PREFIX}{}", hex::encode(secret));
-    let line = format!("{name} sha256:{} {scopes}", hex::encode(hash(&token)));
+    let mut line = format!("{name} sha256:{} {scopes}", hex::encode(hash(&token)));
+    if let Some(field) = admin.field() {
+        line.push(' ');
+        line.push_str(field);
+    }
     Ok((token, line))
 }

@@ -7,6 +7,7 @@
 //! duration parser, the error that names the flag) is shared with the gateway through the
 //! `idempotency-settings` crate.
 
+pub mod admin;
 mod connections;
 mod security;
 mod serve;
@@ -54,6 +55,9 @@ pub enum Command {
     /// Manage callers' bearer tokens.
     #[command(subcommand)]
     Token(TokenCommand),
+    /// The operator's tools over a running coordinator's admin API: find stuck keys, read a
+    /// key's record, release or erase keys, namespace statistics, the audit trail.
+    Admin(Box<admin::AdminArgs>),
     /// Exit 0 when the service at --addr answers SERVING to a gRPC health check of
     /// idempotency.v1.IdempotencyService, 1 otherwise (for a container HEALTHCHECK).
     Healthcheck(HealthcheckArgs),
@@ -100,7 +104,19 @@ pub enum TokenCommand {
         /// separated by commas (e.g. payments-*,billing), or * for all.
         #[arg(long)]
         scopes: String,
+        /// Also grant the admin API within those scopes: `read` (list keys, read records,
+        /// statistics, the audit trail) or `write` (read, and release or erase keys). None
+        /// when absent.
+        #[arg(long, value_enum)]
+        admin: Option<AdminArg>,
     },
+}
+
+/// The admin right `token new --admin` grants.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum AdminArg {
+    Read,
+    Write,
 }
 
 impl Cli {

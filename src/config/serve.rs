@@ -116,6 +116,12 @@ pub struct ServeArgs {
               .range(0..=crate::service::replay_cache::MAX_CAPACITY_BYTES))]
     pub replay_cache_bytes: u64,
 
+    /// How long the audit trail keeps each admin action (1h-3650d), counted from the action;
+    /// the reaper then deletes it.
+    #[arg(long, env = "IDEMPOTENCY_AUDIT_RETENTION", default_value = "90d",
+          value_parser = parse_duration)]
+    pub audit_retention: Duration,
+
     #[command(flatten)]
     pub security: SecurityArgs,
 
@@ -147,6 +153,8 @@ pub struct Settings {
     pub metrics_namespace_labels: bool,
     /// The replay cache's bound in bytes; 0: no cache.
     pub replay_cache_bytes: u64,
+    /// How long the audit trail keeps an admin action.
+    pub audit_retention: Duration,
 }
 
 /// The bounds of `serve`'s own duration flags (the contract's defaults are checked by the
@@ -156,6 +164,11 @@ const HEALTH_CHECK_INTERVAL: Bounds =
 const REAPER_INTERVAL: Bounds = Bounds::new(Duration::from_millis(10), Duration::from_secs(3600));
 const WAITER_RECHECK_INTERVAL: Bounds =
     Bounds::new(Duration::from_millis(100), Duration::from_secs(600));
+/// An hour at least (a shorter trail would be gone before anyone reads it), ten years at most.
+pub(super) const AUDIT_RETENTION: Bounds = Bounds::new(
+    Duration::from_secs(3600),
+    Duration::from_secs(3650 * 24 * 3600),
+);
 
 impl ServeArgs {
     /// Every setting checked, alone and together.
@@ -209,6 +222,8 @@ impl ServeArgs {
             metrics_listen: self.telemetry.metrics_listen,
             metrics_namespace_labels: self.telemetry.metrics_namespace_labels,
             replay_cache_bytes: self.replay_cache_bytes,
+            audit_retention: AUDIT_RETENTION
+                .check_setting("audit-retention", self.audit_retention)?,
         })
     }
 

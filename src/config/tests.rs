@@ -204,10 +204,13 @@ fn connection_limits_have_defaults_and_bounds() {
     assert_eq!(defaults.max_pending_response_bytes, 256 * MIB);
     assert_eq!(defaults.max_connection_pending_response_bytes, 32 * MIB);
     assert_eq!(defaults.max_health_watchers, 1000);
+    let audit = serve_settings(&[]).expect("valid defaults").audit_retention;
+    assert_eq!(audit, Duration::from_secs(90 * 24 * 3600));
 
     // Each bound: the value at it is taken, the one just past it refused, naming the flag.
-    let cases: [(&str, &str, &str, &str, &str); 9] = [
+    let cases: [(&str, &str, &str, &str, &str); 10] = [
         ("--max-health-watchers", "1", "0", "100000", "100001"),
+        ("--audit-retention", "1h", "59m", "3650d", "3651d"),
         ("--health-check-interval", "100ms", "99ms", "1m", "61s"),
         ("--reaper-interval", "10ms", "9ms", "1h", "3601s"),
         ("--operation-timeout", "100ms", "99ms", "10m", "601s"),

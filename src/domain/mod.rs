@@ -1,6 +1,7 @@
 //! The coordinator's model: validated values, the commands built from them, and the rules that
 //! turn what the store found into the contract's outcomes. No I/O happens here.
 
+pub mod admin;
 pub mod batch;
 pub mod budget;
 pub mod values;

@@ -8,7 +8,7 @@ use std::time::Duration;
 pub struct Invalid(pub String);
 
 impl Invalid {
-    fn new(description: impl Into<String>) -> Self {
+    pub(crate) fn new(description: impl Into<String>) -> Self {
         Self(description.into())
     }
 }

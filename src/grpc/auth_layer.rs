@@ -3,9 +3,17 @@
 //! reflection pass untouched (orchestrators' probes carry no token).
 //!
 //! Every request of the API carries its scope (`namespace` or `consumer`) in field 1, so the
-//! layer reads the one unary message, takes field 1, and asks [`Authenticator::admit`]. The
-//! message is read only up to the decoding limit: a bigger one is refused from its length
-//! prefix, as the gRPC layer would.
+//! layer reads the one message, takes field 1, and asks the [`Authenticator`]. The message is
+//! read only up to the decoding limit: a bigger one is refused from its length prefix, as the
+//! gRPC layer would.
+//!
+//! The admin API (`idempotency.v1.AdminService`) passes the same door and more: its caller's
+//! token must carry the admin right the method needs (`read` or `write`), within its scopes.
+//! Without a tokens file there is no door (the API is open, and its calls pay nothing for a
+//! layer), and no token to carry an admin right: the admin service itself is then wrapped in
+//! [`LoopbackOnly`], which answers callers connected over the loopback interface only. Either
+//! way the admitted caller's identity goes to the handler as an [`AdminCaller`] extension, for
+//! the audit trail.
 
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -19,10 +27,54 @@ use tonic::codegen::http;
 use tonic::{Code, Status};
 use tower::{Layer, Service};
 
-use crate::auth::Authenticator;
+use crate::auth::{AdminRight, Authenticator, Refusal};
 
 /// The path prefix of the calls this layer guards.
 const GUARDED: &str = "/idempotency.v1.IdempotencyService/";
+
+/// The path prefix of the admin API, guarded with the admin right too.
+const ADMIN: &str = "/idempotency.v1.AdminService/";
+
+/// Who an admitted admin call comes from, for the audit trail: `token:<name>`, or `loopback`.
+#[derive(Debug, Clone)]
+pub struct AdminCaller(pub String);
+
+/// The admin right a method of the admin API needs: reads need `read`; anything else
+/// (changes, and a method this build does not know) `write`.
+fn admin_right_needed(method: &str) -> AdminRight {
+    match method {
+        "ListKeys" | "GetKey" | "NamespaceStats" | "ListAuditEvents" => AdminRight::Read,
+        _ => AdminRight::Write,
+    }
+}
+
+/// The `action` label of `idempotency_admin_actions_total` for a method (a fixed set).
+pub fn admin_action_label(method: &str) -> &'static str {
+    match method {
+        "ListKeys" => "list_keys",
+        "GetKey" => "get_key",
+        "NamespaceStats" => "namespace_stats",
+        "ListAuditEvents" => "list_audit_events",
+        "ForceRelease" => "force_release",
+        "EraseKey" => "erase_key",
+        "EraseNamespace" => "erase_namespace",
+        _ => "unknown",
+    }
+}
+
+/// Whether the request came over a loopback connection.
+fn from_loopback<B>(request: &http::Request<B>) -> bool {
+    use tonic::transport::server::TlsConnectInfo;
+    let extensions = request.extensions();
+    extensions
+        .get::<super::connections::ConnectionInfo>()
+        .or_else(|| {
+            extensions
+                .get::<TlsConnectInfo<super::connections::ConnectionInfo>>()
+                .map(TlsConnectInfo::get_ref)
+        })
+        .is_some_and(|info| info.remote.ip().is_loopback())
+}
 
 /// Field 1 of any request of the API, read without knowing which request it is.
 #[derive(Clone, PartialEq, Message)]
@@ -138,17 +190,19 @@ where
     }
 
     fn call(&mut self, request: http::Request<Body>) -> Self::Future {
-        if !request.uri().path().starts_with(GUARDED) {
+        let path = request.uri().path();
+        let admin_method = path.strip_prefix(ADMIN).map(str::to_owned);
+        if admin_method.is_none() && !path.starts_with(GUARDED) {
             return Box::pin(self.inner.call(request));
         }
+        let authenticator = self.authenticator.clone();
         // The inner service was made ready for this call; a fresh clone takes its place.
         let clone = self.inner.clone();
         let mut inner = std::mem::replace(&mut self.inner, clone);
-        let authenticator = self.authenticator.clone();
         let limit = self.decoding_limit;
         let read_timeout = self.read_timeout;
         Box::pin(async move {
-            let (parts, body) = request.into_parts();
+            let (mut parts, body) = request.into_parts();
             let authorization = parts
                 .headers
                 .get(http::header::AUTHORIZATION)
@@ -162,6 +216,9 @@ where
                 Ok(caller) => caller,
                 Err(refusal) => {
                     count_refusal(&refusal);
+                    if let Some(method) = &admin_method {
+                        count_admin_refusal(method);
+                    }
                     return Ok(refuse(super::status::refused(refusal)));
                 }
             };
@@ -177,9 +234,23 @@ where
                     )));
                 }
             };
-            if let Err(refusal) = authenticator.authorize(&caller, &scope) {
+            let admitted = match &admin_method {
+                Some(method) => {
+                    authenticator.authorize_admin(&caller, &scope, admin_right_needed(method))
+                }
+                None => authenticator.authorize(&caller, &scope),
+            };
+            if let Err(refusal) = admitted {
                 count_refusal(&refusal);
+                if let Some(method) = &admin_method {
+                    count_admin_refusal(method);
+                }
                 return Ok(refuse(super::status::refused(refusal)));
+            }
+            if admin_method.is_some() {
+                parts
+                    .extensions
+                    .insert(AdminCaller(format!("token:{}", caller.name)));
             }
             let request =
                 http::Request::from_parts(parts, Body::new(http_body_util::Full::new(message)));
@@ -188,9 +259,68 @@ where
     }
 }
 
+/// The admin service, which on a server without a tokens file (`enforce`) answers callers
+/// connected over the loopback interface only (as `loopback`), and `PERMISSION_DENIED` to the
+/// others, before the request is read. With tokens it passes every call on: the door has
+/// checked it.
+#[derive(Clone)]
+pub struct LoopbackOnly<S> {
+    inner: S,
+    enforce: bool,
+}
+
+impl<S> LoopbackOnly<S> {
+    pub fn new(inner: S, enforce: bool) -> Self {
+        Self { inner, enforce }
+    }
+}
+
+impl<S: tonic::server::NamedService> tonic::server::NamedService for LoopbackOnly<S> {
+    const NAME: &'static str = S::NAME;
+}
+
+impl<S> Service<http::Request<Body>> for LoopbackOnly<S>
+where
+    S: Service<http::Request<Body>, Response = http::Response<Body>> + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
+{
+    type Response = http::Response<Body>;
+    type Error = S::Error;
+    type Future = BoxFuture<Result<Self::Response, Self::Error>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, mut request: http::Request<Body>) -> Self::Future {
+        if !self.enforce {
+            return Box::pin(self.inner.call(request));
+        }
+        if !from_loopback(&request) {
+            let method = request.uri().path().strip_prefix(ADMIN).unwrap_or_default();
+            count_admin_refusal(method);
+            return Box::pin(std::future::ready(Ok(refuse(
+                super::status::admin_loopback_only(),
+            ))));
+        }
+        request
+            .extensions_mut()
+            .insert(AdminCaller("loopback".to_owned()));
+        Box::pin(self.inner.call(request))
+    }
+}
+
+/// `idempotency_admin_actions_total{outcome="permission_denied"}`: an admin call turned away at
+/// the door.
+fn count_admin_refusal(method: &str) {
+    metrics::counter!("idempotency_admin_actions_total",
+        "action" => admin_action_label(method), "outcome" => "permission_denied")
+    .increment(1);
+}
+
 /// `idempotency_auth_refusals_total`, by reason (never the caller's name or token).
-fn count_refusal(refusal: &crate::auth::Refusal) {
-    use crate::auth::Refusal;
+fn count_refusal(refusal: &Refusal) {
     let reason = match refusal {
         Refusal::Unauthenticated => "unauthenticated",
         Refusal::PermissionDenied { .. } => "permission_denied",

@@ -3,6 +3,8 @@
 //! and reflection (v1 and v1alpha, with the `google.protobuf` and `google.rpc` descriptors so
 //! that grpcurl decodes error details).
 
+mod admin;
+pub mod admin_cli;
 mod auth_layer;
 pub mod codec;
 pub mod connections;
@@ -21,8 +23,10 @@ use crate::auth::Authenticator;
 
 use crate::domain::Limits;
 use crate::health::HealthState;
+use crate::proto::idempotency::v1::admin_service_server::AdminServiceServer;
 use crate::proto::idempotency::v1::idempotency_service_server::IdempotencyServiceServer;
 use crate::service::Coordinator;
+use crate::service::admin::Admin;
 
 pub use service::IdempotencyApi;
 
@@ -92,9 +96,11 @@ pub struct MetricsSettings {
 
 /// Serves until `shutdown` completes, then stops accepting, lets calls in flight finish, and
 /// returns once every connection has closed.
+#[allow(clippy::too_many_arguments)]
 pub async fn serve(
     listener: TcpListener,
     coordinator: Coordinator,
+    admin: Admin,
     limits: Limits,
     security: Security,
     health: HealthState,
@@ -108,6 +114,11 @@ pub async fn serve(
         metrics.namespace_labels,
     ))
     .max_decoding_message_size(decoding_limit);
+    let admin = AdminServiceServer::new(admin::AdminApi::new(admin))
+        .max_decoding_message_size(decoding_limit);
+    // Without tokens the door below is absent, and the admin API keeps to loopback callers by
+    // itself; with tokens the door checks every admin call's right and scope.
+    let admin = auth_layer::LoopbackOnly::new(admin, security.authenticator.is_none());
 
     let reflection_v1 = reflection_builder().build_v1()?;
     let reflection_v1alpha = reflection_builder().build_v1alpha()?;
@@ -149,6 +160,7 @@ pub async fn serve(
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)
         .add_service(api)
+        .add_service(admin)
         .serve_with_incoming_shutdown(incoming, shutdown)
         .await?;
     Ok(())

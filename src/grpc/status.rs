@@ -126,6 +126,15 @@ pub fn refused(refusal: Refusal) -> Status {
     }
 }
 
+/// An admin call from beyond the loopback interface of a server without a tokens file.
+pub fn admin_loopback_only() -> Status {
+    Status::with_error_details(
+        Code::PermissionDenied,
+        "without a tokens file the admin API answers callers on the loopback interface only",
+        error_info("PERMISSION_DENIED"),
+    )
+}
+
 /// The status of a failed call of `rpc` in `scope` (a namespace or consumer), its cause logged
 /// (a warning when the store is unavailable, an error when the service failed; a caller's
 /// rejection is not logged). The line names the RPC and the scope itself: without traces the

@@ -124,6 +124,19 @@ fn describe() {
         Unit::Seconds,
         "Age of the oldest expired row not yet deleted, by table, read after each reaper sweep (0: none)."
     );
+    describe_gauge!(
+        "idempotency_stuck_keys",
+        "Keys in progress whose lease ran out and that nobody took over, all namespaces, read after each reaper sweep."
+    );
+    describe_gauge!(
+        "idempotency_oldest_stuck_key_seconds",
+        Unit::Seconds,
+        "How long ago the lease of the oldest stuck key ran out (0: none), read after each reaper sweep."
+    );
+    describe_counter!(
+        "idempotency_admin_actions_total",
+        "Calls of the admin API, by action (list_keys, get_key, namespace_stats, list_audit_events, force_release, erase_key, erase_namespace) and outcome."
+    );
     describe_counter!(
         "idempotency_refusals_total",
         "Calls refused by the service, by RPC and ErrorInfo reason (LEASE_LOST, ALREADY_COMPLETED, ...)."

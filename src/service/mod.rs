@@ -25,6 +25,7 @@ use tracing::{Instrument, Span};
 
 use tokio_util::task::TaskTracker;
 
+pub mod admin;
 pub mod coalesce;
 pub mod held_keys;
 pub mod in_flight;

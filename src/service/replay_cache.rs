@@ -283,6 +283,28 @@ impl ReplayCache {
         }
     }
 
+    /// Forgets whatever is cached of `key` (an operator erased it).
+    pub fn forget_key(&self, namespace: &str, key: &str) {
+        self.records.retain(|cached, _| {
+            !(cached.namespace.as_str() == namespace && cached.key.as_str() == key)
+        });
+        self.meters.bytes.set(self.weight() as f64);
+    }
+
+    /// Forgets every record of `namespace` (an operator erased it). A walk over the cache:
+    /// erasures are rare, and the cache is bounded.
+    pub fn forget_namespace(&self, namespace: &str) {
+        self.records
+            .retain(|cached, _| cached.namespace.as_str() != namespace);
+        self.meters.bytes.set(self.weight() as f64);
+    }
+
+    /// Forgets everything (erasures may have been missed).
+    pub fn forget_everything(&self) {
+        self.records.clear();
+        self.meters.bytes.set(self.weight() as f64);
+    }
+
     /// The bytes the cache holds now, by its weights (claims awaiting their Complete
     /// included).
     pub fn weight(&self) -> u64 {

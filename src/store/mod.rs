@@ -1,6 +1,7 @@
 //! Persistence. Every SQL statement lives under this folder, one module per backend; the rest of
 //! the crate sees only the [`Store`] trait and domain types.
 
+pub mod admin;
 mod error;
 pub mod postgres;
 mod schema;
@@ -20,6 +21,7 @@ use crate::domain::{
     TryStartOutcome,
 };
 
+pub use admin::{AdminStore, Erased, Erasure};
 pub use error::StoreError;
 pub use postgres::PgStore;
 pub use sqlite::SqliteStore;

@@ -167,4 +167,75 @@ async fn grpcurl_lists_describes_and_calls_the_service_through_reflection(backen
     );
 }
 
-for_each_backend!(grpcurl_lists_describes_and_calls_the_service_through_reflection,);
+/// The admin API's grpcurl commands of docs/operations.md, as written there: a stuck key found,
+/// read, released with a reason, the release in the audit trail, and a namespace erased
+/// (its progress streamed).
+async fn grpcurl_drives_the_admin_api_as_the_operations_guide_shows(backend: Backend) {
+    let database = TestDatabase::create(backend).await;
+    let server = ServerProcess::start(&database.url, &[]).await;
+    let _ = server.client_when_serving().await;
+    let admin = |rpc: &str, request: &str| {
+        let method = format!("idempotency.v1.AdminService/{rpc}");
+        let request = request.to_owned();
+        let server = &server;
+        async move { grpcurl(server, &["-d", &request], &[&method]).await }
+    };
+    let started = call(
+        &server,
+        "TryStart",
+        r#"{"namespace":"payments","key":"order-1042","lease_ttl":"0.1s"}"#,
+    )
+    .await;
+    assert!(started["started"].is_object(), "{started}");
+    eventually(Duration::from_secs(10), "the key is stuck", || async {
+        json(
+            &admin(
+                "ListKeys",
+                r#"{"namespace":"payments","state":"ADMIN_KEY_STATE_STUCK"}"#,
+            )
+            .await,
+        )["keys"][0]["key"]
+            == "order-1042"
+    })
+    .await;
+    let record = json(&admin("GetKey", r#"{"namespace":"payments","key":"order-1042"}"#).await);
+    assert_eq!(record["key"]["state"], "ADMIN_KEY_STATE_STUCK");
+    let released = json(
+        &admin(
+            "ForceRelease",
+            r#"{"namespace":"payments","key":"order-1042","reason":"worker pod crashed"}"#,
+        )
+        .await,
+    );
+    assert_eq!(released["released"]["key"], "order-1042");
+    let stats = json(&admin("NamespaceStats", r#"{"namespace":"payments"}"#).await);
+    assert_eq!(
+        stats["stuckKeys"], "1",
+        "a revoked lease is stuck until claimed: {stats}"
+    );
+    let trail = json(&admin("ListAuditEvents", r#"{"namespace":"payments"}"#).await);
+    assert_eq!(trail["events"][0]["action"], "force_release");
+    assert_eq!(trail["events"][0]["reason"], "worker pod crashed");
+    let erased = admin(
+        "EraseNamespace",
+        r#"{"namespace":"payments","reason":"contract ended"}"#,
+    )
+    .await;
+    assert!(erased.success, "{}", erased.stderr);
+    assert!(
+        erased.stdout.contains("\"done\": true"),
+        "{}",
+        erased.stdout
+    );
+    let none = admin("GetKey", r#"{"namespace":"payments","key":"order-1042"}"#).await;
+    assert!(
+        !none.success && none.stderr.contains("NotFound"),
+        "{}",
+        none.stderr
+    );
+}
+
+for_each_backend!(
+    grpcurl_lists_describes_and_calls_the_service_through_reflection,
+    grpcurl_drives_the_admin_api_as_the_operations_guide_shows,
+);

@@ -3,6 +3,7 @@
 
 mod support;
 
+mod admin;
 mod clock_skew;
 mod coalescing;
 mod complete;

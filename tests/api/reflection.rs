@@ -47,8 +47,10 @@ macro_rules! reflection_answers {
     }};
 }
 
-const SYMBOLS: [&str; 6] = [
+const SYMBOLS: [&str; 8] = [
     "idempotency.v1.IdempotencyService",
+    "idempotency.v1.AdminService",
+    "idempotency.v1.ListKeysResponse",
     "idempotency.v1.TryStartResponse",
     "google.rpc.ErrorInfo",
     "google.rpc.BadRequest",
@@ -57,7 +59,11 @@ const SYMBOLS: [&str; 6] = [
 ];
 
 fn assert_complete(services: &[String], files_per_symbol: &[usize]) {
-    for service in ["idempotency.v1.IdempotencyService", "grpc.health.v1.Health"] {
+    for service in [
+        "idempotency.v1.IdempotencyService",
+        "idempotency.v1.AdminService",
+        "grpc.health.v1.Health",
+    ] {
         assert!(
             services.iter().any(|s| s == service),
             "{service} not listed: {services:?}"

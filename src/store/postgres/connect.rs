@@ -138,6 +138,7 @@ impl PgStore {
             listen_pool,
             listen_options: Arc::new(listen_options),
             events: broadcast::channel(EVENTS_QUEUED).0,
+            erasures: broadcast::channel(EVENTS_QUEUED).0,
             migration_options: Arc::new(migration_options),
             url: settings.url.clone(),
             begin,

@@ -10,9 +10,9 @@ use tokio_util::sync::CancellationToken;
 use super::PgStore;
 use super::error::classify;
 use super::rows::{MarkedKeyRow, WatchedKeyRow};
-use super::sql::{KEY_CHANNEL, LOOKUP_WATCHED, WATCH_KEY};
+use super::sql::{ERASED_CHANNEL, KEY_CHANNEL, LOOKUP_WATCHED, WATCH_KEY};
 use crate::domain::{KeyHash, KeyState, LookupQuery};
-use crate::store::{KeyEvent, StoreError};
+use crate::store::{Erasure, KeyEvent, StoreError};
 
 /// How many key events may wait for a slow subscriber before it is told it missed some.
 pub(super) const EVENTS_QUEUED: usize = 4096;
@@ -43,15 +43,24 @@ impl PgStore {
             }
             Err(other) => return Err(other),
         };
-        listener.listen(KEY_CHANNEL).await?;
-        // Whatever committed while nobody listened is unknown: every waiter looks again.
+        listener.listen_all([KEY_CHANNEL, ERASED_CHANNEL]).await?;
+        // Whatever committed while nobody listened is unknown: every waiter looks again, and
+        // every replay cache forgets what it holds (an erasure may have been missed).
         let _ = self.events.send(KeyEvent::Missed);
+        let _ = self.erasures.send(Erasure::Missed);
         loop {
             let next = tokio::select! {
                 () = shutdown.cancelled() => return Ok(()),
                 next = listener.try_recv() => next?,
             };
             match next {
+                Some(notification) if notification.channel() == ERASED_CHANNEL => {
+                    let _ = self
+                        .erasures
+                        .send(Erasure::from_payload(notification.payload()));
+                    // A waiter on an erased key must look again.
+                    let _ = self.events.send(KeyEvent::Missed);
+                }
                 Some(notification) => match KeyHash::from_hex(notification.payload()) {
                     Some(hash) => {
                         let _ = self.events.send(KeyEvent::Changed(hash));

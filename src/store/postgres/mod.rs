@@ -16,6 +16,7 @@
 //! statements, and `error` classifies the driver's errors. This file is the [`Store`]
 //! implementation on top of them.
 
+mod admin;
 mod connect;
 mod error;
 mod kept;
@@ -50,6 +51,18 @@ use crate::domain::{
 };
 
 static MIGRATOR: Migrator = sqlx::migrate!("./migrations/postgres");
+
+/// The admin API's statements that must read an index, never the table, by name: for the test
+/// that EXPLAINs them on a table of a million rows (`tests/api/admin/scale.rs`).
+pub fn indexed_admin_statements() -> [(&'static str, &'static str); 5] {
+    [
+        ("stuck", LIST_STUCK_KEYS),
+        ("in_progress", LIST_IN_PROGRESS_KEYS),
+        ("completed", LIST_COMPLETED_KEYS),
+        ("by_key", LIST_KEYS_BY_KEY),
+        ("stuck_gauges", STUCK_KEYS),
+    ]
+}
 
 /// How the store connects.
 #[derive(Debug, Clone)]
@@ -86,6 +99,8 @@ pub struct PgStore {
     /// The listener's connection settings, to find out why it cannot connect.
     listen_options: Arc<PgConnectOptions>,
     events: broadcast::Sender<KeyEvent>,
+    /// Erasures heard on [`sql::ERASED_CHANNEL`], for every replica's replay cache.
+    erasures: broadcast::Sender<super::Erasure>,
     url: String,
     /// Behind a pooler in transaction mode: the statement that opens the transaction each
     /// statement runs in, with the settings a direct connection gets in its startup packet.

@@ -395,3 +395,256 @@ SELECT
     coalesce((extract(epoch FROM now() - (SELECT min(expires_at) FROM processed_events
                                           WHERE expires_at <= now())) * 1000000)::bigint, 0)
 "#;
+
+// The admin API (`proto/idempotency/v1/admin.proto`). Its listings read the indexes of
+// `migrations/postgres/20261204000001_admin.sql`, one per order, so that a page never scans the
+// table; their bounds are plain comparisons with the statement's parameters, which a generic
+// plan turns into index conditions.
+
+/// The channel on which an erasure announces what it erased (`<namespace>` for a namespace,
+/// `<namespace> U+001F <key>` for a key), so that every replica's replay cache forgets it.
+pub(super) const ERASED_CHANNEL: &str = "idempotency_erased";
+
+/// The columns of `AdminKeyRow`: a key's summary (sizes, not bytes) and its state by `$now`.
+macro_rules! summary_columns {
+    ($now:literal) => {
+        concat!(
+            "key, CASE WHEN completed_at IS NOT NULL THEN 3 WHEN lease_expires_at <= ",
+            $now,
+            " THEN 2 ELSE 1 END::bigint AS state_code, attempt, lease_token, attempt_id, \
+             lease_expires_at, completed_at, expires_at, retention_us, fingerprint, \
+             coalesce(octet_length(response), 0)::bigint AS response_bytes, \
+             octet_length(checkpoint)::bigint AS checkpoint_bytes"
+        )
+    };
+}
+
+/// Keys of namespace `$1` in key order, from `$2` (the prefix, or after the page cursor's key:
+/// `$3` says which is greater) to before `$4`; `$5` a state code or 0, `$6`/`$7` completed at
+/// or after / before; `$8` the page size. Reads the primary key's range.
+pub(super) const LIST_KEYS_BY_KEY: &str = concat!(
+    "SELECT ",
+    summary_columns!("now()"),
+    " FROM idempotency_keys
+WHERE namespace = $1 AND key >= $2 AND key > $3 AND key < $4 AND expires_at > now()
+  AND ($5::bigint = 0 OR $5::bigint = CASE WHEN completed_at IS NOT NULL THEN 3
+                                      WHEN lease_expires_at <= now() THEN 2 ELSE 1 END)
+  AND ($6::timestamptz IS NULL OR completed_at >= $6::timestamptz)
+  AND ($7::timestamptz IS NULL OR completed_at < $7::timestamptz)
+ORDER BY key
+LIMIT $8"
+);
+
+/// Stuck keys of namespace `$1`, the longest stuck first, after the cursor (`$2`, `$3`; the
+/// first page passes NULL), `$4` the page size. Reads `idempotency_keys_in_progress` from its
+/// start up to now.
+pub(super) const LIST_STUCK_KEYS: &str = concat!(
+    "SELECT ",
+    summary_columns!("now()"),
+    " FROM idempotency_keys
+WHERE namespace = $1 AND completed_at IS NULL
+  AND (lease_expires_at, key) > (coalesce($2::timestamptz, '-infinity'), coalesce($3::text, ''))
+  AND lease_expires_at <= now() AND expires_at > now()
+ORDER BY lease_expires_at, key
+LIMIT $4"
+);
+
+/// In-progress keys of namespace `$1` whose lease runs, soonest to end first, like
+/// [`LIST_STUCK_KEYS`].
+pub(super) const LIST_IN_PROGRESS_KEYS: &str = concat!(
+    "SELECT ",
+    summary_columns!("now()"),
+    " FROM idempotency_keys
+WHERE namespace = $1 AND completed_at IS NULL
+  AND (lease_expires_at, key) > (coalesce($2::timestamptz, now()), coalesce($3::text, ''))
+  AND lease_expires_at > now() AND expires_at > now()
+ORDER BY lease_expires_at, key
+LIMIT $4"
+);
+
+/// Completed keys of namespace `$1` by completion time, after the cursor (`$2`, `$3`),
+/// completed at or after `$4` and before `$5` (NULL: unbounded), `$6` the page size. Reads
+/// `idempotency_keys_completed`.
+pub(super) const LIST_COMPLETED_KEYS: &str = concat!(
+    "SELECT ",
+    summary_columns!("now()"),
+    " FROM idempotency_keys
+WHERE namespace = $1 AND completed_at IS NOT NULL
+  AND (completed_at, key) > (coalesce($2::timestamptz, '-infinity'), coalesce($3::text, ''))
+  AND completed_at >= coalesce($4::timestamptz, '-infinity')
+  AND completed_at < coalesce($5::timestamptz, 'infinity')
+  AND expires_at > now()
+ORDER BY completed_at, key
+LIMIT $6"
+);
+
+/// One live key's whole record, its bytes included.
+pub(super) const GET_KEY: &str = concat!(
+    "SELECT ",
+    summary_columns!("now()"),
+    ", response, checkpoint FROM idempotency_keys
+WHERE namespace = $1 AND key = $2 AND expires_at > now()"
+);
+
+/// Namespace `$1`'s counts and bytes (one pass over its live rows), its oldest stuck key (from
+/// `idempotency_keys_in_progress`), its live processed events, and the clock.
+pub(super) const NAMESPACE_STATS: &str = r#"
+SELECT
+    count(*) FILTER (WHERE k.completed_at IS NULL AND k.lease_expires_at > now()) AS in_progress,
+    count(*) FILTER (WHERE k.completed_at IS NULL AND k.lease_expires_at <= now()) AS stuck,
+    count(*) FILTER (WHERE k.completed_at IS NOT NULL) AS completed,
+    coalesce(sum(octet_length(k.key) + octet_length(k.fingerprint)
+                 + coalesce(octet_length(k.response), 0)
+                 + coalesce(octet_length(k.checkpoint), 0)), 0)::bigint AS stored_bytes,
+    (SELECT count(*) FROM processed_events AS e
+     WHERE e.consumer = $1 AND e.expires_at > now()) AS processed_events,
+    oldest.key AS oldest_stuck_key,
+    oldest.lease_expires_at AS oldest_stuck_at,
+    now() AS read_at
+FROM idempotency_keys AS k
+LEFT JOIN LATERAL (
+    SELECT s.key, s.lease_expires_at FROM idempotency_keys AS s
+    WHERE s.namespace = $1 AND s.completed_at IS NULL
+      AND s.lease_expires_at <= now() AND s.expires_at > now()
+    ORDER BY s.lease_expires_at, s.key
+    LIMIT 1
+) AS oldest ON true
+WHERE k.namespace = $1 AND k.expires_at > now()
+GROUP BY oldest.key, oldest.lease_expires_at
+"#;
+
+/// Stuck keys across all namespaces, for the gauges: how many, and how long ago (in
+/// microseconds) the oldest one's lease ran out. Reads only `idempotency_keys_in_progress`
+/// (in-progress keys), never the table.
+pub(super) const STUCK_KEYS: &str = r#"
+SELECT count(*),
+       coalesce((extract(epoch FROM now() - min(lease_expires_at)) * 1000000)::bigint, 0)
+FROM idempotency_keys
+WHERE completed_at IS NULL AND lease_expires_at <= now() AND expires_at > now()
+"#;
+
+/// ForceRelease: revokes the lease of key `$1`, `$2` if it is in progress and live by the clock
+/// read under its lock, whatever its token: the key keeps its row, but with a fresh token that
+/// nobody holds (drawn under the row's lock, so above every token the key had), no attempt_id
+/// (its holder cannot re-enter) and its lease ended now. Its holder's Complete, Release and
+/// ExtendLease are then refused as LEASE_LOST, and the next TryStart takes it over (a greater
+/// token, attempt + 1, the checkpoint handed over). Waiters are told. Answers the row as it was.
+pub(super) const FORCE_RELEASE: &str = concat!(
+    "WITH before AS (
+    SELECT ",
+    summary_columns!("clock_timestamp()"),
+    " FROM idempotency_keys
+    WHERE namespace = $1 AND key = $2 AND completed_at IS NULL
+      AND expires_at > clock_timestamp()
+    FOR UPDATE
+), revoked AS (
+    UPDATE idempotency_keys AS k
+    SET lease_token = nextval('lease_token_seq'),
+        lease_expires_at = least(k.lease_expires_at, clock_timestamp()),
+        attempt_id = NULL,
+        claim_ticket = NULL
+    FROM before AS b
+    WHERE k.namespace = $1 AND k.key = b.key
+    RETURNING k.lease_token AS revoked_token, ",
+    notify_watched_key!("k."),
+    " AS announced
+)
+SELECT before.*, revoked.revoked_token FROM before, revoked"
+);
+
+/// Whether live key `$1`, `$2` is completed (no row: absent), to explain a ForceRelease that
+/// changed nothing.
+pub(super) const KEY_COMPLETED: &str = "SELECT completed_at IS NOT NULL FROM idempotency_keys \
+     WHERE namespace = $1 AND key = $2 AND expires_at > now()";
+
+/// EraseKey: deletes key `$1`, `$2` in whatever state, announcing it to waiters; answers the row
+/// as it was when it was live. The transaction also runs [`ANNOUNCE_ERASED`].
+pub(super) const ERASE_KEY: &str = concat!(
+    "WITH gone AS (
+    DELETE FROM idempotency_keys AS k WHERE k.namespace = $1 AND k.key = $2
+    RETURNING ",
+    summary_columns!("clock_timestamp()"),
+    ", k.expires_at > clock_timestamp() AS live, ",
+    notify_watched_key!("k."),
+    " AS announced
+)
+SELECT * FROM gone WHERE live"
+);
+
+/// One batch of a namespace's erasure: at most `$2` keys of namespace `$1` (rows another
+/// transaction holds are skipped, to be taken by a later batch). Answers how many it deleted.
+/// The transaction also runs [`ANNOUNCE_ERASED`].
+pub(super) const ERASE_KEYS_BATCH: &str = r#"
+WITH doomed AS (
+    SELECT namespace, key FROM idempotency_keys
+    WHERE namespace = $1
+    ORDER BY key
+    LIMIT $2
+    FOR UPDATE SKIP LOCKED
+), gone AS (
+    DELETE FROM idempotency_keys AS k USING doomed AS d
+    WHERE k.namespace = d.namespace AND k.key = d.key
+    RETURNING 1
+)
+SELECT count(*) FROM gone
+"#;
+
+/// Announces an erasure on [`ERASED_CHANNEL`] when its transaction commits (payload `$1`).
+pub(super) const ANNOUNCE_ERASED: &str = "SELECT pg_notify('idempotency_erased', $1)";
+
+/// One batch of the erasure of consumer `$1`'s processed events, like [`ERASE_KEYS_BATCH`].
+pub(super) const ERASE_EVENTS_BATCH: &str = r#"
+WITH doomed AS (
+    SELECT consumer, event_id FROM processed_events
+    WHERE consumer = $1
+    ORDER BY event_id
+    LIMIT $2
+    FOR UPDATE SKIP LOCKED
+), gone AS (
+    DELETE FROM processed_events AS e USING doomed AS d
+    WHERE e.consumer = d.consumer AND e.event_id = d.event_id
+    RETURNING 1
+)
+SELECT count(*) FROM gone
+"#;
+
+/// Whether namespace `$1` still has any key or processed event (rows skipped because they
+/// were held, or written since).
+pub(super) const NAMESPACE_HAS_ROWS: &str = "SELECT \
+     EXISTS (SELECT 1 FROM idempotency_keys WHERE namespace = $1) \
+     OR EXISTS (SELECT 1 FROM processed_events WHERE consumer = $1)";
+
+/// Records an audit event, stamped by the database clock and kept for `$8` microseconds.
+pub(super) const RECORD_AUDIT: &str = r#"
+INSERT INTO admin_audit_events
+    (at, actor, action, namespace, key, reason, record_before, outcome, expires_at)
+VALUES (clock_timestamp(), $1, $2, $3, $4, $5, $6, $7,
+        clock_timestamp() + $8 * interval '1 microsecond')
+RETURNING id
+"#;
+
+/// Namespace `$1`'s live audit events, newest first, before id `$2` (NULL: from the newest),
+/// `$3` at most.
+pub(super) const LIST_AUDIT: &str = r#"
+SELECT id, at, actor, action, namespace, key, reason, record_before, outcome
+FROM admin_audit_events
+WHERE namespace = $1 AND id < coalesce($2::bigint, 9223372036854775807) AND expires_at > now()
+ORDER BY id DESC
+LIMIT $3
+"#;
+
+/// The reaper's batch of expired audit events.
+pub(super) const REAP_AUDIT: &str = r#"
+WITH doomed AS (
+    SELECT id FROM admin_audit_events
+    WHERE expires_at <= now()
+    ORDER BY expires_at
+    LIMIT $1
+    FOR UPDATE SKIP LOCKED
+), deleted AS (
+    DELETE FROM admin_audit_events AS a USING doomed AS d
+    WHERE a.id = d.id
+    RETURNING 1
+)
+SELECT count(*) FROM deleted
+"#;

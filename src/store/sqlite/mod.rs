@@ -21,6 +21,7 @@
 //!   process on the same file is refused at start ([`SqliteOpenError::InUse`]). PostgreSQL is
 //!   the store for replicas.
 
+mod admin;
 mod error;
 mod ops;
 mod rows;
@@ -105,6 +106,8 @@ pub struct SqliteStore {
     /// Keys completed or released, sent once their transaction has committed: this process is
     /// the file's only writer, so it sees every change itself.
     events: broadcast::Sender<KeyEvent>,
+    /// Erasures, sent once their transaction has committed (this process is the only writer).
+    erasures: broadcast::Sender<super::Erasure>,
 }
 
 impl std::fmt::Debug for SqliteStore {
@@ -165,6 +168,7 @@ impl SqliteStore {
             operation_timeout: settings.operation_timeout,
             schema_ready: Arc::new(AtomicBool::new(false)),
             events: broadcast::channel(EVENTS_QUEUED).0,
+            erasures: broadcast::channel(EVENTS_QUEUED).0,
         })
     }
 

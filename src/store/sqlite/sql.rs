@@ -82,3 +82,171 @@ pub(super) const EXPIRED_BACKLOG: &str = concat!(
     now_us!(),
     "), 0)"
 );
+
+// The admin API: the same statements as the PostgreSQL store's (see there), on the indexes of
+// `migrations/sqlite/20261204000001_admin.sql`. Changes are read, decided and written in the
+// writer's transaction, like the contract's operations.
+
+/// The columns of an admin key row: a key's summary (sizes, not bytes) and its state now.
+macro_rules! summary_columns {
+    () => {
+        concat!(
+            "key, CASE WHEN completed_at IS NOT NULL THEN 3 WHEN lease_expires_at <= ",
+            now_us!(),
+            " THEN 2 ELSE 1 END AS state_code, attempt, lease_token, attempt_id, \
+             lease_expires_at, completed_at, expires_at, retention_us, fingerprint, \
+             coalesce(length(response), 0) AS response_bytes, \
+             length(checkpoint) AS checkpoint_bytes"
+        )
+    };
+}
+
+pub(super) const LIST_KEYS_BY_KEY: &str = concat!(
+    "SELECT ",
+    summary_columns!(),
+    " FROM idempotency_keys
+WHERE namespace = ?1 AND key >= ?2 AND key > ?3 AND key < ?4 AND expires_at > ",
+    now_us!(),
+    " AND (?5 = 0 OR ?5 = CASE WHEN completed_at IS NOT NULL THEN 3 WHEN lease_expires_at <= ",
+    now_us!(),
+    " THEN 2 ELSE 1 END)
+  AND (?6 IS NULL OR completed_at >= ?6) AND (?7 IS NULL OR completed_at < ?7)
+ORDER BY key
+LIMIT ?8"
+);
+
+pub(super) const LIST_STUCK_KEYS: &str = concat!(
+    "SELECT ",
+    summary_columns!(),
+    " FROM idempotency_keys
+WHERE namespace = ?1 AND completed_at IS NULL AND (lease_expires_at, key) > (?2, ?3)
+  AND lease_expires_at <= ",
+    now_us!(),
+    " AND expires_at > ",
+    now_us!(),
+    " ORDER BY lease_expires_at, key LIMIT ?4"
+);
+
+pub(super) const LIST_IN_PROGRESS_KEYS: &str = concat!(
+    "SELECT ",
+    summary_columns!(),
+    " FROM idempotency_keys
+WHERE namespace = ?1 AND completed_at IS NULL AND (lease_expires_at, key) > (?2, ?3)
+  AND lease_expires_at > ",
+    now_us!(),
+    " AND expires_at > ",
+    now_us!(),
+    " ORDER BY lease_expires_at, key LIMIT ?4"
+);
+
+pub(super) const LIST_COMPLETED_KEYS: &str = concat!(
+    "SELECT ",
+    summary_columns!(),
+    " FROM idempotency_keys
+WHERE namespace = ?1 AND completed_at IS NOT NULL AND (completed_at, key) > (?2, ?3)
+  AND completed_at >= ?4 AND completed_at < ?5 AND expires_at > ",
+    now_us!(),
+    " ORDER BY completed_at, key LIMIT ?6"
+);
+
+pub(super) const GET_KEY: &str = concat!(
+    "SELECT ",
+    summary_columns!(),
+    ", response, checkpoint FROM idempotency_keys WHERE namespace = ?1 AND key = ?2 \
+     AND expires_at > ",
+    now_us!()
+);
+
+/// A key's row in whatever state (expired included), with `live`.
+pub(super) const GET_ANY_KEY: &str = concat!(
+    "SELECT ",
+    summary_columns!(),
+    ", expires_at > ",
+    now_us!(),
+    " AS live FROM idempotency_keys WHERE namespace = ?1 AND key = ?2"
+);
+
+pub(super) const NAMESPACE_STATS: &str = concat!(
+    "SELECT
+    coalesce(sum(completed_at IS NULL AND lease_expires_at > ",
+    now_us!(),
+    "), 0) AS in_progress,
+    coalesce(sum(completed_at IS NULL AND lease_expires_at <= ",
+    now_us!(),
+    "), 0) AS stuck,
+    coalesce(sum(completed_at IS NOT NULL), 0) AS completed,
+    coalesce(sum(length(CAST(key AS BLOB)) + length(fingerprint) + coalesce(length(response), 0)
+                 + coalesce(length(checkpoint), 0)), 0) AS stored_bytes,
+    (SELECT count(*) FROM processed_events WHERE consumer = ?1 AND expires_at > ",
+    now_us!(),
+    ") AS processed_events,
+    (SELECT key FROM idempotency_keys AS s WHERE s.namespace = ?1 AND s.completed_at IS NULL
+       AND s.lease_expires_at <= ",
+    now_us!(),
+    " AND s.expires_at > ",
+    now_us!(),
+    " ORDER BY s.lease_expires_at, s.key LIMIT 1) AS oldest_stuck_key,
+    (SELECT lease_expires_at FROM idempotency_keys AS s WHERE s.namespace = ?1
+       AND s.completed_at IS NULL AND s.lease_expires_at <= ",
+    now_us!(),
+    " AND s.expires_at > ",
+    now_us!(),
+    " ORDER BY s.lease_expires_at, s.key LIMIT 1) AS oldest_stuck_at,
+    ",
+    now_us!(),
+    " AS read_at
+FROM idempotency_keys WHERE namespace = ?1 AND expires_at > ",
+    now_us!()
+);
+
+pub(super) const STUCK_KEYS: &str = concat!(
+    "SELECT count(*), coalesce(",
+    now_us!(),
+    " - min(lease_expires_at), 0) FROM idempotency_keys
+WHERE completed_at IS NULL AND lease_expires_at <= ",
+    now_us!(),
+    " AND expires_at > ",
+    now_us!()
+);
+
+pub(super) const ERASE_KEYS_BATCH: &str = "DELETE FROM idempotency_keys WHERE rowid IN (
+    SELECT rowid FROM idempotency_keys WHERE namespace = ?1 LIMIT ?2)";
+
+pub(super) const ERASE_EVENTS_BATCH: &str = "DELETE FROM processed_events
+WHERE (consumer, event_id) IN (
+    SELECT consumer, event_id FROM processed_events WHERE consumer = ?1 LIMIT ?2)";
+
+pub(super) const NAMESPACE_HAS_ROWS: &str = "SELECT
+    EXISTS (SELECT 1 FROM idempotency_keys WHERE namespace = ?1)
+    OR EXISTS (SELECT 1 FROM processed_events WHERE consumer = ?1)";
+
+pub(super) const RECORD_AUDIT: &str = concat!(
+    "INSERT INTO admin_audit_events
+    (at, actor, action, namespace, key, reason, record_before, outcome, expires_at)
+VALUES (",
+    now_us!(),
+    ", ?1, ?2, ?3, ?4, ?5, ?6, ?7, ",
+    now_us!(),
+    " + ?8) RETURNING id"
+);
+
+pub(super) const LIST_AUDIT: &str = concat!(
+    "SELECT id, at, actor, action, namespace, key, reason, record_before, outcome
+FROM admin_audit_events
+WHERE namespace = ?1 AND id < ?2 AND expires_at > ",
+    now_us!(),
+    " ORDER BY id DESC LIMIT ?3"
+);
+
+pub(super) const REAP_AUDIT: &str = concat!(
+    "DELETE FROM admin_audit_events WHERE id IN (
+         SELECT id FROM admin_audit_events WHERE expires_at <= ",
+    now_us!(),
+    " ORDER BY expires_at LIMIT ?1)"
+);
+
+/// ForceRelease (see the PostgreSQL store's): key `?1`, `?2` gets token `?3`, which nobody
+/// holds, no attempt_id, and its lease ended by `?4` at the latest.
+pub(super) const REVOKE_LEASE: &str = "UPDATE idempotency_keys
+SET lease_token = ?3, attempt_id = NULL, lease_expires_at = min(lease_expires_at, ?4)
+WHERE namespace = ?1 AND key = ?2";

@@ -39,6 +39,7 @@ impl TestDatabase {
         let sql = match table {
             "idempotency_keys" => "SELECT count(*) FROM idempotency_keys",
             "processed_events" => "SELECT count(*) FROM processed_events",
+            "admin_audit_events" => "SELECT count(*) FROM admin_audit_events",
             other => panic!("unknown table {other}"),
         };
         let (count,): (i64,) = match &self.inspector {
@@ -47,6 +48,15 @@ impl TestDatabase {
         }
         .expect("count rows");
         count
+    }
+
+    /// Runs one statement of the test's own (changing rows from outside the service).
+    pub async fn execute(&self, statement: &'static str) {
+        match &self.inspector {
+            Inspector::Postgres(pool) => sqlx::query(statement).execute(pool).await.map(drop),
+            Inspector::Sqlite(pool) => sqlx::query(statement).execute(pool).await.map(drop),
+        }
+        .expect("run the statement");
     }
 
     /// Rows of both tables whose retention is over by the store's clock but that are still

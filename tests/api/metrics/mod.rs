@@ -76,7 +76,7 @@ fn api(method: &str) -> String {
     )
 }
 
-fn value(samples: &HashMap<String, f64>, series: &str) -> f64 {
+pub(crate) fn value(samples: &HashMap<String, f64>, series: &str) -> f64 {
     samples
         .get(series)
         .copied()
@@ -102,7 +102,7 @@ pub(crate) async fn metered(backend: Backend, flags: &[&str]) -> (TestApp, Clien
 }
 
 /// Asserts that each series reads its wanted value in `samples`.
-fn assert_values<S: AsRef<str>>(samples: &HashMap<String, f64>, expected: &[(S, f64)]) {
+pub(crate) fn assert_values<S: AsRef<str>>(samples: &HashMap<String, f64>, expected: &[(S, f64)]) {
     for (series, wanted) in expected {
         let series = series.as_ref();
         assert_eq!(value(samples, series), *wanted, "{series}");
@@ -110,7 +110,7 @@ fn assert_values<S: AsRef<str>>(samples: &HashMap<String, f64>, expected: &[(S, 
 }
 
 /// Waits until `series` reads `wanted` in a scrape.
-async fn series_reaches(app: &TestApp, series: &str, wanted: f64) {
+pub(crate) async fn series_reaches(app: &TestApp, series: &str, wanted: f64) {
     eventually(
         Duration::from_secs(10),
         &format!("{series} is {wanted}"),

@@ -100,7 +100,20 @@ impl TokensFile {
 
 /// A token for `scopes`, and its tokens-file line.
 pub fn token(name: &str, scopes: &str) -> (String, String) {
-    idempotency_coordinator::auth::new_token(name, scopes).expect("a token")
+    admin_token(
+        name,
+        scopes,
+        idempotency_coordinator::auth::AdminRight::None,
+    )
+}
+
+/// A token for `scopes` with `admin` over the admin API, and its tokens-file line.
+pub fn admin_token(
+    name: &str,
+    scopes: &str,
+    admin: idempotency_coordinator::auth::AdminRight,
+) -> (String, String) {
+    idempotency_coordinator::auth::new_token(name, scopes, admin).expect("a token")
 }
 
 /// A certificate authority made for one test.

@@ -1,0 +1,229 @@
+//! `idempotency-coordinator admin …`: the operator's CLI over the admin API, its flags and
+//! their checks. It talks to a running coordinator over gRPC, with the connection flags the
+//! gateway takes for its coordinator (`--coordinator`, `--coordinator-ca`, a token file).
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Args, Subcommand, ValueEnum};
+use idempotency_settings::{Bounds, SettingError, parse_duration};
+
+#[derive(Debug, Clone, Args)]
+pub struct AdminArgs {
+    #[command(flatten)]
+    pub connection: AdminConnectionArgs,
+
+    #[command(subcommand)]
+    pub command: AdminCommand,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct AdminConnectionArgs {
+    /// The coordinator's gRPC endpoint: http://host:port, or https://host:port with
+    /// --coordinator-ca.
+    #[arg(
+        long,
+        env = "IDEMPOTENCY_ADMIN_COORDINATOR",
+        default_value = "http://127.0.0.1:50051",
+        global = true
+    )]
+    pub coordinator: String,
+
+    /// The CA certificate (PEM) that signed the coordinator's TLS certificate (https:// only).
+    #[arg(long, env = "IDEMPOTENCY_ADMIN_COORDINATOR_CA", global = true)]
+    pub coordinator_ca: Option<PathBuf>,
+
+    /// A file holding a bearer token with an admin right (`token new --admin read|write`).
+    /// Without it no token is sent: a coordinator without a tokens file answers the admin API
+    /// on its loopback interface only.
+    #[arg(long, env = "IDEMPOTENCY_ADMIN_TOKEN_FILE", global = true)]
+    pub token_file: Option<PathBuf>,
+
+    /// The deadline of each call (100ms-1h); an erasure's stream is not bound by it.
+    #[arg(long, env = "IDEMPOTENCY_ADMIN_TIMEOUT", default_value = "30s",
+          value_parser = parse_duration, global = true)]
+    pub timeout: Duration,
+
+    /// `table` for people, `json` (one JSON document) for scripts.
+    #[arg(long, value_enum, default_value_t = OutputFormat::Table, global = true)]
+    pub output: OutputFormat,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum OutputFormat {
+    Table,
+    Json,
+}
+
+#[derive(Debug, Clone, Subcommand)]
+pub enum AdminCommand {
+    /// Find, read, release and erase keys.
+    #[command(subcommand)]
+    Keys(KeysCommand),
+    /// A namespace's counts by state, its oldest stuck key and the bytes it stores.
+    Stats {
+        #[arg(long)]
+        namespace: String,
+    },
+    /// A namespace's audit trail, newest first.
+    Audit {
+        #[arg(long)]
+        namespace: String,
+        /// Events per page (1-1000).
+        #[arg(long, default_value_t = 100)]
+        limit: u32,
+        /// Start at this page (the `next page` of a previous answer).
+        #[arg(long, default_value = "")]
+        page_token: String,
+    },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum StateArg {
+    /// In progress, the lease running.
+    InProgress,
+    /// In progress, the lease run out: the holder most likely crashed.
+    Stuck,
+    Completed,
+}
+
+#[derive(Debug, Clone, Subcommand)]
+pub enum KeysCommand {
+    /// List a namespace's keys, a page at a time.
+    List {
+        #[arg(long)]
+        namespace: String,
+        #[arg(long, value_enum)]
+        state: Option<StateArg>,
+        /// Only keys that start with this.
+        #[arg(long, default_value = "")]
+        prefix: String,
+        /// Only keys completed at or after this instant (RFC 3339).
+        #[arg(long)]
+        completed_after: Option<String>,
+        /// Only keys completed before this instant (RFC 3339).
+        #[arg(long)]
+        completed_before: Option<String>,
+        /// Keys per page (1-1000).
+        #[arg(long, default_value_t = 100)]
+        limit: u32,
+        /// Start at this page (the `next page` of a previous answer).
+        #[arg(long, default_value = "")]
+        page_token: String,
+    },
+    /// One key's whole record, its response and checkpoint included.
+    Show {
+        #[arg(long)]
+        namespace: String,
+        #[arg(long)]
+        key: String,
+    },
+    /// Release an in-progress (stuck) key whatever its lease token; recorded with the reason.
+    Release {
+        #[arg(long)]
+        namespace: String,
+        #[arg(long)]
+        key: String,
+        /// Why, for the audit trail (required).
+        #[arg(long)]
+        reason: String,
+    },
+    /// Erase one key (--key) or every key and processed event of the namespace (--all),
+    /// recorded with the reason; an erasure of the namespace shows its progress.
+    Erase {
+        #[arg(long)]
+        namespace: String,
+        #[arg(long, required_unless_present = "all", conflicts_with = "all")]
+        key: Option<String>,
+        /// Erase the whole namespace.
+        #[arg(long)]
+        all: bool,
+        /// Why, for the audit trail (required).
+        #[arg(long)]
+        reason: String,
+        /// Rows deleted per statement of a namespace's erasure (1-10000; 0: the server's 1000).
+        #[arg(long, default_value_t = 0)]
+        batch_size: u32,
+    },
+}
+
+/// The connection settings, checked.
+#[derive(Debug, Clone)]
+pub struct AdminConnection {
+    pub coordinator: String,
+    pub ca: Option<Vec<u8>>,
+    pub token: Option<String>,
+    pub timeout: Duration,
+    pub output: OutputFormat,
+}
+
+const TIMEOUT: Bounds = Bounds::new(Duration::from_millis(100), Duration::from_secs(3600));
+
+impl AdminConnectionArgs {
+    pub fn settings(&self) -> Result<AdminConnection, SettingError> {
+        let invalid = |flag: &'static str, problem: String| SettingError::new(flag, problem);
+        let https = self.coordinator.starts_with("https://");
+        let authority = self
+            .coordinator
+            .strip_prefix("http://")
+            .or_else(|| self.coordinator.strip_prefix("https://"))
+            .map(|rest| rest.trim_end_matches('/'))
+            .filter(|authority| {
+                !authority.is_empty()
+                    && !authority.contains(['/', '?', '#', ' '])
+                    && authority
+                        .rsplit_once(':')
+                        .is_some_and(|(host, port)| !host.is_empty() && port.parse::<u16>().is_ok())
+            });
+        if authority.is_none() {
+            return Err(invalid(
+                "coordinator",
+                format!(
+                    "{:?} must be http://host:port or https://host:port",
+                    self.coordinator
+                ),
+            ));
+        }
+        if https && self.coordinator_ca.is_none() {
+            return Err(invalid(
+                "coordinator-ca",
+                "an https:// --coordinator needs the CA that signed its certificate".into(),
+            ));
+        }
+        let ca = match &self.coordinator_ca {
+            Some(path) => Some(std::fs::read(path).map_err(|error| {
+                invalid(
+                    "coordinator-ca",
+                    format!("cannot read {}: {error}", path.display()),
+                )
+            })?),
+            None => None,
+        };
+        let token = match &self.token_file {
+            Some(path) => {
+                let text = std::fs::read_to_string(path).map_err(|error| {
+                    invalid(
+                        "token-file",
+                        format!("cannot read {}: {error}", path.display()),
+                    )
+                })?;
+                let token = text.trim().to_owned();
+                if token.is_empty() || !token.bytes().all(|b| b.is_ascii_graphic()) {
+                    return Err(invalid(
+                        "token-file",
+                        format!("{} must hold one token of printable ASCII", path.display()),
+                    ));
+                }
+                Some(token)
+            }
+            None => None,
+        };
+        Ok(AdminConnection {
+            coordinator: self.coordinator.clone(),
+            ca,
+            token,
+            timeout: TIMEOUT.check_setting("timeout", self.timeout)?,
+            output: self.output,
+        })
+    }
+}

@@ -1,0 +1,327 @@
+//! The operator's actions (the admin API) on the store: listings a page at a time, a key's
+//! record, a namespace's numbers, and the recorded changes (ForceRelease, EraseKey,
+//! EraseNamespace), after which this replica's replay cache forgets what was erased at once
+//! (other replicas hear it from the store: `AdminStore::erasures`, followed by
+//! [`follow_erasures`]).
+//!
+//! Nothing here is on the path of the contract's calls: an erasure runs one bounded batch at a
+//! time on one connection, yielding between batches, so that calls keep their share of the
+//! store while it runs.
+
+use std::time::Duration;
+
+use tokio::sync::{broadcast, watch};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use super::ReplayCache;
+use crate::domain::admin::{
+    AdminAction, AuditEntry, AuditEvent, EraseBatch, ForceReleased, FullKey, KeyFilter, KeySummary,
+    NamespaceStats, PageCursor, PageSize, Reason,
+};
+use crate::domain::{Key, Scope};
+use crate::store::{AdminStore, AnyStore, Erasure, StoreError};
+use crate::telemetry::error_chain;
+
+/// How long the audit trail keeps an event by default (`--audit-retention`).
+pub const DEFAULT_AUDIT_RETENTION: Duration = Duration::from_secs(90 * 24 * 3600);
+
+/// How often an erasure that found its namespace's last rows held by others (a claim's
+/// statement) looks again, and how many times, before it ends with those rows left.
+const HELD_ROWS_RETRY: Duration = Duration::from_millis(20);
+const HELD_ROWS_ATTEMPTS: u32 = 50;
+
+/// How many times in a row a batch may fail with a transient store error before the erasure
+/// gives up (it is recorded either way).
+const TRANSIENT_FAILURES_ALLOWED: u32 = 5;
+
+/// An erasure's progress, as its stream reports it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct EraseProgress {
+    pub keys: u64,
+    pub events: u64,
+    pub done: bool,
+    /// Whether it ended before the namespace was empty (a store failure, shutdown, rows held
+    /// for longer than it waits).
+    pub incomplete: bool,
+    pub audit_id: i64,
+}
+
+/// The operator's side of the coordinator. Cheap to clone.
+#[derive(Clone)]
+pub struct Admin {
+    store: AnyStore,
+    replays: Option<ReplayCache>,
+    audit_retention: Duration,
+    tasks: TaskTracker,
+    shutdown: CancellationToken,
+}
+
+/// Who acts, and why, for the audit trail.
+#[derive(Debug, Clone)]
+pub struct Actor {
+    pub name: String,
+    pub reason: Reason,
+}
+
+impl Admin {
+    pub fn new(
+        store: AnyStore,
+        replays: Option<ReplayCache>,
+        audit_retention: Duration,
+        tasks: TaskTracker,
+        shutdown: CancellationToken,
+    ) -> Self {
+        Self {
+            store,
+            replays,
+            audit_retention,
+            tasks,
+            shutdown,
+        }
+    }
+
+    fn audit(
+        &self,
+        actor: &Actor,
+        action: AdminAction,
+        namespace: &Scope,
+        key: Option<&Key>,
+    ) -> AuditEntry {
+        AuditEntry {
+            actor: actor.name.clone(),
+            action,
+            namespace: namespace.clone(),
+            key: key.cloned(),
+            reason: actor.reason.clone(),
+            outcome_json: None,
+            retention: self.audit_retention,
+        }
+    }
+
+    /// One page of `filter`'s keys after `after`, and the cursor of the next page (none on the
+    /// last). One entry more than the page is read, to know whether another page follows.
+    pub async fn list_keys(
+        &self,
+        filter: &KeyFilter,
+        after: Option<&PageCursor>,
+        page: PageSize,
+    ) -> Result<(Vec<KeySummary>, Option<PageCursor>), StoreError> {
+        let mut keys = self.store.list_keys(filter, after, page.get() + 1).await?;
+        let more = keys.len() > page.get() as usize;
+        keys.truncate(page.get() as usize);
+        let next = match keys.last() {
+            Some(last) if more => Some(PageCursor::after(filter.order(), last)),
+            _ => None,
+        };
+        Ok((keys, next))
+    }
+
+    pub async fn get_key(
+        &self,
+        namespace: &Scope,
+        key: &Key,
+    ) -> Result<Option<FullKey>, StoreError> {
+        self.store.get_key(namespace, key).await
+    }
+
+    pub async fn namespace_stats(&self, namespace: &Scope) -> Result<NamespaceStats, StoreError> {
+        self.store.namespace_stats(namespace).await
+    }
+
+    pub async fn force_release(
+        &self,
+        actor: &Actor,
+        namespace: &Scope,
+        key: &Key,
+    ) -> Result<ForceReleased, StoreError> {
+        let audit = self.audit(actor, AdminAction::ForceRelease, namespace, Some(key));
+        let released = self.store.force_release(&audit, key).await?;
+        if let ForceReleased::Released { audit_id, .. } = &released {
+            tracing::warn!(
+                actor = actor.name,
+                namespace = namespace.as_str(),
+                audit_id,
+                "an operator released an in-progress key"
+            );
+        }
+        Ok(released)
+    }
+
+    pub async fn erase_key(
+        &self,
+        actor: &Actor,
+        namespace: &Scope,
+        key: &Key,
+    ) -> Result<(Option<KeySummary>, i64), StoreError> {
+        let audit = self.audit(actor, AdminAction::EraseKey, namespace, Some(key));
+        let erased = self.store.erase_key(&audit, key).await?;
+        if let Some(replays) = &self.replays {
+            replays.forget_key(namespace.as_str(), key.as_str());
+        }
+        tracing::warn!(
+            actor = actor.name,
+            namespace = namespace.as_str(),
+            audit_id = erased.1,
+            "an operator erased a key"
+        );
+        Ok(erased)
+    }
+
+    /// Records the erasure and starts it in a task of its own, which runs to its end whether
+    /// or not anyone follows its progress (until shutdown, which it heeds between batches).
+    pub async fn erase_namespace(
+        &self,
+        actor: &Actor,
+        namespace: &Scope,
+        batch: EraseBatch,
+    ) -> Result<watch::Receiver<EraseProgress>, StoreError> {
+        let audit = self.audit(actor, AdminAction::EraseNamespace, namespace, None);
+        let audit_id = self.store.record_audit(&audit).await?;
+        tracing::warn!(
+            actor = actor.name,
+            namespace = namespace.as_str(),
+            audit_id,
+            "an operator began erasing a namespace"
+        );
+        let (progress, follow) = watch::channel(EraseProgress {
+            audit_id,
+            ..EraseProgress::default()
+        });
+        let this = self.clone();
+        let mut done = AuditEntry {
+            action: AdminAction::EraseNamespaceDone,
+            ..audit
+        };
+        let namespace = namespace.clone();
+        self.tasks.spawn(async move {
+            let last = this.erase_all(&namespace, batch, audit_id, &progress).await;
+            done.outcome_json = Some(
+                serde_json::json!({
+                    "erase_namespace_audit_id": audit_id,
+                    "keys_erased": last.keys,
+                    "events_erased": last.events,
+                    "complete": !last.incomplete,
+                })
+                .to_string(),
+            );
+            if let Err(error) = this.store.record_audit(&done).await {
+                tracing::error!(namespace = namespace.as_str(), audit_id,
+                    error = %error_chain(&error), "recording the end of an erasure failed");
+            }
+            tracing::warn!(
+                namespace = namespace.as_str(),
+                audit_id,
+                keys = last.keys,
+                events = last.events,
+                complete = !last.incomplete,
+                "an erasure ended"
+            );
+            progress.send_replace(EraseProgress { done: true, ..last });
+        });
+        Ok(follow)
+    }
+
+    /// Erases batch after batch until the namespace has nothing left; answers the totals.
+    async fn erase_all(
+        &self,
+        namespace: &Scope,
+        batch: EraseBatch,
+        audit_id: i64,
+        progress: &watch::Sender<EraseProgress>,
+    ) -> EraseProgress {
+        let mut total = EraseProgress {
+            audit_id,
+            ..EraseProgress::default()
+        };
+        let mut failures = 0;
+        let mut held_attempts = 0;
+        loop {
+            if self.shutdown.is_cancelled() {
+                total.incomplete = true;
+                return total;
+            }
+            match self.store.erase_namespace_batch(namespace, batch).await {
+                Ok(erased) => {
+                    failures = 0;
+                    total.keys += erased.keys;
+                    total.events += erased.events;
+                    if erased.keys > 0
+                        && let Some(replays) = &self.replays
+                    {
+                        replays.forget_namespace(namespace.as_str());
+                    }
+                    progress.send_replace(total);
+                    let full = erased.keys >= u64::from(batch.get())
+                        || erased.events >= u64::from(batch.get());
+                    if full {
+                        tokio::task::yield_now().await;
+                        continue;
+                    }
+                    match self.store.namespace_has_rows(namespace).await {
+                        Ok(false) => return total,
+                        Ok(true) if held_attempts < HELD_ROWS_ATTEMPTS => {
+                            held_attempts += 1;
+                            tokio::time::sleep(HELD_ROWS_RETRY).await;
+                        }
+                        Ok(true) | Err(_) => {
+                            total.incomplete = true;
+                            return total;
+                        }
+                    }
+                }
+                Err(error) if error.is_transient() && failures < TRANSIENT_FAILURES_ALLOWED => {
+                    failures += 1;
+                    tracing::warn!(namespace = namespace.as_str(), audit_id,
+                        error = %error_chain(&error), "an erasure's batch failed; retrying");
+                    tokio::time::sleep(Duration::from_millis(200) * failures).await;
+                }
+                Err(error) => {
+                    tracing::error!(namespace = namespace.as_str(), audit_id,
+                        error = %error_chain(&error), "an erasure failed");
+                    total.incomplete = true;
+                    return total;
+                }
+            }
+        }
+    }
+
+    pub async fn list_audit(
+        &self,
+        namespace: &Scope,
+        before: Option<i64>,
+        page: PageSize,
+    ) -> Result<(Vec<AuditEvent>, Option<i64>), StoreError> {
+        let mut events = self
+            .store
+            .list_audit(namespace, before, page.get() + 1)
+            .await?;
+        let more = events.len() > page.get() as usize;
+        events.truncate(page.get() as usize);
+        let next = events.last().filter(|_| more).map(|last| last.id);
+        Ok((events, next))
+    }
+}
+
+/// Applies the erasures every replica announces to this replica's replay cache, until
+/// shutdown. The receiver is taken before serving begins, so that none is missed.
+pub async fn follow_erasures(
+    mut erasures: broadcast::Receiver<Erasure>,
+    replays: ReplayCache,
+    shutdown: CancellationToken,
+) {
+    loop {
+        let next = tokio::select! {
+            () = shutdown.cancelled() => return,
+            next = erasures.recv() => next,
+        };
+        match next {
+            Ok(Erasure::Key { namespace, key }) => replays.forget_key(&namespace, &key),
+            Ok(Erasure::Namespace(namespace)) => replays.forget_namespace(&namespace),
+            Ok(Erasure::Missed) | Err(broadcast::error::RecvError::Lagged(_)) => {
+                replays.forget_everything();
+            }
+            Err(broadcast::error::RecvError::Closed) => return,
+        }
+    }
+}

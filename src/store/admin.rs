@@ -1,0 +1,218 @@
+//! The admin API's operations on a store ([`AdminStore`]): listings by the indexes of each
+//! order, one key's record, a namespace's numbers, the changes an operator makes (each recorded
+//! in the audit trail in the same transaction), and the stuck-keys gauges. Kept apart from
+//! [`Store`] (the contract's operations): nothing on the hot path calls these.
+
+use std::future::Future;
+
+use super::{AnyStore, Store, StoreError};
+use crate::domain::admin::{
+    AuditEntry, AuditEvent, EraseBatch, ForceReleased, FullKey, KeyFilter, KeySummary,
+    NamespaceStats, PageCursor, StuckSummary,
+};
+use crate::domain::{Key, Scope};
+
+/// What one batch of a namespace's erasure deleted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Erased {
+    pub keys: u64,
+    pub events: u64,
+}
+
+/// Something a store announces that every replica must act on at once: the replay cache
+/// forgets erased keys.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Erasure {
+    Namespace(String),
+    Key {
+        namespace: String,
+        key: String,
+    },
+    /// Erasures may have been missed (the store's listener reconnected): forget everything.
+    Missed,
+}
+
+impl Erasure {
+    /// The payload of the store's announcement (`<namespace>` or `<namespace> U+001F <key>`).
+    pub fn payload(&self) -> String {
+        match self {
+            Self::Namespace(namespace) => namespace.clone(),
+            Self::Key { namespace, key } => format!("{namespace}\u{1f}{key}"),
+            Self::Missed => String::new(),
+        }
+    }
+
+    pub fn from_payload(payload: &str) -> Self {
+        match payload.split_once('\u{1f}') {
+            Some((namespace, key)) => Self::Key {
+                namespace: namespace.to_owned(),
+                key: key.to_owned(),
+            },
+            None => Self::Namespace(payload.to_owned()),
+        }
+    }
+}
+
+pub trait AdminStore: Store {
+    /// At most `limit` keys that `filter` selects, after `after`, in `filter.order()`.
+    fn list_keys(
+        &self,
+        filter: &KeyFilter,
+        after: Option<&PageCursor>,
+        limit: u32,
+    ) -> impl Future<Output = Result<Vec<KeySummary>, StoreError>> + Send;
+
+    /// One live key's whole record.
+    fn get_key(
+        &self,
+        namespace: &Scope,
+        key: &Key,
+    ) -> impl Future<Output = Result<Option<FullKey>, StoreError>> + Send;
+
+    fn namespace_stats(
+        &self,
+        namespace: &Scope,
+    ) -> impl Future<Output = Result<NamespaceStats, StoreError>> + Send;
+
+    /// Revokes the lease of an in-progress key whatever its token (a new token nobody holds,
+    /// the lease ended now: its holder's writes are refused as lease lost, and the next claim
+    /// takes it over), recording `audit` with the record before, in one transaction.
+    fn force_release(
+        &self,
+        audit: &AuditEntry,
+        key: &Key,
+    ) -> impl Future<Output = Result<ForceReleased, StoreError>> + Send;
+
+    /// Deletes a key in whatever state, recording `audit` with the record before (if it was
+    /// live), in one transaction; answers that record and the audit event's id.
+    fn erase_key(
+        &self,
+        audit: &AuditEntry,
+        key: &Key,
+    ) -> impl Future<Output = Result<(Option<KeySummary>, i64), StoreError>> + Send;
+
+    /// Deletes at most `batch` keys of `namespace` and at most `batch` processed events of the
+    /// consumer of the same name, skipping rows other transactions hold.
+    fn erase_namespace_batch(
+        &self,
+        namespace: &Scope,
+        batch: EraseBatch,
+    ) -> impl Future<Output = Result<Erased, StoreError>> + Send;
+
+    /// Whether `namespace` still has any key or processed event, expired ones included.
+    fn namespace_has_rows(
+        &self,
+        namespace: &Scope,
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send;
+
+    /// Records an audit event without a record before; answers its id.
+    fn record_audit(
+        &self,
+        audit: &AuditEntry,
+    ) -> impl Future<Output = Result<i64, StoreError>> + Send;
+
+    /// `namespace`'s live audit events, newest first, before id `before` when given.
+    fn list_audit(
+        &self,
+        namespace: &Scope,
+        before: Option<i64>,
+        limit: u32,
+    ) -> impl Future<Output = Result<Vec<AuditEvent>, StoreError>> + Send;
+
+    /// Deletes at most `limit` expired audit events, like [`Store::reap_expired_keys`].
+    fn reap_expired_audit(
+        &self,
+        limit: u32,
+    ) -> impl Future<Output = Result<u64, StoreError>> + Send;
+
+    /// Stuck keys across all namespaces, from the in-progress keys' index.
+    fn stuck_keys(&self) -> impl Future<Output = Result<StuckSummary, StoreError>> + Send;
+
+    /// Erasures announced by any replica (this one included), as they commit.
+    fn erasures(&self) -> tokio::sync::broadcast::Receiver<Erasure>;
+}
+
+/// Calls the same method on whichever store this is.
+macro_rules! delegate {
+    ($self:ident, $store:ident => $call:expr) => {
+        match $self {
+            AnyStore::Postgres($store) => $call.await,
+            AnyStore::Sqlite($store) => $call.await,
+        }
+    };
+}
+
+impl AdminStore for AnyStore {
+    async fn list_keys(
+        &self,
+        filter: &KeyFilter,
+        after: Option<&PageCursor>,
+        limit: u32,
+    ) -> Result<Vec<KeySummary>, StoreError> {
+        delegate!(self, store => store.list_keys(filter, after, limit))
+    }
+
+    async fn get_key(&self, namespace: &Scope, key: &Key) -> Result<Option<FullKey>, StoreError> {
+        delegate!(self, store => store.get_key(namespace, key))
+    }
+
+    async fn namespace_stats(&self, namespace: &Scope) -> Result<NamespaceStats, StoreError> {
+        delegate!(self, store => store.namespace_stats(namespace))
+    }
+
+    async fn force_release(
+        &self,
+        audit: &AuditEntry,
+        key: &Key,
+    ) -> Result<ForceReleased, StoreError> {
+        delegate!(self, store => store.force_release(audit, key))
+    }
+
+    async fn erase_key(
+        &self,
+        audit: &AuditEntry,
+        key: &Key,
+    ) -> Result<(Option<KeySummary>, i64), StoreError> {
+        delegate!(self, store => store.erase_key(audit, key))
+    }
+
+    async fn erase_namespace_batch(
+        &self,
+        namespace: &Scope,
+        batch: EraseBatch,
+    ) -> Result<Erased, StoreError> {
+        delegate!(self, store => store.erase_namespace_batch(namespace, batch))
+    }
+
+    async fn namespace_has_rows(&self, namespace: &Scope) -> Result<bool, StoreError> {
+        delegate!(self, store => store.namespace_has_rows(namespace))
+    }
+
+    async fn record_audit(&self, audit: &AuditEntry) -> Result<i64, StoreError> {
+        delegate!(self, store => store.record_audit(audit))
+    }
+
+    async fn list_audit(
+        &self,
+        namespace: &Scope,
+        before: Option<i64>,
+        limit: u32,
+    ) -> Result<Vec<AuditEvent>, StoreError> {
+        delegate!(self, store => store.list_audit(namespace, before, limit))
+    }
+
+    async fn reap_expired_audit(&self, limit: u32) -> Result<u64, StoreError> {
+        delegate!(self, store => store.reap_expired_audit(limit))
+    }
+
+    async fn stuck_keys(&self) -> Result<StuckSummary, StoreError> {
+        delegate!(self, store => store.stuck_keys())
+    }
+
+    fn erasures(&self) -> tokio::sync::broadcast::Receiver<Erasure> {
+        match self {
+            Self::Postgres(store) => store.erasures(),
+            Self::Sqlite(store) => store.erasures(),
+        }
+    }
+}

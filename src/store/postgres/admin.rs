@@ -1,0 +1,450 @@
+//! The admin API on PostgreSQL ([`AdminStore`]). Reads are single statements on the calls'
+//! pool; a change and its audit event commit in one transaction of their own, with the same
+//! statement and lock timeouts as any statement.
+
+use sqlx::{Connection, FromRow};
+
+use super::PgStore;
+use super::connect::begin_statement;
+use super::error::classify;
+use super::sql::{
+    ANNOUNCE_ERASED, ERASE_EVENTS_BATCH, ERASE_KEY, ERASE_KEYS_BATCH, FORCE_RELEASE, GET_KEY,
+    KEY_COMPLETED, LIST_AUDIT, LIST_COMPLETED_KEYS, LIST_IN_PROGRESS_KEYS, LIST_KEYS_BY_KEY,
+    LIST_STUCK_KEYS, NAMESPACE_HAS_ROWS, NAMESPACE_STATS, REAP_AUDIT, RECORD_AUDIT, STUCK_KEYS,
+};
+use crate::domain::admin::{
+    AdminKeyState, AuditEntry, AuditEvent, EraseBatch, ForceReleased, FullKey, KeyFilter,
+    KeySummary, ListOrder, NamespaceStats, PageCursor, StuckSummary,
+};
+use crate::domain::{Instant, Key, LeaseToken, Scope};
+use crate::store::schema::{attempt_number, stored_duration};
+use crate::store::{AdminStore, Erased, Erasure, StoreError};
+
+/// Greater than every key (at most 255 bytes of UTF-8): 64 times the greatest character.
+fn beyond_every_key() -> String {
+    "\u{10FFFF}".repeat(64)
+}
+
+#[derive(FromRow)]
+struct AdminKeyRow {
+    key: String,
+    state_code: i64,
+    attempt: i32,
+    lease_token: i64,
+    attempt_id: Option<String>,
+    lease_expires_at: Instant,
+    completed_at: Option<Instant>,
+    expires_at: Instant,
+    retention_us: i64,
+    fingerprint: Vec<u8>,
+    response_bytes: i64,
+    checkpoint_bytes: Option<i64>,
+}
+
+impl TryFrom<AdminKeyRow> for KeySummary {
+    type Error = StoreError;
+
+    fn try_from(row: AdminKeyRow) -> Result<Self, StoreError> {
+        Ok(Self {
+            key: row.key,
+            state: AdminKeyState::from_code(row.state_code)
+                .ok_or(StoreError::Inconsistent("a key's state code is unknown"))?,
+            attempt: attempt_number(i64::from(row.attempt)),
+            lease_token: LeaseToken::from_stored(row.lease_token),
+            attempt_id: row.attempt_id,
+            lease_expires_at: row.lease_expires_at,
+            completed_at: row.completed_at,
+            expires_at: row.expires_at,
+            retention: stored_duration(row.retention_us),
+            fingerprint: row.fingerprint,
+            response_bytes: row.response_bytes.unsigned_abs(),
+            checkpoint_bytes: row.checkpoint_bytes.map(i64::unsigned_abs),
+        })
+    }
+}
+
+#[derive(FromRow)]
+struct FullKeyRow {
+    #[sqlx(flatten)]
+    summary: AdminKeyRow,
+    response: Option<Vec<u8>>,
+    checkpoint: Option<Vec<u8>>,
+}
+
+#[derive(FromRow)]
+struct StatsRow {
+    in_progress: i64,
+    stuck: i64,
+    completed: i64,
+    stored_bytes: i64,
+    processed_events: i64,
+    oldest_stuck_key: Option<String>,
+    oldest_stuck_at: Option<Instant>,
+    read_at: Instant,
+}
+
+#[derive(FromRow)]
+struct AuditRow {
+    id: i64,
+    at: Instant,
+    actor: String,
+    action: String,
+    namespace: String,
+    key: Option<String>,
+    reason: String,
+    record_before: Option<String>,
+    outcome: Option<String>,
+}
+
+impl From<AuditRow> for AuditEvent {
+    fn from(row: AuditRow) -> Self {
+        Self {
+            id: row.id,
+            at: row.at,
+            actor: row.actor,
+            action: row.action,
+            namespace: row.namespace,
+            key: row.key,
+            reason: row.reason,
+            record_before_json: row.record_before,
+            outcome_json: row.outcome,
+        }
+    }
+}
+
+fn summaries(rows: Vec<AdminKeyRow>) -> Result<Vec<KeySummary>, StoreError> {
+    rows.into_iter().map(KeySummary::try_from).collect()
+}
+
+fn count(value: i64) -> u64 {
+    value.unsigned_abs()
+}
+
+fn cursor_instant(cursor: Option<&PageCursor>) -> Option<Instant> {
+    cursor.and_then(|c| chrono::DateTime::from_timestamp_micros(c.at_micros))
+}
+
+/// `RECORD_AUDIT` bound to `audit`, with the record before as JSON.
+macro_rules! record_audit {
+    ($audit:expr, $before:expr) => {
+        sqlx::query_as::<_, (i64,)>(RECORD_AUDIT)
+            .bind($audit.actor.as_str())
+            .bind($audit.action.name())
+            .bind($audit.namespace.as_str())
+            .bind($audit.key.as_ref().map(|k| k.as_str()))
+            .bind($audit.reason.as_str())
+            .bind($before)
+            .bind($audit.outcome_json.as_deref())
+            .bind(i64::try_from($audit.retention.as_micros()).unwrap_or(i64::MAX))
+    };
+}
+
+impl PgStore {
+    /// A transaction of its own on a connection of the calls' pool, with a statement's timeout
+    /// and the lock budget (a forced release waits for a claim's statement that holds the row).
+    async fn admin_transaction<T>(
+        &self,
+        work: impl AsyncFnOnce(&mut sqlx::PgConnection) -> Result<T, sqlx::Error>,
+    ) -> Result<T, StoreError> {
+        let mut connection = self.connections.lend().await.map_err(classify)?;
+        let begin = begin_statement(
+            self.budget.statement.as_millis(),
+            self.budget.lock,
+            self.begin.is_some(),
+        );
+        let mut transaction = connection.begin_with(begin).await.map_err(classify)?;
+        let answer = work(&mut transaction).await.map_err(classify)?;
+        transaction.commit().await.map_err(classify)?;
+        connection.keep();
+        Ok(answer)
+    }
+}
+
+impl AdminStore for PgStore {
+    async fn list_keys(
+        &self,
+        filter: &KeyFilter,
+        after: Option<&PageCursor>,
+        limit: u32,
+    ) -> Result<Vec<KeySummary>, StoreError> {
+        let namespace = filter.namespace.as_str();
+        let limit = i64::from(limit);
+        let after_key = after.map(|c| c.key.as_str());
+        let rows: Vec<AdminKeyRow> = match filter.order() {
+            ListOrder::Key => {
+                let from = filter.key_prefix.as_ref().map_or("", |p| p.as_str());
+                let until = filter
+                    .key_prefix
+                    .as_ref()
+                    .and_then(|p| p.upper_bound())
+                    .unwrap_or_else(beyond_every_key);
+                let state = filter.state.map_or(0, AdminKeyState::code);
+                self.fetch_all(
+                    sqlx::query_as(LIST_KEYS_BY_KEY)
+                        .bind(namespace)
+                        .bind(from)
+                        .bind(after_key.unwrap_or(""))
+                        .bind(until)
+                        .bind(state)
+                        .bind(filter.completed_after)
+                        .bind(filter.completed_before)
+                        .bind(limit),
+                )
+                .await
+            }
+            ListOrder::Lease => {
+                let statement = if filter.state == Some(AdminKeyState::Stuck) {
+                    LIST_STUCK_KEYS
+                } else {
+                    LIST_IN_PROGRESS_KEYS
+                };
+                self.fetch_all(
+                    sqlx::query_as(statement)
+                        .bind(namespace)
+                        .bind(cursor_instant(after))
+                        .bind(after_key)
+                        .bind(limit),
+                )
+                .await
+            }
+            ListOrder::Completion => {
+                self.fetch_all(
+                    sqlx::query_as(LIST_COMPLETED_KEYS)
+                        .bind(namespace)
+                        .bind(cursor_instant(after))
+                        .bind(after_key)
+                        .bind(filter.completed_after)
+                        .bind(filter.completed_before)
+                        .bind(limit),
+                )
+                .await
+            }
+        }
+        .map_err(classify)?;
+        summaries(rows)
+    }
+
+    async fn get_key(&self, namespace: &Scope, key: &Key) -> Result<Option<FullKey>, StoreError> {
+        let row: Option<FullKeyRow> = self
+            .fetch_optional(
+                sqlx::query_as(GET_KEY)
+                    .bind(namespace.as_str())
+                    .bind(key.as_str()),
+            )
+            .await
+            .map_err(classify)?;
+        row.map(|row| {
+            Ok(FullKey {
+                summary: row.summary.try_into()?,
+                response: row.response,
+                checkpoint: row.checkpoint,
+            })
+        })
+        .transpose()
+    }
+
+    async fn namespace_stats(&self, namespace: &Scope) -> Result<NamespaceStats, StoreError> {
+        let row: Option<StatsRow> = self
+            .fetch_optional(sqlx::query_as(NAMESPACE_STATS).bind(namespace.as_str()))
+            .await
+            .map_err(classify)?;
+        match row {
+            Some(row) => Ok(NamespaceStats {
+                in_progress: count(row.in_progress),
+                stuck: count(row.stuck),
+                completed: count(row.completed),
+                processed_events: count(row.processed_events),
+                oldest_stuck: row.oldest_stuck_key.zip(row.oldest_stuck_at),
+                stored_bytes: count(row.stored_bytes),
+                read_at: row.read_at,
+            }),
+            // No live key: the GROUP BY answers no row. The events and clock still count.
+            None => {
+                let (processed_events, read_at): (i64, Instant) = self
+                    .fetch_one(
+                        sqlx::query_as(
+                            "SELECT count(*), now() FROM processed_events \
+                             WHERE consumer = $1 AND expires_at > now()",
+                        )
+                        .bind(namespace.as_str()),
+                    )
+                    .await
+                    .map_err(classify)?;
+                Ok(NamespaceStats {
+                    in_progress: 0,
+                    stuck: 0,
+                    completed: 0,
+                    processed_events: count(processed_events),
+                    oldest_stuck: None,
+                    stored_bytes: 0,
+                    read_at,
+                })
+            }
+        }
+    }
+
+    async fn force_release(
+        &self,
+        audit: &AuditEntry,
+        key: &Key,
+    ) -> Result<ForceReleased, StoreError> {
+        let namespace = audit.namespace.as_str();
+        let found = self
+            .admin_transaction(async |connection| {
+                let released: Option<AdminKeyRow> = sqlx::query_as(FORCE_RELEASE)
+                    .bind(namespace)
+                    .bind(key.as_str())
+                    .fetch_optional(&mut *connection)
+                    .await?;
+                let Some(released) = released else {
+                    let completed: Option<(bool,)> = sqlx::query_as(KEY_COMPLETED)
+                        .bind(namespace)
+                        .bind(key.as_str())
+                        .fetch_optional(&mut *connection)
+                        .await?;
+                    return Ok(Err(completed.is_some_and(|(completed,)| completed)));
+                };
+                let before = KeySummary::try_from(released);
+                let json = before.as_ref().ok().map(KeySummary::to_json);
+                let (id,) = record_audit!(audit, json)
+                    .fetch_one(&mut *connection)
+                    .await?;
+                Ok(Ok((before, id)))
+            })
+            .await?;
+        Ok(match found {
+            Ok((before, audit_id)) => ForceReleased::Released {
+                before: before?,
+                audit_id,
+            },
+            Err(true) => ForceReleased::Completed,
+            Err(false) => ForceReleased::Absent,
+        })
+    }
+
+    async fn erase_key(
+        &self,
+        audit: &AuditEntry,
+        key: &Key,
+    ) -> Result<(Option<KeySummary>, i64), StoreError> {
+        let payload = Erasure::Key {
+            namespace: audit.namespace.as_str().to_owned(),
+            key: key.as_str().to_owned(),
+        }
+        .payload();
+        let (before, id) = self
+            .admin_transaction(async |connection| {
+                let erased: Option<AdminKeyRow> = sqlx::query_as(ERASE_KEY)
+                    .bind(audit.namespace.as_str())
+                    .bind(key.as_str())
+                    .fetch_optional(&mut *connection)
+                    .await?;
+                sqlx::query(ANNOUNCE_ERASED)
+                    .bind(&payload)
+                    .execute(&mut *connection)
+                    .await?;
+                let before = erased.map(KeySummary::try_from).transpose();
+                let json = before
+                    .as_ref()
+                    .ok()
+                    .and_then(Option::as_ref)
+                    .map(KeySummary::to_json);
+                let (id,) = record_audit!(audit, json)
+                    .fetch_one(&mut *connection)
+                    .await?;
+                Ok((before, id))
+            })
+            .await?;
+        Ok((before?, id))
+    }
+
+    async fn erase_namespace_batch(
+        &self,
+        namespace: &Scope,
+        batch: EraseBatch,
+    ) -> Result<Erased, StoreError> {
+        let limit = i64::from(batch.get());
+        let (keys, events) = self
+            .admin_transaction(async |connection| {
+                let (keys,): (i64,) = sqlx::query_as(ERASE_KEYS_BATCH)
+                    .bind(namespace.as_str())
+                    .bind(limit)
+                    .fetch_one(&mut *connection)
+                    .await?;
+                let (events,): (i64,) = sqlx::query_as(ERASE_EVENTS_BATCH)
+                    .bind(namespace.as_str())
+                    .bind(limit)
+                    .fetch_one(&mut *connection)
+                    .await?;
+                if keys > 0 {
+                    sqlx::query(ANNOUNCE_ERASED)
+                        .bind(namespace.as_str())
+                        .execute(&mut *connection)
+                        .await?;
+                }
+                Ok((keys, events))
+            })
+            .await?;
+        Ok(Erased {
+            keys: count(keys),
+            events: count(events),
+        })
+    }
+
+    async fn namespace_has_rows(&self, namespace: &Scope) -> Result<bool, StoreError> {
+        let (has,): (bool,) = self
+            .fetch_one(sqlx::query_as(NAMESPACE_HAS_ROWS).bind(namespace.as_str()))
+            .await
+            .map_err(classify)?;
+        Ok(has)
+    }
+
+    async fn record_audit(&self, audit: &AuditEntry) -> Result<i64, StoreError> {
+        let (id,) = self
+            .fetch_one(record_audit!(audit, None::<String>))
+            .await
+            .map_err(classify)?;
+        Ok(id)
+    }
+
+    async fn list_audit(
+        &self,
+        namespace: &Scope,
+        before: Option<i64>,
+        limit: u32,
+    ) -> Result<Vec<AuditEvent>, StoreError> {
+        let rows: Vec<AuditRow> = self
+            .fetch_all(
+                sqlx::query_as(LIST_AUDIT)
+                    .bind(namespace.as_str())
+                    .bind(before)
+                    .bind(i64::from(limit)),
+            )
+            .await
+            .map_err(classify)?;
+        Ok(rows.into_iter().map(AuditEvent::from).collect())
+    }
+
+    async fn reap_expired_audit(&self, limit: u32) -> Result<u64, StoreError> {
+        let (deleted,): (i64,) = self
+            .fetch_one(sqlx::query_as(REAP_AUDIT).bind(i64::from(limit)))
+            .await
+            .map_err(classify)?;
+        Ok(count(deleted))
+    }
+
+    async fn stuck_keys(&self) -> Result<StuckSummary, StoreError> {
+        let (stuck, oldest_us): (i64, i64) = self
+            .fetch_one(sqlx::query_as(STUCK_KEYS))
+            .await
+            .map_err(classify)?;
+        Ok(StuckSummary {
+            count: count(stuck),
+            oldest: stored_duration(oldest_us),
+        })
+    }
+
+    fn erasures(&self) -> tokio::sync::broadcast::Receiver<Erasure> {
+        self.erasures.subscribe()
+    }
+}

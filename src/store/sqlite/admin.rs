@@ -1,0 +1,427 @@
+//! The admin API on SQLite ([`AdminStore`]): reads on the readers' pool, changes in the one
+//! writer's transaction (read, decide, write, and the audit event, all committed together).
+
+use sqlx::FromRow;
+
+use super::SqliteStore;
+use super::error::classify;
+use super::rows::instant;
+use super::sql::{
+    ERASE_EVENTS_BATCH, ERASE_KEYS_BATCH, GET_ANY_KEY, GET_KEY, LIST_AUDIT, LIST_COMPLETED_KEYS,
+    LIST_IN_PROGRESS_KEYS, LIST_KEYS_BY_KEY, LIST_STUCK_KEYS, NAMESPACE_HAS_ROWS, NAMESPACE_STATS,
+    REAP_AUDIT, RECORD_AUDIT, STUCK_KEYS,
+};
+use crate::domain::admin::{
+    AdminKeyState, AuditEntry, AuditEvent, EraseBatch, ForceReleased, FullKey, KeyFilter,
+    KeySummary, ListOrder, NamespaceStats, PageCursor, StuckSummary,
+};
+use crate::domain::{Key, LeaseToken, Scope};
+use crate::store::schema::{attempt_number, stored_duration};
+use crate::store::{AdminStore, Erased, Erasure, KeyEvent, StoreError};
+
+/// Greater than every key (at most 255 bytes of UTF-8): 64 times the greatest character.
+fn beyond_every_key() -> String {
+    "\u{10FFFF}".repeat(64)
+}
+
+#[derive(FromRow)]
+struct AdminKeyRow {
+    key: String,
+    state_code: i64,
+    attempt: i64,
+    lease_token: i64,
+    attempt_id: Option<String>,
+    lease_expires_at: i64,
+    completed_at: Option<i64>,
+    expires_at: i64,
+    retention_us: i64,
+    fingerprint: Vec<u8>,
+    response_bytes: i64,
+    checkpoint_bytes: Option<i64>,
+}
+
+impl TryFrom<AdminKeyRow> for KeySummary {
+    type Error = StoreError;
+
+    fn try_from(row: AdminKeyRow) -> Result<Self, StoreError> {
+        Ok(Self {
+            key: row.key,
+            state: AdminKeyState::from_code(row.state_code)
+                .ok_or(StoreError::Inconsistent("a key's state code is unknown"))?,
+            attempt: attempt_number(row.attempt),
+            lease_token: LeaseToken::from_stored(row.lease_token),
+            attempt_id: row.attempt_id,
+            lease_expires_at: instant(row.lease_expires_at),
+            completed_at: row.completed_at.map(instant),
+            expires_at: instant(row.expires_at),
+            retention: stored_duration(row.retention_us),
+            fingerprint: row.fingerprint,
+            response_bytes: row.response_bytes.unsigned_abs(),
+            checkpoint_bytes: row.checkpoint_bytes.map(i64::unsigned_abs),
+        })
+    }
+}
+
+#[derive(FromRow)]
+struct FullKeyRow {
+    #[sqlx(flatten)]
+    summary: AdminKeyRow,
+    response: Option<Vec<u8>>,
+    checkpoint: Option<Vec<u8>>,
+}
+
+#[derive(FromRow)]
+struct AnyKeyRow {
+    #[sqlx(flatten)]
+    summary: AdminKeyRow,
+    live: bool,
+}
+
+#[derive(FromRow)]
+struct StatsRow {
+    in_progress: i64,
+    stuck: i64,
+    completed: i64,
+    stored_bytes: i64,
+    processed_events: i64,
+    oldest_stuck_key: Option<String>,
+    oldest_stuck_at: Option<i64>,
+    read_at: i64,
+}
+
+#[derive(FromRow)]
+struct AuditRow {
+    id: i64,
+    at: i64,
+    actor: String,
+    action: String,
+    namespace: String,
+    key: Option<String>,
+    reason: String,
+    record_before: Option<String>,
+    outcome: Option<String>,
+}
+
+fn count(value: i64) -> u64 {
+    value.unsigned_abs()
+}
+
+fn micros(instant: Option<crate::domain::Instant>) -> Option<i64> {
+    instant.map(|at| at.timestamp_micros())
+}
+
+async fn record_in(
+    connection: &mut sqlx::SqliteConnection,
+    audit: &AuditEntry,
+    before: Option<String>,
+) -> Result<i64, sqlx::Error> {
+    let (id,): (i64,) = sqlx::query_as(RECORD_AUDIT)
+        .bind(audit.actor.as_str())
+        .bind(audit.action.name())
+        .bind(audit.namespace.as_str())
+        .bind(audit.key.as_ref().map(|k| k.as_str()))
+        .bind(audit.reason.as_str())
+        .bind(before)
+        .bind(audit.outcome_json.as_deref())
+        .bind(i64::try_from(audit.retention.as_micros()).unwrap_or(i64::MAX))
+        .fetch_one(connection)
+        .await?;
+    Ok(id)
+}
+
+impl SqliteStore {
+    /// Key `key` of `audit`'s namespace in whatever state, read in the writer's transaction.
+    async fn any_key_in(
+        connection: &mut sqlx::SqliteConnection,
+        audit: &AuditEntry,
+        key: &Key,
+    ) -> Result<Option<(KeySummary, bool)>, StoreError> {
+        let row: Option<AnyKeyRow> = sqlx::query_as(GET_ANY_KEY)
+            .bind(audit.namespace.as_str())
+            .bind(key.as_str())
+            .fetch_optional(&mut *connection)
+            .await
+            .map_err(classify)?;
+        row.map(|row| Ok((KeySummary::try_from(row.summary)?, row.live)))
+            .transpose()
+    }
+
+    async fn delete_key_in(
+        connection: &mut sqlx::SqliteConnection,
+        audit: &AuditEntry,
+        key: &Key,
+    ) -> Result<(), StoreError> {
+        sqlx::query(super::sql::DELETE_KEY)
+            .bind(audit.namespace.as_str())
+            .bind(key.as_str())
+            .execute(&mut *connection)
+            .await
+            .map_err(classify)?;
+        Ok(())
+    }
+}
+
+impl AdminStore for SqliteStore {
+    async fn list_keys(
+        &self,
+        filter: &KeyFilter,
+        after: Option<&PageCursor>,
+        limit: u32,
+    ) -> Result<Vec<KeySummary>, StoreError> {
+        self.ensure_schema().await?;
+        let namespace = filter.namespace.as_str();
+        let limit = i64::from(limit);
+        let after_key = after.map_or("", |c| c.key.as_str());
+        let after_at = after.map_or(i64::MIN, |c| c.at_micros);
+        let query = match filter.order() {
+            ListOrder::Key => {
+                let from = filter.key_prefix.as_ref().map_or("", |p| p.as_str());
+                let until = filter
+                    .key_prefix
+                    .as_ref()
+                    .and_then(|p| p.upper_bound())
+                    .unwrap_or_else(beyond_every_key);
+                sqlx::query_as(LIST_KEYS_BY_KEY)
+                    .bind(namespace)
+                    .bind(from.to_owned())
+                    .bind(after_key)
+                    .bind(until)
+                    .bind(filter.state.map_or(0, AdminKeyState::code))
+                    .bind(micros(filter.completed_after))
+                    .bind(micros(filter.completed_before))
+                    .bind(limit)
+            }
+            ListOrder::Lease => {
+                let statement = if filter.state == Some(AdminKeyState::Stuck) {
+                    LIST_STUCK_KEYS
+                } else {
+                    LIST_IN_PROGRESS_KEYS
+                };
+                sqlx::query_as(statement)
+                    .bind(namespace)
+                    .bind(after_at)
+                    .bind(after_key)
+                    .bind(limit)
+            }
+            ListOrder::Completion => sqlx::query_as(LIST_COMPLETED_KEYS)
+                .bind(namespace)
+                .bind(after_at)
+                .bind(after_key)
+                .bind(micros(filter.completed_after).unwrap_or(i64::MIN))
+                .bind(micros(filter.completed_before).unwrap_or(i64::MAX))
+                .bind(limit),
+        };
+        let rows: Vec<AdminKeyRow> = query.fetch_all(&self.readers).await.map_err(classify)?;
+        rows.into_iter().map(KeySummary::try_from).collect()
+    }
+
+    async fn get_key(&self, namespace: &Scope, key: &Key) -> Result<Option<FullKey>, StoreError> {
+        self.ensure_schema().await?;
+        let row: Option<FullKeyRow> = sqlx::query_as(GET_KEY)
+            .bind(namespace.as_str())
+            .bind(key.as_str())
+            .fetch_optional(&self.readers)
+            .await
+            .map_err(classify)?;
+        row.map(|row| {
+            Ok(FullKey {
+                summary: row.summary.try_into()?,
+                response: row.response,
+                checkpoint: row.checkpoint,
+            })
+        })
+        .transpose()
+    }
+
+    async fn namespace_stats(&self, namespace: &Scope) -> Result<NamespaceStats, StoreError> {
+        self.ensure_schema().await?;
+        let row: StatsRow = sqlx::query_as(NAMESPACE_STATS)
+            .bind(namespace.as_str())
+            .fetch_one(&self.readers)
+            .await
+            .map_err(classify)?;
+        Ok(NamespaceStats {
+            in_progress: count(row.in_progress),
+            stuck: count(row.stuck),
+            completed: count(row.completed),
+            processed_events: count(row.processed_events),
+            oldest_stuck: row.oldest_stuck_key.zip(row.oldest_stuck_at.map(instant)),
+            stored_bytes: count(row.stored_bytes),
+            read_at: instant(row.read_at),
+        })
+    }
+
+    async fn force_release(
+        &self,
+        audit: &AuditEntry,
+        key: &Key,
+    ) -> Result<ForceReleased, StoreError> {
+        let mut write = self.begin_write().await?;
+        let found = Self::any_key_in(&mut write.tx, audit, key).await?;
+        let answer = match found {
+            Some((before, true)) if before.completed_at.is_none() => {
+                let (token,): (i64,) = sqlx::query_as(super::sql::NEXT_TOKEN)
+                    .fetch_one(&mut *write.tx)
+                    .await
+                    .map_err(classify)?;
+                let now = super::ops::now(&mut write.tx).await?;
+                sqlx::query(super::sql::REVOKE_LEASE)
+                    .bind(audit.namespace.as_str())
+                    .bind(key.as_str())
+                    .bind(token)
+                    .bind(now.timestamp_micros())
+                    .execute(&mut *write.tx)
+                    .await
+                    .map_err(classify)?;
+                let audit_id = record_in(&mut write.tx, audit, Some(before.to_json()))
+                    .await
+                    .map_err(classify)?;
+                ForceReleased::Released { before, audit_id }
+            }
+            Some((_, true)) => ForceReleased::Completed,
+            _ => ForceReleased::Absent,
+        };
+        write.commit().await?;
+        if matches!(answer, ForceReleased::Released { .. }) {
+            let _ = self
+                .events
+                .send(KeyEvent::Changed(crate::domain::KeyHash::of(
+                    &audit.namespace,
+                    key,
+                )));
+        }
+        Ok(answer)
+    }
+
+    async fn erase_key(
+        &self,
+        audit: &AuditEntry,
+        key: &Key,
+    ) -> Result<(Option<KeySummary>, i64), StoreError> {
+        let mut write = self.begin_write().await?;
+        let found = Self::any_key_in(&mut write.tx, audit, key).await?;
+        if found.is_some() {
+            Self::delete_key_in(&mut write.tx, audit, key).await?;
+        }
+        let before = found.and_then(|(summary, live)| live.then_some(summary));
+        let audit_id = record_in(
+            &mut write.tx,
+            audit,
+            before.as_ref().map(KeySummary::to_json),
+        )
+        .await
+        .map_err(classify)?;
+        write.commit().await?;
+        let _ = self.erasures.send(Erasure::Key {
+            namespace: audit.namespace.as_str().to_owned(),
+            key: key.as_str().to_owned(),
+        });
+        let _ = self
+            .events
+            .send(KeyEvent::Changed(crate::domain::KeyHash::of(
+                &audit.namespace,
+                key,
+            )));
+        Ok((before, audit_id))
+    }
+
+    async fn erase_namespace_batch(
+        &self,
+        namespace: &Scope,
+        batch: EraseBatch,
+    ) -> Result<Erased, StoreError> {
+        let mut write = self.begin_write().await?;
+        let limit = i64::from(batch.get());
+        let keys = sqlx::query(ERASE_KEYS_BATCH)
+            .bind(namespace.as_str())
+            .bind(limit)
+            .execute(&mut *write.tx)
+            .await
+            .map_err(classify)?
+            .rows_affected();
+        let events = sqlx::query(ERASE_EVENTS_BATCH)
+            .bind(namespace.as_str())
+            .bind(limit)
+            .execute(&mut *write.tx)
+            .await
+            .map_err(classify)?
+            .rows_affected();
+        write.commit().await?;
+        if keys > 0 {
+            let _ = self
+                .erasures
+                .send(Erasure::Namespace(namespace.as_str().to_owned()));
+            let _ = self.events.send(KeyEvent::Missed);
+        }
+        Ok(Erased { keys, events })
+    }
+
+    async fn namespace_has_rows(&self, namespace: &Scope) -> Result<bool, StoreError> {
+        self.ensure_schema().await?;
+        let (has,): (bool,) = sqlx::query_as(NAMESPACE_HAS_ROWS)
+            .bind(namespace.as_str())
+            .fetch_one(&self.readers)
+            .await
+            .map_err(classify)?;
+        Ok(has)
+    }
+
+    async fn record_audit(&self, audit: &AuditEntry) -> Result<i64, StoreError> {
+        let mut write = self.begin_write().await?;
+        let id = record_in(&mut write.tx, audit, None)
+            .await
+            .map_err(classify)?;
+        write.commit().await?;
+        Ok(id)
+    }
+
+    async fn list_audit(
+        &self,
+        namespace: &Scope,
+        before: Option<i64>,
+        limit: u32,
+    ) -> Result<Vec<AuditEvent>, StoreError> {
+        self.ensure_schema().await?;
+        let rows: Vec<AuditRow> = sqlx::query_as(LIST_AUDIT)
+            .bind(namespace.as_str())
+            .bind(before.unwrap_or(i64::MAX))
+            .bind(i64::from(limit))
+            .fetch_all(&self.readers)
+            .await
+            .map_err(classify)?;
+        Ok(rows
+            .into_iter()
+            .map(|row| AuditEvent {
+                id: row.id,
+                at: instant(row.at),
+                actor: row.actor,
+                action: row.action,
+                namespace: row.namespace,
+                key: row.key,
+                reason: row.reason,
+                record_before_json: row.record_before,
+                outcome_json: row.outcome,
+            })
+            .collect())
+    }
+
+    async fn reap_expired_audit(&self, limit: u32) -> Result<u64, StoreError> {
+        self.reap(REAP_AUDIT, limit).await
+    }
+
+    async fn stuck_keys(&self) -> Result<StuckSummary, StoreError> {
+        self.ensure_schema().await?;
+        let (stuck, oldest_us): (i64, i64) = sqlx::query_as(STUCK_KEYS)
+            .fetch_one(&self.readers)
+            .await
+            .map_err(classify)?;
+        Ok(StuckSummary {
+            count: count(stuck),
+            oldest: stored_duration(oldest_us),
+        })
+    }
+
+    fn erasures(&self) -> tokio::sync::broadcast::Receiver<Erasure> {
+        self.erasures.subscribe()
+    }
+}

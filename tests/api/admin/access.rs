@@ -1,0 +1,366 @@
+//! Who may call the admin API: a token needs the admin right the call needs (`read` for
+//! listings and records, `write` for changes) besides its scopes, and no admin call reads or
+//! changes a namespace outside them; a plain token is refused everything; SIGHUP reloads
+//! admin rights; without a tokens file, only loopback callers are answered.
+
+use std::time::Duration;
+
+use idempotency_coordinator::auth::AdminRight;
+use idempotency_coordinator::proto::idempotency::v1::{
+    self as pb, admin_service_client::AdminServiceClient,
+};
+use tonic::Code;
+use tonic::service::interceptor::InterceptedService;
+use tonic::transport::Channel;
+
+use super::*;
+use crate::support::process::ServerProcess;
+use crate::support::security::*;
+
+type AuthedAdmin = AdminServiceClient<InterceptedService<Channel, Bearer>>;
+
+async fn authed_admin(endpoint: String, bearer: Bearer) -> AuthedAdmin {
+    let channel = Channel::from_shared(endpoint)
+        .expect("endpoint")
+        .connect()
+        .await
+        .expect("connect");
+    AdminServiceClient::with_interceptor(channel, bearer)
+}
+
+/// Every admin RPC on `namespace` (for key `key`), and how each ended.
+async fn every_admin_rpc(
+    admin: &AuthedAdmin,
+    namespace: &str,
+    key: &str,
+) -> Vec<(&'static str, Result<(), tonic::Status>)> {
+    let mut admin = admin.clone();
+    let ns = || namespace.to_owned();
+    vec![
+        (
+            "ListKeys",
+            admin
+                .list_keys(pb::ListKeysRequest {
+                    namespace: ns(),
+                    ..Default::default()
+                })
+                .await
+                .map(drop),
+        ),
+        (
+            "GetKey",
+            admin
+                .get_key(pb::GetKeyRequest {
+                    namespace: ns(),
+                    key: key.into(),
+                })
+                .await
+                .map(drop),
+        ),
+        (
+            "NamespaceStats",
+            admin
+                .namespace_stats(pb::NamespaceStatsRequest { namespace: ns() })
+                .await
+                .map(drop),
+        ),
+        (
+            "ListAuditEvents",
+            admin
+                .list_audit_events(pb::ListAuditEventsRequest {
+                    namespace: ns(),
+                    ..Default::default()
+                })
+                .await
+                .map(drop),
+        ),
+        (
+            "ForceRelease",
+            admin
+                .force_release(pb::ForceReleaseRequest {
+                    namespace: ns(),
+                    key: key.into(),
+                    reason: "test".into(),
+                })
+                .await
+                .map(drop),
+        ),
+        (
+            "EraseKey",
+            admin
+                .erase_key(pb::EraseKeyRequest {
+                    namespace: ns(),
+                    key: format!("{key}-other"),
+                    reason: "test".into(),
+                })
+                .await
+                .map(drop),
+        ),
+        (
+            "EraseNamespace",
+            match admin
+                .erase_namespace(pb::EraseNamespaceRequest {
+                    namespace: ns(),
+                    reason: "test".into(),
+                    batch_size: 0,
+                })
+                .await
+            {
+                // The stream to its end: the erasure is over before the next check.
+                Ok(stream) => {
+                    let mut stream = stream.into_inner();
+                    while stream.message().await.expect("progress").is_some() {}
+                    Ok(())
+                }
+                Err(status) => Err(status),
+            },
+        ),
+    ]
+}
+
+fn assert_all_denied(outcomes: Vec<(&'static str, Result<(), tonic::Status>)>) {
+    for (rpc, outcome) in outcomes {
+        let status = outcome.expect_err(rpc);
+        assert_error(&status, Code::PermissionDenied, "PERMISSION_DENIED");
+    }
+}
+
+/// Claims `key` of `namespace` through `client` for ten minutes; answers the lease token.
+async fn held_key(client: &mut AuthedClient, namespace: &str, key: &str) -> u64 {
+    let started = client
+        .try_start(
+            try_start(key)
+                .in_namespace(namespace.into())
+                .with_lease(secs(600)),
+        )
+        .await
+        .expect("claimed")
+        .into_inner();
+    match outcome(started) {
+        pb::try_start_response::Outcome::Started(started) => started.lease_token,
+        other => panic!("a fresh key is started: {other:?}"),
+    }
+}
+
+/// Whether the claim of `token` still holds `key` of `namespace`: its ExtendLease applies only
+/// then (a released, revoked or erased claim is refused).
+async fn still_held(client: &AuthedClient, namespace: &str, key: &str, token: u64) -> bool {
+    client
+        .clone()
+        .extend_lease(pb::ExtendLeaseRequest {
+            namespace: namespace.into(),
+            ..extend(key, token).with_lease(secs(600))
+        })
+        .await
+        .is_ok()
+}
+
+async fn a_service_token_may_make_no_admin_call(backend: Backend) {
+    let (plain, plain_line) = token("orders", "*");
+    let (operator, operator_line) = admin_token("oncall", "*", AdminRight::Write);
+    let tokens = TokensFile::new(&[&plain_line, &operator_line]);
+    let app = TestApp::spawn_with(backend, &["--tokens-file", &tokens.flag()]).await;
+    let mut client = authed_client(app.endpoint(), Bearer::token(&plain)).await;
+    let token = held_key(&mut client, NAMESPACE, "held").await;
+
+    let admin = authed_admin(app.endpoint(), Bearer::token(&plain)).await;
+    assert_all_denied(every_admin_rpc(&admin, NAMESPACE, "held").await);
+    let anonymous = authed_admin(app.endpoint(), Bearer::none()).await;
+    for (rpc, outcome) in every_admin_rpc(&anonymous, NAMESPACE, "held").await {
+        assert_error(
+            &outcome.expect_err(rpc),
+            Code::Unauthenticated,
+            "UNAUTHENTICATED",
+        );
+    }
+
+    // Nothing changed, nothing recorded.
+    assert!(still_held(&client, NAMESPACE, "held", token).await);
+    let operator = authed_admin(app.endpoint(), Bearer::token(&operator)).await;
+    let listed = operator
+        .clone()
+        .list_keys(list(pb::AdminKeyState::Unspecified))
+        .await
+        .expect("an operator lists")
+        .into_inner();
+    assert_eq!(names(&listed.keys), ["held"]);
+    assert_eq!(listed.keys[0].lease_token, token);
+    let audit = operator
+        .clone()
+        .list_audit_events(pb::ListAuditEventsRequest {
+            namespace: NAMESPACE.into(),
+            ..Default::default()
+        })
+        .await
+        .expect("an operator reads the trail")
+        .into_inner();
+    assert!(audit.events.is_empty());
+}
+
+async fn a_read_right_reads_and_changes_nothing(backend: Backend) {
+    let (service, service_line) = token("orders", "*");
+    let (reader, reader_line) = admin_token("dashboards", "*", AdminRight::Read);
+    let tokens = TokensFile::new(&[&service_line, &reader_line]);
+    let app = TestApp::spawn_with(backend, &["--tokens-file", &tokens.flag()]).await;
+    let mut client = authed_client(app.endpoint(), Bearer::token(&service)).await;
+    let token = held_key(&mut client, NAMESPACE, "held").await;
+
+    let admin = authed_admin(app.endpoint(), Bearer::token(&reader)).await;
+    for (rpc, outcome) in every_admin_rpc(&admin, NAMESPACE, "held").await {
+        match rpc {
+            "ListKeys" | "GetKey" | "NamespaceStats" | "ListAuditEvents" => {
+                outcome.unwrap_or_else(|status| panic!("{rpc} is a read: {status:?}"));
+            }
+            _ => assert_error(
+                &outcome.expect_err(rpc),
+                Code::PermissionDenied,
+                "PERMISSION_DENIED",
+            ),
+        }
+    }
+    assert!(still_held(&client, NAMESPACE, "held", token).await);
+}
+
+async fn no_admin_call_reaches_beyond_the_tokens_scopes(backend: Backend) {
+    let (service, service_line) = token("orders", "*");
+    let (operator, operator_line) = admin_token("team-a-oncall", "team-a*", AdminRight::Write);
+    let tokens = TokensFile::new(&[&service_line, &operator_line]);
+    let app = TestApp::spawn_with(backend, &["--tokens-file", &tokens.flag()]).await;
+    let mut client = authed_client(app.endpoint(), Bearer::token(&service)).await;
+    let theirs = held_key(&mut client, "team-b", "theirs").await;
+    let ours = held_key(&mut client, "team-a-payments", "ours").await;
+    let admin = authed_admin(app.endpoint(), Bearer::token(&operator)).await;
+
+    assert_all_denied(every_admin_rpc(&admin, "team-b", "theirs").await);
+    assert!(still_held(&client, "team-b", "theirs", theirs).await);
+    assert!(still_held(&client, "team-a-payments", "ours", ours).await);
+
+    // Within its scopes, everything works, and the trail names the token.
+    for (rpc, outcome) in every_admin_rpc(&admin, "team-a-payments", "ours").await {
+        outcome.unwrap_or_else(|status| panic!("{rpc} within the scopes: {status:?}"));
+    }
+    let audit = admin
+        .clone()
+        .list_audit_events(pb::ListAuditEventsRequest {
+            namespace: "team-a-payments".into(),
+            ..Default::default()
+        })
+        .await
+        .expect("the trail")
+        .into_inner();
+    assert!(!audit.events.is_empty());
+    assert!(
+        audit
+            .events
+            .iter()
+            .all(|event| event.actor == "token:team-a-oncall"),
+        "{audit:?}"
+    );
+}
+
+/// The real binary: SIGHUP grants and withdraws admin rights like scopes.
+async fn sighup_reloads_admin_rights(backend: Backend) {
+    let (service, service_line) = token("orders", "*");
+    let (operator, plain_line) = token("oncall", "*");
+    let tokens = TokensFile::new(&[&service_line, &plain_line]);
+    let database = TestDatabase::create(backend).await;
+    let server = ServerProcess::start(&database.url, &["--tokens-file", &tokens.flag()]).await;
+    let _ = server.client_when_serving().await;
+    let mut client = authed_client(server.endpoint(), Bearer::token(&service)).await;
+    let token = held_key(&mut client, NAMESPACE, "held").await;
+    let admin = authed_admin(server.endpoint(), Bearer::token(&operator)).await;
+    let stats = || {
+        let mut admin = admin.clone();
+        async move {
+            admin
+                .namespace_stats(pb::NamespaceStatsRequest {
+                    namespace: NAMESPACE.into(),
+                })
+                .await
+        }
+    };
+    assert_eq!(
+        stats().await.expect_err("no right yet").code(),
+        Code::PermissionDenied
+    );
+
+    // The same token, now with the write right.
+    let granted = plain_line.clone() + " admin=write";
+    tokens.write(&[&service_line, &granted]);
+    server.signal("HUP");
+    eventually(Duration::from_secs(10), "the right was granted", || async {
+        stats().await.is_ok()
+    })
+    .await;
+    admin
+        .clone()
+        .force_release(pb::ForceReleaseRequest {
+            namespace: NAMESPACE.into(),
+            key: "held".into(),
+            reason: "granted".into(),
+        })
+        .await
+        .expect("a write right writes");
+    assert!(!still_held(&client, NAMESPACE, "held", token).await);
+
+    // And withdrawn.
+    tokens.write(&[&service_line, &plain_line]);
+    server.signal("HUP");
+    eventually(
+        Duration::from_secs(10),
+        "the right was withdrawn",
+        || async {
+            stats()
+                .await
+                .is_err_and(|status| status.code() == Code::PermissionDenied)
+        },
+    )
+    .await;
+}
+
+/// Without a tokens file, the admin API answers loopback callers only: a caller reaching the
+/// same server through a non-loopback address of this machine is refused, while the
+/// contract's API answers it.
+async fn without_tokens_the_admin_api_answers_loopback_only(backend: Backend) {
+    let app = TestApp::spawn_with(
+        backend,
+        &["--listen", "0.0.0.0:0", "--allow-unauthenticated"],
+    )
+    .await;
+    let outward = non_loopback_address();
+    let remote = format!("http://{outward}:{}", app.addr.port());
+    let admin = authed_admin(remote.clone(), Bearer::none()).await;
+    assert_all_denied(every_admin_rpc(&admin, NAMESPACE, "k").await);
+    let mut client = authed_client(remote, Bearer::none()).await;
+    held_key(&mut client, NAMESPACE, "k").await;
+
+    let local = authed_admin(
+        format!("http://127.0.0.1:{}", app.addr.port()),
+        Bearer::none(),
+    )
+    .await;
+    for (rpc, outcome) in every_admin_rpc(&local, NAMESPACE, "k").await {
+        outcome.unwrap_or_else(|status| panic!("{rpc} from loopback: {status:?}"));
+    }
+}
+
+/// An address of this machine that is not loopback: the one its route to the outside starts
+/// from (a UDP socket's connect sends nothing).
+fn non_loopback_address() -> std::net::IpAddr {
+    let socket = std::net::UdpSocket::bind("0.0.0.0:0").expect("a UDP socket");
+    socket
+        .connect("192.0.2.1:9")
+        .or_else(|_| socket.connect("10.255.255.255:9"))
+        .expect("this machine has a route off loopback (the test needs a second address)");
+    let address = socket.local_addr().expect("the local address").ip();
+    assert!(!address.is_loopback(), "{address} is loopback");
+    address
+}
+
+for_each_backend!(
+    a_service_token_may_make_no_admin_call,
+    a_read_right_reads_and_changes_nothing,
+    no_admin_call_reaches_beyond_the_tokens_scopes,
+    sighup_reloads_admin_rights,
+    without_tokens_the_admin_api_answers_loopback_only,
+);

@@ -1,0 +1,312 @@
+//! The CLI in the same binary (`idempotency-coordinator admin …`), run as a real process against
+//! the server: an operator finds the stuck keys of a namespace, reads one key's story, releases
+//! it with a reason and sees that in the audit trail, and erases a namespace while traffic on
+//! another keeps flowing; tables for people, `--output json` for scripts, exit statuses.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+
+use idempotency_coordinator::auth::AdminRight;
+use serde_json::Value;
+
+use super::*;
+use crate::support::security::*;
+
+/// The binary's answer: exit status, standard output, standard error.
+struct Run {
+    status: Option<i32>,
+    stdout: String,
+    stderr: String,
+}
+
+impl Run {
+    fn json(&self) -> Value {
+        assert_eq!(self.status, Some(0), "failed: {}", self.stderr);
+        serde_json::from_str(&self.stdout)
+            .unwrap_or_else(|error| panic!("not JSON ({error}): {}", self.stdout))
+    }
+}
+
+async fn admin(app: &TestApp, args: &[&str]) -> Run {
+    admin_with(&app.endpoint(), &[], args).await
+}
+
+async fn admin_with(endpoint: &str, connection: &[&str], args: &[&str]) -> Run {
+    let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_idempotency-coordinator"))
+        .arg("admin")
+        .args(["--coordinator", endpoint])
+        .args(connection)
+        .args(args)
+        .env_remove("IDEMPOTENCY_ADMIN_TOKEN_FILE")
+        .env_remove("IDEMPOTENCY_ADMIN_COORDINATOR")
+        .output()
+        .await
+        .expect("run the binary");
+    Run {
+        status: output.status.code(),
+        stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
+    }
+}
+
+async fn an_operator_finds_reads_releases_and_erases_from_the_cli_alone(backend: Backend) {
+    let (app, mut client) = app_and_client(backend).await;
+    let crashed = claim_and_let_lapse(&app, &mut client, try_start("payment-17")).await;
+    claim_and_complete(&mut client, "payment-18", b"{\"paid\":true}").await;
+
+    // Find the stuck keys.
+    let stuck = admin(
+        &app,
+        &[
+            "keys",
+            "list",
+            "--namespace",
+            NAMESPACE,
+            "--state",
+            "stuck",
+            "--output",
+            "json",
+        ],
+    )
+    .await
+    .json();
+    let keys = stuck["keys"].as_array().expect("keys");
+    assert_eq!(keys.len(), 1, "{stuck}");
+    assert_eq!(keys[0]["key"], "payment-17");
+    assert_eq!(keys[0]["state"], "stuck");
+    assert_eq!(keys[0]["lease_token"], crashed.lease_token);
+    let table = admin(&app, &["keys", "list", "--namespace", NAMESPACE]).await;
+    assert_eq!(table.status, Some(0), "{}", table.stderr);
+    assert!(table.stdout.starts_with("KEY"), "{}", table.stdout);
+    assert!(table.stdout.contains("payment-17") && table.stdout.contains("stuck"));
+    assert!(table.stdout.contains("2 keys"), "{}", table.stdout);
+
+    // Read one key's story.
+    let story = admin(
+        &app,
+        &[
+            "keys",
+            "show",
+            "--namespace",
+            NAMESPACE,
+            "--key",
+            "payment-18",
+            "--output",
+            "json",
+        ],
+    )
+    .await
+    .json();
+    assert_eq!(story["state"], "completed");
+    assert_eq!(story["response_hex"], hex::encode(b"{\"paid\":true}"));
+    let shown = admin(
+        &app,
+        &[
+            "keys",
+            "show",
+            "--namespace",
+            NAMESPACE,
+            "--key",
+            "payment-18",
+        ],
+    )
+    .await;
+    assert!(shown.stdout.contains("{\"paid\":true}"), "{}", shown.stdout);
+
+    // Release it with a reason, and see that in the audit trail.
+    let released = admin(
+        &app,
+        &[
+            "keys",
+            "release",
+            "--namespace",
+            NAMESPACE,
+            "--key",
+            "payment-17",
+            "--reason",
+            "worker pod crashed (INC-42)",
+        ],
+    )
+    .await;
+    assert_eq!(released.status, Some(0), "{}", released.stderr);
+    assert!(
+        released.stdout.starts_with("released payment-17"),
+        "{}",
+        released.stdout
+    );
+    let next = claim(&mut client, try_start("payment-17")).await;
+    assert!(next.lease_token > crashed.lease_token);
+    let trail = admin(
+        &app,
+        &["audit", "--namespace", NAMESPACE, "--output", "json"],
+    )
+    .await
+    .json();
+    let event = &trail["events"][0];
+    assert_eq!(event["action"], "force_release");
+    assert_eq!(event["key"], "payment-17");
+    assert_eq!(event["reason"], "worker pod crashed (INC-42)");
+    assert_eq!(event["actor"], "loopback");
+    assert_eq!(event["record_before"]["lease_token"], crashed.lease_token);
+
+    // A completed key cannot be released: exit 1 with the refusal.
+    let refused = admin(
+        &app,
+        &[
+            "keys",
+            "release",
+            "--namespace",
+            NAMESPACE,
+            "--key",
+            "payment-18",
+            "--reason",
+            "x",
+        ],
+    )
+    .await;
+    assert_eq!(refused.status, Some(1));
+    assert!(refused.stderr.contains("completed"), "{}", refused.stderr);
+}
+
+async fn a_namespace_is_erased_from_the_cli_while_traffic_keeps_flowing(backend: Backend) {
+    let (app, mut client) = app_and_client(backend).await;
+    for index in 0..300 {
+        claim_and_complete(&mut client, &format!("tenant-key-{index}"), b"r").await;
+    }
+    // Callers of another namespace keep calling through the erasure.
+    let stop = Arc::new(AtomicBool::new(false));
+    let (answered_calls, failed_calls) =
+        (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let mut callers = Vec::new();
+    for caller in 0..4 {
+        let mut client = client.clone();
+        let (stop, answered_calls, failed_calls) =
+            (stop.clone(), answered_calls.clone(), failed_calls.clone());
+        callers.push(tokio::spawn(async move {
+            let mut index = 0;
+            while !stop.load(Ordering::Relaxed) {
+                index += 1;
+                let request = try_start(&format!("live-{caller}-{index}"))
+                    .in_namespace("live-traffic".into());
+                match client.try_start(request).await {
+                    Ok(_) => answered_calls.fetch_add(1, Ordering::Relaxed),
+                    Err(_) => failed_calls.fetch_add(1, Ordering::Relaxed),
+                };
+            }
+        }));
+    }
+    let erased = admin(
+        &app,
+        &[
+            "keys",
+            "erase",
+            "--namespace",
+            NAMESPACE,
+            "--all",
+            "--reason",
+            "tenant left",
+            "--batch-size",
+            "50",
+        ],
+    )
+    .await;
+    stop.store(true, Ordering::Relaxed);
+    for caller in callers {
+        caller.await.expect("caller");
+    }
+    assert_eq!(erased.status, Some(0), "{}", erased.stderr);
+    assert!(
+        erased.stdout.contains("300 keys"),
+        "the summary: {}",
+        erased.stdout
+    );
+    // The progress, on standard error (a line per second at most, and the last).
+    assert!(
+        erased.stderr.contains("erasing tests:"),
+        "{}",
+        erased.stderr
+    );
+    assert!(
+        erased.stderr.trim_end().ends_with("done"),
+        "{}",
+        erased.stderr
+    );
+    assert!(answered_calls.load(Ordering::Relaxed) > 0);
+    assert_eq!(failed_calls.load(Ordering::Relaxed), 0, "no call failed");
+    let stats = admin(
+        &app,
+        &["stats", "--namespace", NAMESPACE, "--output", "json"],
+    )
+    .await
+    .json();
+    assert_eq!(stats["completed_keys"], 0);
+}
+
+async fn the_cli_uses_a_token_file_and_refuses_bad_flags(backend: Backend) {
+    let (operator, operator_line) = admin_token("oncall", "*", AdminRight::Read);
+    let (plain, plain_line) = token("orders", "*");
+    let tokens = TokensFile::new(&[&operator_line, &plain_line]);
+    let app = TestApp::spawn_with(backend, &["--tokens-file", &tokens.flag()]).await;
+    let folder = tempfile::tempdir().expect("a folder");
+    let token_file = |name: &str, token: &str| {
+        let path = folder.path().join(name);
+        std::fs::write(&path, format!("{token}\n")).expect("write the token");
+        path.display().to_string()
+    };
+    let operator_file = token_file("operator", &operator);
+    let plain_file = token_file("plain", &plain);
+    let stats = ["stats", "--namespace", NAMESPACE];
+
+    let allowed = admin_with(&app.endpoint(), &["--token-file", &operator_file], &stats).await;
+    assert_eq!(allowed.status, Some(0), "{}", allowed.stderr);
+    let denied = admin_with(&app.endpoint(), &["--token-file", &plain_file], &stats).await;
+    assert_eq!(denied.status, Some(1));
+    assert!(denied.stderr.contains("permission"), "{}", denied.stderr);
+    let anonymous = admin(&app, &stats).await;
+    assert_eq!(anonymous.status, Some(1));
+
+    // Bad flags: exit 2, before any call.
+    for (connection, args) in [
+        (vec!["--coordinator", "localhost"], stats.to_vec()),
+        (vec!["--coordinator", "https://127.0.0.1:1"], stats.to_vec()),
+        (vec!["--timeout", "1h1s"], stats.to_vec()),
+        (
+            vec![],
+            vec!["keys", "erase", "--namespace", NAMESPACE, "--reason", "r"],
+        ),
+        (
+            vec![],
+            vec![
+                "keys",
+                "list",
+                "--namespace",
+                NAMESPACE,
+                "--completed-after",
+                "yesterday",
+            ],
+        ),
+    ] {
+        let run = admin_with(&app.endpoint(), &connection, &args).await;
+        assert_eq!(
+            run.status,
+            Some(2),
+            "{connection:?} {args:?}: {}",
+            run.stderr
+        );
+    }
+    // A bound the server checks: exit 1 with the field named.
+    let too_many = admin_with(
+        &app.endpoint(),
+        &["--token-file", &operator_file],
+        &["keys", "list", "--namespace", NAMESPACE, "--limit", "1001"],
+    )
+    .await;
+    assert_eq!(too_many.status, Some(1));
+    assert!(too_many.stderr.contains("page_size"), "{}", too_many.stderr);
+}
+
+for_each_backend!(
+    an_operator_finds_reads_releases_and_erases_from_the_cli_alone,
+    a_namespace_is_erased_from_the_cli_while_traffic_keeps_flowing,
+    the_cli_uses_a_token_file_and_refuses_bad_flags,
+);
