@@ -16,6 +16,7 @@ use tonic_health::pb::health_check_response::ServingStatus;
 
 use crate::metrics::{samples, scrape};
 use crate::support::cluster::{ReplicatedPair, Replication};
+use crate::support::proxy::TcpProxy;
 use crate::support::*;
 
 /// The database each test's pair serves (created by the service's first migration).
@@ -114,6 +115,7 @@ async fn the_service_follows_a_promoted_standby_without_a_restart() {
     app.wait_for_status(ServingStatus::NotServing).await;
     standby.promote().await;
     let recovered = time_until_calls_succeed(&client, Duration::from_secs(10)).await;
+    eprintln!("calls succeeded again {recovered:?} after the promotion");
     assert!(
         recovered <= Duration::from_secs(2),
         "calls succeeded {recovered:?} after the standby was promoted"
@@ -306,4 +308,145 @@ async fn without_a_synchronous_standby_the_required_one_keeps_the_service_not_se
     )
     .await;
     assert_eq!(read, (0.0, 0.0));
+}
+
+/// A TryStart of `key` that waits up to `wait` for its holder.
+fn waiting(
+    key: &str,
+    wait: Duration,
+) -> idempotency_coordinator::proto::idempotency::v1::TryStartRequest {
+    let mut request = try_start(key);
+    request.wait = Some(prost_types::Duration {
+        seconds: i64::try_from(wait.as_secs()).expect("seconds"),
+        nanos: 0,
+    });
+    request
+}
+
+#[tokio::test]
+async fn after_a_failover_a_complete_on_one_replica_still_wakes_a_waiter_on_another() {
+    let pair = ReplicatedPair::start(Replication::Synchronous).await;
+    let [old_primary, standby] = &pair.nodes;
+    let url = pair.url([0, 1], DATABASE, "read-write");
+    // Waiters look again on their own only after 10 minutes: a waiter answered sooner was woken
+    // by the LISTEN connection, which must have followed the primary.
+    let flags = ["--waiter-recheck-interval", "10m"];
+    let one = serve_on(&url, &flags).await;
+    let other = serve_on(&url, &flags).await;
+    old_primary.kill().await;
+    standby.promote().await;
+    let (mut on_one, on_other) = (one.client().await, other.client().await);
+    time_until_calls_succeed(&on_one, Duration::from_secs(10)).await;
+    time_until_calls_succeed(&on_other, Duration::from_secs(10)).await;
+
+    let key = unique_key("woken");
+    let held = claim(&mut on_one, try_start(&key)).await;
+    let began = Instant::now();
+    let waiter = tokio::spawn({
+        let on_other = on_other.clone();
+        let request = waiting(&key, Duration::from_secs(30));
+        async move { on_other.clone().try_start(request).await }
+    });
+    other.wait_for_waiters(1).await;
+    complete_key(&on_one, &key, held.lease_token, b"after the failover").await;
+    let answer = waiter.await.expect("the waiter's task").expect("TryStart");
+    assert_eq!(
+        expect_completed(answer.into_inner()).response,
+        b"after the failover"
+    );
+    assert!(
+        began.elapsed() < Duration::from_secs(30),
+        "woken through the new primary's notifications"
+    );
+}
+
+#[tokio::test]
+async fn a_store_that_is_only_a_standby_is_not_served_and_nothing_is_written() {
+    let pair = ReplicatedPair::start(Replication::Asynchronous).await;
+    let [primary, standby] = &pair.nodes;
+    // Migrated through the primary; the standby has the schema by replication.
+    let migrated = serve_on(&primary.url(DATABASE), &[]).await;
+    let mut on_primary = migrated.client().await;
+    completed_keys(&mut on_primary, "replicated", 1).await;
+
+    // Straight at the standby, without target_session_attrs: the service connects, but no
+    // call can write (nor its health probe, so it never turns SERVING).
+    let database = TestDatabase::create(Backend::Postgres).await;
+    let app = TestApp::start_on(database, Some(&standby.url(DATABASE)), &["--no-migrate"]).await;
+    let client = app.client().await;
+    let key = unique_key("on-standby");
+    let status = client
+        .clone()
+        .try_start(try_start(&key))
+        .await
+        .expect_err("a standby refuses writes");
+    assert_error(&status, Code::Unavailable, "STORE_UNAVAILABLE");
+    use tonic_types::StatusExt;
+    assert_eq!(
+        status
+            .get_error_details()
+            .error_info()
+            .and_then(|info| info.metadata.get("outcome").cloned())
+            .as_deref(),
+        Some("not_written"),
+        "{status:?}"
+    );
+    assert_eq!(rows_on(primary, &key).await, 0, "nothing written anywhere");
+
+    // With target_session_attrs the standby is not even connected to for calls.
+    let database = TestDatabase::create(Backend::Postgres).await;
+    let checked = format!("{}?target_session_attrs=read-write", standby.url(DATABASE));
+    let app = TestApp::start_on(database, Some(&checked), &["--no-migrate"]).await;
+    let status = app
+        .client()
+        .await
+        .try_start(try_start(&key))
+        .await
+        .expect_err("no writable host");
+    assert_error(&status, Code::Unavailable, "STORE_UNAVAILABLE");
+    assert_eq!(rows_on(primary, &key).await, 0);
+}
+
+#[tokio::test]
+async fn a_primary_cut_off_is_left_for_the_promoted_standby() {
+    let pair = ReplicatedPair::start(Replication::Synchronous).await;
+    let [primary, standby] = &pair.nodes;
+    // The primary is reached through a proxy that can drop every packet, as a partition would;
+    // the standby streams from it directly, so it has every acknowledged commit.
+    let proxy = TcpProxy::start(
+        format!("127.0.0.1:{}", primary.port)
+            .parse()
+            .expect("an address"),
+    )
+    .await;
+    let url = format!(
+        "postgres://postgres@{},{}/{DATABASE}?target_session_attrs=read-write",
+        proxy.addr,
+        standby.host()
+    );
+    let app = serve_on(&url, &["--operation-timeout", "2s"]).await;
+    let mut client = app.client().await;
+    let acknowledged = completed_keys(&mut client, "before", 5).await;
+
+    proxy.blackhole();
+    app.wait_for_status(ServingStatus::NotServing).await;
+    standby.promote().await;
+    let recovered = time_until_calls_succeed(&client, Duration::from_secs(10)).await;
+    eprintln!("calls succeeded again {recovered:?} after the promotion");
+    assert!(
+        recovered <= Duration::from_secs(2),
+        "calls succeeded {recovered:?} after the standby was promoted"
+    );
+    app.wait_for_status(ServingStatus::Serving).await;
+    for key in &acknowledged {
+        expect_replay(&client, key, key.as_bytes()).await;
+    }
+    let key = unique_key("after-partition");
+    claim_and_complete(&mut client, &key, b"x").await;
+    assert_eq!(
+        rows_on(standby, &key).await,
+        1,
+        "written on the new primary"
+    );
+    assert_eq!(rows_on(primary, &key).await, 0, "never on the one cut off");
 }

@@ -122,7 +122,9 @@ impl PgStore {
             .before_acquire(move |connection, metadata| {
                 let follower = calls_follower.clone();
                 Box::pin(async move {
-                    if follower.predates_move(metadata.age) {
+                    if follower.predates_move(metadata.age)
+                        || follower.idle_since_trouble(metadata.idle_for)
+                    {
                         return Ok(false);
                     }
                     if metadata.idle_for > PING_WHEN_IDLE_FOR {
@@ -135,7 +137,8 @@ impl PgStore {
         let probe_follower = follower.clone();
         let probe_pool = followed_pool(&follower, 1, budget.connection_wait)
             .before_acquire(move |_, metadata| {
-                let moved = probe_follower.predates_move(metadata.age);
+                let moved = probe_follower.predates_move(metadata.age)
+                    || probe_follower.idle_since_trouble(metadata.idle_for);
                 Box::pin(async move { Ok(!moved) })
             })
             .connect_lazy_with(per_host.probe[0].clone());

@@ -26,6 +26,8 @@ pub struct Durability {
     pub synchronous_standbys: i64,
     /// Standbys whose state this role may not read (it lacks `pg_monitor`).
     pub unknown_standbys: i64,
+    /// Every standby streaming from the store, synchronous or not.
+    pub standbys: i64,
 }
 
 impl Durability {
@@ -54,8 +56,17 @@ impl Durability {
     }
 
     fn log(&self) {
-        if !self.commits_wait_for_standby() {
+        if !self.commits_wait_for_standby() && self.standbys == 0 {
+            // A lone server: there is no standby a failover could promote (a development
+            // database, a test), and nothing to warn of.
+            tracing::info!(
+                synchronous_commit = %self.synchronous_commit,
+                synchronous_standby_names = %self.standby_names,
+                "commits do not wait for a standby, and none streams from the store"
+            );
+        } else if !self.commits_wait_for_standby() {
             tracing::warn!(
+                standbys = self.standbys,
                 synchronous_commit = %self.synchronous_commit,
                 synchronous_standby_names = %self.standby_names,
                 "commits do not wait for a synchronous standby: a failover to a standby can \
@@ -156,15 +167,20 @@ impl PgStore {
             ));
         }
         let read = self
-            .fetch_optional_with::<(String, String, i64, i64)>(
+            .fetch_optional_with::<(String, String, i64, i64, i64)>(
                 &mut connection,
                 sqlx::query_as(DURABILITY),
             )
             .await;
         let read = self.probed(read)?;
         connection.settle();
-        let Some((synchronous_commit, standby_names, synchronous_standbys, unknown_standbys)) =
-            read
+        let Some((
+            synchronous_commit,
+            standby_names,
+            synchronous_standbys,
+            unknown_standbys,
+            standbys,
+        )) = read
         else {
             return Err(StoreError::Inconsistent("no durability row"));
         };
@@ -173,6 +189,7 @@ impl PgStore {
             standby_names,
             synchronous_standbys,
             unknown_standbys,
+            standbys,
         };
         durability.record_metrics();
         let changed = {

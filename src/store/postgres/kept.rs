@@ -98,12 +98,19 @@ impl Settling {
 
 impl Drop for Settling {
     fn drop(&mut self) {
-        if let Some(connection) = self.connection.as_mut()
-            && !self.settled
+        if !self.settled
+            && let Some(connection) = self.connection.take()
         {
-            connection.close_on_drop();
+            drop_at_once(connection);
         }
     }
+}
+
+/// Takes `connection` out of its pool (whose place frees at once) and drops its socket, without
+/// the driver's goodbye: on a host that is cut off even that may wait (up to the driver's own
+/// close timeout) while holding the pool's place. The server sees the connection end.
+pub(super) fn drop_at_once(connection: PoolConnection<Postgres>) {
+    drop(connection.detach());
 }
 
 impl Deref for Settling {
@@ -170,10 +177,13 @@ impl KeptConnections {
     async fn lend_kept(&self) -> Option<Lent<'_>> {
         loop {
             let mut kept = self.lock().pop()?;
-            if self.follower.taken_before_move(kept.taken_at) {
-                // Maybe to the host the store moved away from: closed, never pinged (a host
-                // cut off would hold the ping until the TCP keepalives give up).
-                kept.connection.close_on_drop();
+            if self.follower.taken_before_move(kept.taken_at)
+                || self.follower.idle_since_trouble(kept.used_at.elapsed())
+            {
+                // Maybe to the host the store moved away from, or unused since trouble began:
+                // closed, never pinged (a host cut off would hold the ping until the TCP
+                // keepalives give up).
+                drop_at_once(kept.connection);
                 continue;
             }
             // A broken connection is dropped here: the driver's own ping on its return fails,

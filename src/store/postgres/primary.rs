@@ -47,6 +47,10 @@ pub(super) struct Follower {
     searching: AtomicBool,
     /// Whether the writable host has been looked for before the first connection.
     located: AtomicBool,
+    /// When the store last met trouble that a failover would explain: a connection that has
+    /// sat unused since before it may be to a host that is gone or cut off (where a ping would
+    /// wait for the TCP keepalives), and is closed instead of reused.
+    distrusted_at: Mutex<Option<Instant>>,
 }
 
 /// Why a new connection was refused: its host cannot write.
@@ -67,6 +71,7 @@ impl Follower {
             moves: watch::channel(0).0,
             searching: AtomicBool::new(false),
             located: AtomicBool::new(false),
+            distrusted_at: Mutex::new(None),
         }
     }
 
@@ -111,6 +116,15 @@ impl Follower {
     /// Whether `since` (when a connection was taken) is before the last move.
     pub(super) fn taken_before_move(&self, since: Instant) -> bool {
         self.predates_move(since.elapsed())
+    }
+
+    /// Whether a connection unused for `idle_for` has been so since before the last trouble.
+    pub(super) fn idle_since_trouble(&self, idle_for: Duration) -> bool {
+        let distrusted_at = *self
+            .distrusted_at
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        distrusted_at.is_some_and(|distrusted_at| idle_for >= distrusted_at.elapsed())
     }
 
     /// Changes on each move.
@@ -193,7 +207,14 @@ impl PgStore {
         } else {
             &self.listen_follower
         };
-        if !follower.can_move() || follower.searching.swap(true, Ordering::SeqCst) {
+        if !follower.can_move() {
+            return;
+        }
+        *follower
+            .distrusted_at
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(Instant::now());
+        if follower.searching.swap(true, Ordering::SeqCst) {
             return;
         }
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
@@ -242,7 +263,7 @@ impl PgStore {
             if !follower.can_move() || follower.located.swap(true, Ordering::SeqCst) {
                 continue;
             }
-            match self.writable_host(follower).await {
+            match self.writable_host(follower, None).await {
                 Some(found) => {
                     let host = host_name(&follower.list.hosts[found]);
                     tracing::info!(%host, attrs = %follower.attrs(), "the writable PostgreSQL host");
@@ -257,25 +278,24 @@ impl PgStore {
     /// Asks every host until one is writable (or the store closes), and moves there.
     async fn search(&self, calls: bool) {
         let (follower, pools) = self.followed(calls);
-        let mut retry = SEARCH_RETRY.0;
-        loop {
-            if pools.iter().any(|followed| followed.pool.is_closed()) {
-                break;
-            }
-            if let Some(found) = self.writable_host(follower).await {
-                follower.located.store(true, Ordering::SeqCst);
-                follower.move_to(found, &pools);
-                break;
-            }
-            tokio::time::sleep(retry).await;
-            retry = (retry * 2).min(SEARCH_RETRY.1);
+        let store_open = pools.first().map(|followed| followed.pool.clone());
+        if let Some(found) = self.writable_host(follower, store_open).await {
+            follower.located.store(true, Ordering::SeqCst);
+            follower.move_to(found, &pools);
         }
         follower.searching.store(false, Ordering::SeqCst);
     }
 
     /// The index of a writable host: every host is asked at once, each within a connection's
-    /// wait, and the first writable one to answer is taken.
-    async fn writable_host(&self, follower: &Follower) -> Option<usize> {
+    /// wait, and the first writable one to answer is taken. With `until_closed`, each host is
+    /// asked again (every [`SEARCH_RETRY`]) until one is writable or that pool closes, each on
+    /// its own: a standby is found as soon as it is promoted, however long a host that is cut
+    /// off takes to time out.
+    async fn writable_host(
+        &self,
+        follower: &Follower,
+        until_closed: Option<PgPool>,
+    ) -> Option<usize> {
         let mut asking = tokio::task::JoinSet::new();
         for (index, options) in follower.list.hosts.iter().enumerate() {
             let options = options
@@ -284,33 +304,19 @@ impl PgStore {
                 .disable_statement_logging();
             let attrs = follower.list.attrs;
             let wait = self.budget.connection_wait;
+            let until_closed = until_closed.clone();
             asking.spawn(async move {
-                let host = host_name(&options);
-                let asked = tokio::time::timeout(wait, async {
-                    let mut connection = match PgConnection::connect_with(&options).await {
-                        // The database is not created yet (the first migration creates it on
-                        // the writable host): the host is asked through the maintenance one.
-                        Err(sqlx::Error::Database(db)) if db.code().as_deref() == Some("3D000") => {
-                            PgConnection::connect_with(&options.clone().database("postgres"))
-                                .await?
-                        }
-                        connected => connected?,
-                    };
-                    let checked = check_writable(&mut connection, attrs, &host).await;
-                    let _ = connection.close().await;
-                    checked
-                })
-                .await;
-                match asked {
-                    Ok(Ok(())) => Some(index),
-                    Ok(Err(error)) => {
-                        tracing::debug!(%host, error = %crate::telemetry::error_chain(&error),
-                            "not the writable host");
-                        None
+                let mut retry = SEARCH_RETRY.0;
+                loop {
+                    if ask_host(&options, attrs, wait).await {
+                        return Some(index);
                     }
-                    Err(_) => {
-                        tracing::debug!(%host, ?wait, "no answer while looking for the writable host");
-                        None
+                    match &until_closed {
+                        Some(pool) if !pool.is_closed() => {
+                            tokio::time::sleep(retry).await;
+                            retry = (retry * 2).min(SEARCH_RETRY.1);
+                        }
+                        _ => return None,
                     }
                 }
             });
@@ -321,6 +327,38 @@ impl PgStore {
             }
         }
         None
+    }
+}
+
+/// Whether the host of `options` answers within `wait` with a session that can write as
+/// `attrs` asks.
+async fn ask_host(options: &PgConnectOptions, attrs: SessionAttrs, wait: Duration) -> bool {
+    let host = host_name(options);
+    let asked = tokio::time::timeout(wait, async {
+        let mut connection = match PgConnection::connect_with(options).await {
+            // The database is not created yet (the first migration creates it on the writable
+            // host): the host is asked through the maintenance one.
+            Err(sqlx::Error::Database(db)) if db.code().as_deref() == Some("3D000") => {
+                PgConnection::connect_with(&options.clone().database("postgres")).await?
+            }
+            connected => connected?,
+        };
+        let checked = check_writable(&mut connection, attrs, &host).await;
+        let _ = connection.close().await;
+        checked
+    })
+    .await;
+    match asked {
+        Ok(Ok(())) => true,
+        Ok(Err(error)) => {
+            tracing::debug!(%host, error = %crate::telemetry::error_chain(&error),
+                "not the writable host");
+            false
+        }
+        Err(_) => {
+            tracing::debug!(%host, ?wait, "no answer while looking for the writable host");
+            false
+        }
     }
 }
 

@@ -410,11 +410,12 @@ pub(super) const WRITE_PROBE: &str = "SELECT pg_logical_emit_message(true, \
 /// `synchronous_commit` (`on`, `remote_write` and `remote_apply` wait; `local` and `off` do
 /// not), `synchronous_standby_names` (no name: nothing to wait for), and the standbys
 /// `pg_stat_replication` lists as `sync` or `quorum`. A role without `pg_monitor` sees the
-/// standbys but not their state (NULL), counted apart as unknown.
+/// standbys but not their state (NULL), counted apart as unknown. Last, every standby.
 pub(super) const DURABILITY: &str = "SELECT current_setting('synchronous_commit'), \
      current_setting('synchronous_standby_names'), \
      count(*) FILTER (WHERE sync_state IN ('sync', 'quorum')), \
-     count(*) FILTER (WHERE sync_state IS NULL) \
+     count(*) FILTER (WHERE sync_state IS NULL), \
+     count(*) \
      FROM pg_stat_replication";
 
 /// Whether a new session can write: in recovery (a standby), and read-only by default
