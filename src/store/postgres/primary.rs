@@ -106,6 +106,10 @@ impl Follower {
     /// Whether a connection that has existed for `age` was made before the last move (and may
     /// be to the old host).
     pub(super) fn predates_move(&self, age: Duration) -> bool {
+        // A store that cannot move pays nothing for this on each statement.
+        if !self.can_move() {
+            return false;
+        }
         let moved_at = *self
             .moved_at
             .lock()
@@ -120,6 +124,9 @@ impl Follower {
 
     /// Whether a connection unused for `idle_for` has been so since before the last trouble.
     pub(super) fn idle_since_trouble(&self, idle_for: Duration) -> bool {
+        if !self.can_move() {
+            return false;
+        }
         let distrusted_at = *self
             .distrusted_at
             .lock()
