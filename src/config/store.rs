@@ -13,7 +13,9 @@ use crate::telemetry::LogFormat;
 pub struct DatabaseArgs {
     /// The store: postgres://user@host:5432/idempotency for PostgreSQL (shared by replicas; the
     /// database is created if missing and the role may), or sqlite://path for the embedded
-    /// store. Without it, the embedded store at --sqlite-path.
+    /// store. Without it, the embedded store at --sqlite-path. Several PostgreSQL hosts as
+    /// libpq takes them, postgres://user@h1:5432,h2:5432/db?target_session_attrs=read-write
+    /// (or primary): the service writes to whichever is writable and follows a failover.
     #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
     pub database_url: Option<String>,
 
@@ -37,6 +39,13 @@ pub struct DatabaseArgs {
     /// Log format.
     #[arg(long, env = "IDEMPOTENCY_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
+
+    /// PostgreSQL only: report NOT_SERVING while no synchronous standby is attached (or commits
+    /// do not wait for one), for deployments that prefer refusing calls to acknowledging keys
+    /// a failover could lose. Needs a role that may read pg_stat_replication's sync_state
+    /// (pg_monitor); see docs/operations.md, "Highly available PostgreSQL".
+    #[arg(long, env = "IDEMPOTENCY_REQUIRE_SYNCHRONOUS_STANDBY")]
+    pub require_synchronous_standby: bool,
 
     /// PostgreSQL only: where to LISTEN for other replicas' Completes and Releases (which wake
     /// waiting TryStarts), when not --database-url: a direct connection to the same database,
@@ -66,10 +75,16 @@ const OPERATION_TIMEOUT: Bounds = Bounds::new(Duration::from_millis(100), Durati
 impl DatabaseArgs {
     pub fn store_settings(&self) -> Result<StoreSettings, SettingError> {
         let location = match &self.database_url {
-            Some(url) => StoreLocation::from_url(url).map_err(|problem| SettingError {
-                flag: "database-url",
-                problem,
-            })?,
+            Some(url) => {
+                let location = StoreLocation::from_url(url).map_err(|problem| SettingError {
+                    flag: "database-url",
+                    problem,
+                })?;
+                if let StoreLocation::Postgres { url } = &location {
+                    check_postgres_url("database-url", url)?;
+                }
+                location
+            }
             None => StoreLocation::Sqlite {
                 path: self.sqlite_path.clone(),
             },
@@ -77,7 +92,10 @@ impl DatabaseArgs {
         let notify_url = match (&self.notify_database_url, &location) {
             (None, _) => None,
             (Some(url), StoreLocation::Postgres { .. }) => match StoreLocation::from_url(url) {
-                Ok(StoreLocation::Postgres { url }) => Some(url),
+                Ok(StoreLocation::Postgres { url }) => {
+                    check_postgres_url("notify-database-url", &url)?;
+                    Some(url)
+                }
                 _ => {
                     return Err(SettingError {
                         flag: "notify-database-url",
@@ -94,6 +112,12 @@ impl DatabaseArgs {
                 });
             }
         };
+        if self.require_synchronous_standby && matches!(location, StoreLocation::Sqlite { .. }) {
+            return Err(SettingError {
+                flag: "require-synchronous-standby",
+                problem: "applies to PostgreSQL only: the embedded store has no standby".into(),
+            });
+        }
         if self.pooler == Pooler::Transaction {
             if let StoreLocation::Sqlite { .. } = location {
                 return Err(SettingError {
@@ -118,8 +142,20 @@ impl DatabaseArgs {
                 .check_setting("operation-timeout", self.operation_timeout)?,
             notify_url,
             pooler: self.pooler,
+            require_synchronous_standby: self.require_synchronous_standby,
         })
     }
+}
+
+/// Refuses at start a PostgreSQL URL the store could not use: its hosts, ports and
+/// `target_session_attrs` (`store::postgres::hosts`), and whatever else the driver reads.
+fn check_postgres_url(flag: &'static str, url: &str) -> Result<(), SettingError> {
+    crate::store::postgres::hosts::HostList::parse(url)
+        .map(drop)
+        .map_err(|problem| SettingError {
+            flag,
+            problem: problem.to_string(),
+        })
 }
 
 impl MigrateArgs {

@@ -358,3 +358,63 @@ fn the_replay_cache_has_a_default_bounds_and_its_variable() {
         Some(std::ffi::OsStr::new("IDEMPOTENCY_REPLAY_CACHE_BYTES"))
     );
 }
+
+#[test]
+fn several_postgres_hosts_are_checked_at_start_by_flag() {
+    let many = "postgres://u@h1:5432,h2:5433/db?target_session_attrs=read-write";
+    let settings = serve_settings(&["--database-url", many]).expect("a libpq multi-host URL");
+    assert_eq!(
+        settings.store.location,
+        StoreLocation::Postgres { url: many.into() }
+    );
+    let no_attrs = serve_settings(&["--database-url", "postgres://h1,h2/db"])
+        .expect_err("several hosts without a writable target");
+    assert!(no_attrs.contains("--database-url"), "{no_attrs}");
+    assert!(
+        no_attrs.contains("target_session_attrs=read-write"),
+        "{no_attrs}"
+    );
+    let bad_port = serve_settings(&[
+        "--database-url",
+        "postgres://h1:5432,h2:0/db?target_session_attrs=primary",
+    ])
+    .expect_err("port 0");
+    assert!(bad_port.contains("host 2 of 2"), "{bad_port}");
+    let notify = serve_settings(&[
+        "--notify-database-url",
+        "postgres://h1,h2/db?target_session_attrs=standby",
+    ])
+    .expect_err("a standby cannot LISTEN for changes");
+    assert!(notify.contains("--notify-database-url"), "{notify}");
+}
+
+#[test]
+fn require_synchronous_standby_is_for_postgresql_only() {
+    let settings = serve_settings(&["--require-synchronous-standby"]).expect("PostgreSQL");
+    assert!(settings.store.require_synchronous_standby);
+    assert!(
+        !serve_settings(&[])
+            .expect("defaults")
+            .store
+            .require_synchronous_standby
+    );
+    let sqlite = Cli::try_parse_from([
+        "idempotency-coordinator",
+        "--database-url",
+        "sqlite:///tmp/x.db",
+        "--require-synchronous-standby",
+    ])
+    .expect("parses")
+    .into_command();
+    let Command::Serve(serve) = sqlite else {
+        panic!("expected serve");
+    };
+    let refused = serve
+        .settings()
+        .expect_err("no standby to require")
+        .to_string();
+    assert!(
+        refused.contains("--require-synchronous-standby"),
+        "{refused}"
+    );
+}

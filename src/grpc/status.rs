@@ -35,6 +35,19 @@ pub fn reason(error: &CoordinatorError) -> &'static str {
     }
 }
 
+/// Whether the call's write may still land although it is answered UNAVAILABLE: its answer did
+/// not come within the operation timeout while its statement may have been running (a commit
+/// waiting for a synchronous standby is not ended by `statement_timeout`), or the connection
+/// was lost mid-statement. A caller learns it from the ErrorInfo's `outcome` (`unknown`, else
+/// `not_written`), and retries with the same `attempt_id` (docs/contract.md, Errors).
+fn may_have_written(error: &CoordinatorError) -> bool {
+    match error {
+        CoordinatorError::TimedOut(_) => true,
+        CoordinatorError::Store(store) => store.may_have_written(),
+        _ => false,
+    }
+}
+
 fn error_info(reason: &str) -> ErrorDetails {
     ErrorDetails::with_error_info(reason, ERROR_DOMAIN, HashMap::new())
 }
@@ -152,9 +165,18 @@ pub fn failed(error: CoordinatorError, rpc: &'static str, scope: &str) -> Status
             Status::with_error_details(code, rejection.to_string(), error_info(reason))
         }
         transient if transient.is_transient() => {
-            tracing::warn!(rpc, namespace = scope, error = %error_chain(&transient),
+            let outcome = if may_have_written(&transient) {
+                "unknown"
+            } else {
+                "not_written"
+            };
+            tracing::warn!(rpc, namespace = scope, error = %error_chain(&transient), outcome,
                     "store unavailable");
-            let mut details = error_info(reason);
+            let mut details = ErrorDetails::with_error_info(
+                reason,
+                ERROR_DOMAIN,
+                HashMap::from([("outcome".to_owned(), outcome.to_owned())]),
+            );
             details.set_retry_info(Some(STORE_RETRY_DELAY));
             Status::with_error_details(
                 Code::Unavailable,

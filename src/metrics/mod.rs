@@ -120,6 +120,14 @@ fn describe() {
         "The most weight each coalescer takes; beyond it, calls are refused."
     );
     describe_gauge!(
+        "idempotency_store_commits_wait_for_standby",
+        "PostgreSQL: 1 when the store's commits wait for a synchronous standby, else 0 (a failover can then lose acknowledged keys); read at every health check."
+    );
+    describe_gauge!(
+        "idempotency_store_synchronous_standbys",
+        "PostgreSQL: synchronous standbys attached to the primary (state=attached), and standbys whose state the role may not read (state=unknown)."
+    );
+    describe_gauge!(
         "idempotency_reaper_lag_seconds",
         Unit::Seconds,
         "Age of the oldest expired row not yet deleted, by table, read after each reaper sweep (0: none)."

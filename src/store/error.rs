@@ -11,6 +11,14 @@ pub enum StoreError {
     /// and nothing was written (SQLite's deadline before commit).
     #[error("the store did not finish within {0:?}")]
     TimedOut(Duration),
+    /// The health probe's write did not commit within its bound (a commit waiting for a
+    /// synchronous standby that is gone, a host that stopped answering).
+    #[error("a write did not commit within {0:?}")]
+    WritesStalled(Duration),
+    /// The store answers but is not fit to serve as configured (no synchronous standby with
+    /// `--require-synchronous-standby`).
+    #[error("{0}")]
+    Unready(String),
     /// The schema is missing or older than this build.
     #[error("the store's schema is not migrated: {0}")]
     NotMigrated(String),
@@ -43,9 +51,32 @@ impl StoreError {
         match self {
             Self::Unavailable(_)
             | Self::TimedOut(_)
+            | Self::WritesStalled(_)
+            | Self::Unready(_)
             | Self::NotMigrated(_)
             | Self::KeyHeld { .. } => true,
             Self::Shared(inner) => inner.is_transient(),
+            _ => false,
+        }
+    }
+
+    /// Whether the statement may have been sent and may still commit (or have committed)
+    /// although the caller gets a failure: the connection was lost mid-statement, or the server
+    /// ended the session while the commit waited (for a synchronous standby, say). A failure
+    /// the server reported before committing (its own statement or lock timeout, a read-only
+    /// session, a broken deadlock), a connection never obtained, or a deadline checked before
+    /// commit wrote nothing.
+    pub fn may_have_written(&self) -> bool {
+        match self {
+            Self::Unavailable(cause) | Self::Internal(cause) => match cause {
+                sqlx::Error::Io(_) | sqlx::Error::WorkerCrashed => true,
+                sqlx::Error::Database(db) => {
+                    let code = db.code().unwrap_or_default();
+                    code.starts_with("08") || code.starts_with("57P")
+                }
+                _ => false,
+            },
+            Self::Shared(inner) => inner.may_have_written(),
             _ => false,
         }
     }

@@ -205,6 +205,8 @@ pub struct StoreSettings {
     pub notify_url: Option<String>,
     /// What stands between the service and PostgreSQL.
     pub pooler: Pooler,
+    /// PostgreSQL only: report the store unready while no synchronous standby is attached.
+    pub require_synchronous_standby: bool,
 }
 
 /// What stands between the service and PostgreSQL (`--pooler`).
@@ -256,6 +258,7 @@ impl AnyStore {
                 pool_size: settings.pool_size,
                 operation_timeout: settings.operation_timeout,
                 pooler: settings.pooler,
+                require_synchronous_standby: settings.require_synchronous_standby,
             })
             .map(Self::Postgres)
             .map_err(OpenError::Postgres),

@@ -227,6 +227,7 @@ async fn store_probe_requires_the_full_schema(backend: Backend) {
         location,
         pool_size: 2,
         operation_timeout: Duration::from_secs(5),
+        require_synchronous_standby: false,
     })
     .expect("store");
     assert!(store.probe().await.is_err(), "no schema yet");

@@ -10,6 +10,7 @@ mod complete;
 mod contract_rules;
 mod embedded;
 mod extend_lease;
+mod failover;
 mod faults;
 mod gateway;
 mod grpcurl;

@@ -9,8 +9,10 @@ use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{AssertSqlSafe, ConnectOptions, Connection, PgConnection, PgPool, SqlSafeStr, SqlStr};
 use tokio::sync::broadcast;
 
+use super::hosts::HostList;
 use super::kept::{KeptConnections, PING_WHEN_IDLE_FOR};
 use super::listen::EVENTS_QUEUED;
+use super::primary::Follower;
 use super::{PgSettings, PgStore};
 use crate::domain::budget::TimeBudget;
 use crate::store::Pooler;
@@ -49,10 +51,14 @@ impl PgStore {
     /// while the database is still unreachable.
     pub fn connect_lazy(settings: &PgSettings) -> Result<Self, sqlx::Error> {
         let budget = TimeBudget::of(settings.operation_timeout);
-        let migration_options: PgConnectOptions = settings
-            .url
-            .parse::<PgConnectOptions>()?
-            .application_name("idempotency-coordinator");
+        let follower = Arc::new(Follower::new(
+            HostList::parse(&settings.url).map_err(invalid_url)?,
+        ));
+        let listen_follower = match &settings.notify_url {
+            Some(url) => Arc::new(Follower::new(HostList::parse(url).map_err(invalid_url)?)),
+            None => follower.clone(),
+        };
+        let named = |options: PgConnectOptions| options.application_name("idempotency-coordinator");
         let statement_timeout_ms = budget.statement.as_millis().max(1);
         // Every statement first waits only briefly for a row lock (see `TimeBudget::brief_lock`);
         // a call whose own key is held runs again with the whole lock budget (`Store::patient`).
@@ -69,83 +75,108 @@ impl PgStore {
         // a sequential scan, and keep doing so, once for every Complete, as the table grows
         // (a one-key Complete took 1.1 ms instead of 0.3–0.6 ms after a few thousand keys).
         // Without sequential scans every plan takes the indexes, whatever the table's size.
-        let (options, begin) = match settings.pooler {
-            Pooler::None => (
-                migration_options.clone().options([
-                    (
-                        "statement_timeout",
-                        statement_timeout_ms.to_string().as_str(),
-                    ),
-                    ("plan_cache_mode", "force_generic_plan"),
-                    ("enable_seqscan", "off"),
-                    ("lock_timeout", lock_timeout_ms.as_str()),
-                    (
-                        "idle_in_transaction_session_timeout",
-                        idle_in_transaction_ms.as_str(),
-                    ),
-                    ("tcp_keepalives_idle", "10"),
-                    ("tcp_keepalives_interval", "5"),
-                    ("tcp_keepalives_count", "3"),
-                ]),
-                None,
-            ),
+        let startup = |options: PgConnectOptions| match settings.pooler {
+            Pooler::None => named(options).options([
+                (
+                    "statement_timeout",
+                    statement_timeout_ms.to_string().as_str(),
+                ),
+                ("plan_cache_mode", "force_generic_plan"),
+                ("enable_seqscan", "off"),
+                ("lock_timeout", lock_timeout_ms.as_str()),
+                (
+                    "idle_in_transaction_session_timeout",
+                    idle_in_transaction_ms.as_str(),
+                ),
+                ("tcp_keepalives_idle", "10"),
+                ("tcp_keepalives_interval", "5"),
+                ("tcp_keepalives_count", "3"),
+            ]),
             // A pooler in transaction mode refuses startup options (PgBouncer: "unsupported
             // startup parameter: options") and hands each transaction whichever server
             // connection is free: settings are made per transaction, and no statement is kept
             // prepared (each is unnamed, parsed again in the transaction that runs it).
-            Pooler::Transaction => (
-                migration_options.clone(),
-                Some(begin_statement(
-                    statement_timeout_ms,
-                    budget.brief_lock,
-                    true,
-                )),
-            ),
+            Pooler::Transaction => named(options),
         };
-        let pool = PgPoolOptions::new()
-            .max_connections(settings.pool_size)
-            .acquire_timeout(budget.connection_wait)
+        let begin = match settings.pooler {
+            Pooler::None => None,
+            Pooler::Transaction => Some(begin_statement(
+                statement_timeout_ms,
+                budget.brief_lock,
+                true,
+            )),
+        };
+        let per_host = PerHost {
+            calls: follower.shaped(startup),
+            probe: follower.shaped(startup),
+            listen: listen_follower
+                .shaped(|options| options.application_name("idempotency-coordinator listener")),
+        };
+        let calls_follower = follower.clone();
+        let pool = followed_pool(&follower, settings.pool_size, budget.connection_wait)
             // The driver pings every connection it takes from the pool (a round trip before
             // each statement) and again when it is given back. A connection given back moments
             // ago has just answered that second ping, so only one that sat idle for a while,
             // and may have been dropped by the server or a firewall meanwhile, is pinged first.
             .test_before_acquire(false)
-            .before_acquire(|connection, metadata| {
+            .before_acquire(move |connection, metadata| {
+                let follower = calls_follower.clone();
                 Box::pin(async move {
+                    if follower.predates_move(metadata.age)
+                        || follower.idle_since_trouble(metadata.idle_for)
+                    {
+                        return Ok(false);
+                    }
                     if metadata.idle_for > PING_WHEN_IDLE_FOR {
                         connection.ping().await?;
                     }
                     Ok(true)
                 })
             })
-            .connect_lazy_with(options.clone());
-        let probe_pool = PgPoolOptions::new()
-            .max_connections(1)
-            .acquire_timeout(budget.connection_wait)
-            .connect_lazy_with(options.clone());
-        let listen_options = match &settings.notify_url {
-            Some(url) => url.parse::<PgConnectOptions>()?,
-            None => migration_options.clone(),
-        }
-        .application_name("idempotency-coordinator listener");
-        let listen_pool = PgPoolOptions::new()
-            .max_connections(1)
-            .acquire_timeout(budget.connection_wait)
-            .connect_lazy_with(listen_options.clone());
+            .connect_lazy_with(per_host.calls[0].clone());
+        let probe_follower = follower.clone();
+        let probe_pool = followed_pool(&follower, 1, budget.connection_wait)
+            .before_acquire(move |_, metadata| {
+                let moved = probe_follower.predates_move(metadata.age)
+                    || probe_follower.idle_since_trouble(metadata.idle_for);
+                Box::pin(async move { Ok(!moved) })
+            })
+            .connect_lazy_with(per_host.probe[0].clone());
+        // Two places for the one connection that listens: the one it leaves on a host the store
+        // moved away from may wait for the TCP keepalives to give up before the pool gets its
+        // place back (the driver unlistens on it first), and must not keep the listener from the
+        // new host meanwhile.
+        let listen_pool = followed_pool(&listen_follower, 2, budget.connection_wait)
+            .connect_lazy_with(per_host.listen[0].clone());
         Ok(Self {
-            connections: Arc::new(KeptConnections::new(pool)),
+            connections: Arc::new(KeptConnections::new(pool, follower.clone())),
             probe_pool,
             listen_pool,
-            listen_options: Arc::new(listen_options),
             events: broadcast::channel(EVENTS_QUEUED).0,
             erasures: broadcast::channel(EVENTS_QUEUED).0,
-            migration_options: Arc::new(migration_options),
-            url: settings.url.clone(),
+            follower,
+            listen_follower,
+            per_host: Arc::new(per_host),
             begin,
-            probe_options: Arc::new(options),
             budget,
             limits: None,
+            durability: Arc::default(),
+            require_synchronous_standby: settings.require_synchronous_standby,
         })
+    }
+
+    /// How migrations connect: to the host the calls go to now, without a statement timeout.
+    pub(super) fn migration_options(&self) -> PgConnectOptions {
+        self.follower
+            .current()
+            .clone()
+            .application_name("idempotency-coordinator")
+    }
+
+    /// How the probe connects now, to connect once by hand when the pool only says it timed
+    /// out.
+    fn probe_options(&self) -> PgConnectOptions {
+        self.per_host.probe[self.follower.index()].clone()
     }
 
     /// The pool, for tests and tools that inspect the database directly.
@@ -162,7 +193,7 @@ impl PgStore {
     pub(super) async fn why_no_connection(&self) -> sqlx::Error {
         let attempt = tokio::time::timeout(
             self.budget.connection_wait,
-            PgConnection::connect_with(&self.probe_options),
+            PgConnection::connect_with(&self.probe_options()),
         )
         .await;
         match attempt {
@@ -174,6 +205,59 @@ impl PgStore {
             Err(_) => sqlx::Error::PoolTimedOut,
         }
     }
+}
+
+/// Each host's connection settings, per pool (the same hosts; each pool adds its own settings).
+#[derive(Debug)]
+pub(super) struct PerHost {
+    pub calls: Vec<PgConnectOptions>,
+    pub probe: Vec<PgConnectOptions>,
+    pub listen: Vec<PgConnectOptions>,
+}
+
+/// A pool of at most `size` connections that follows `follower`'s host: when the URL asks for
+/// a writable session, every new connection is checked and refused if its host cannot write.
+fn followed_pool(
+    follower: &Arc<Follower>,
+    size: u32,
+    connection_wait: std::time::Duration,
+) -> PgPoolOptions {
+    let options = PgPoolOptions::new()
+        .max_connections(size)
+        .acquire_timeout(connection_wait);
+    if !follower.attrs().checked() {
+        return options;
+    }
+    let follower = follower.clone();
+    options.after_connect(move |connection, _| {
+        let follower = follower.clone();
+        Box::pin(async move { follower.check(connection).await })
+    })
+}
+
+/// A URL the store cannot use, as the driver's error (the settings checked it at start, so this
+/// is reached only by tools that open a store directly).
+fn invalid_url(problem: super::hosts::UrlProblem) -> sqlx::Error {
+    sqlx::Error::Configuration(Box::new(problem))
+}
+
+/// Whether the database `options` names exists, asked through the maintenance database
+/// `postgres`.
+pub(super) async fn database_exists(options: &PgConnectOptions) -> Result<bool, sqlx::Error> {
+    let database = options.get_database().unwrap_or_default().to_owned();
+    let mut connection = options
+        .clone()
+        .database("postgres")
+        .disable_statement_logging()
+        .connect()
+        .await?;
+    let exists: Result<(bool,), _> =
+        sqlx::query_as("SELECT EXISTS (SELECT 1 FROM pg_database WHERE datname = $1)")
+            .bind(database)
+            .fetch_one(&mut connection)
+            .await;
+    let _ = connection.close().await;
+    exists.map(|(exists,)| exists)
 }
 
 /// Creates the database `options` names, through the maintenance database `postgres` (as

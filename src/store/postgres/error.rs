@@ -33,6 +33,9 @@ pub(super) fn classify(error: sqlx::Error) -> StoreError {
                 "42P01" | "42703" | "42704" | "42883" | "3F000" => {
                     return StoreError::NotMigrated(db.message().to_owned());
                 }
+                // read_only_sql_transaction: a standby, or a primary demoted under the session
+                // (nothing was written; the store looks for the writable host).
+                "25006" => true,
                 // query_canceled (our statement_timeout), serialization_failure,
                 // deadlock_detected, invalid_catalog_name (the database is not created yet),
                 // authentication failures.

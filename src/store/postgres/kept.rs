@@ -15,6 +15,13 @@
 //! dropped it meanwhile), and the store hands the driver back what stays unused that long, and
 //! every connection it has kept for [`KEEP_AT_MOST`], so that the pool's own upkeep (idle
 //! timeout, maximum lifetime) still reaches every connection.
+//!
+//! A connection whose statement was abandoned half-way (its caller's time ran out while the
+//! statement was in flight: a commit waiting for a synchronous standby, a host cut off) is
+//! closed rather than given back: the driver's ping on its return would wait behind the
+//! statement, holding one of the pool's places for as long as the statement (or the TCP
+//! keepalives) take. When the store moves to another host (`primary.rs`), the connections it
+//! kept from before the move are closed too.
 
 use std::ops::{Deref, DerefMut};
 use std::sync::Mutex;
@@ -23,6 +30,8 @@ use std::time::{Duration, Instant};
 
 use sqlx::pool::PoolConnection;
 use sqlx::{Connection, PgConnection, PgPool, Postgres};
+
+use super::primary::Follower;
 
 /// How long a connection may sit unused before it is pinged ahead of its next statement.
 pub(super) const PING_WHEN_IDLE_FOR: Duration = Duration::from_secs(1);
@@ -34,6 +43,8 @@ const KEEP_AT_MOST: Duration = Duration::from_secs(60);
 #[derive(Debug)]
 pub(super) struct KeptConnections {
     pool: PgPool,
+    /// The host the pool connects to, and when it last moved.
+    follower: std::sync::Arc<Follower>,
     /// Most recently used last.
     kept: Mutex<Vec<Kept>>,
     /// How many statements are waiting for a connection from the pool (or about to).
@@ -55,14 +66,75 @@ struct Kept {
 #[derive(Debug)]
 pub(super) struct Lent<'a> {
     home: &'a KeptConnections,
-    connection: PoolConnection<Postgres>,
+    connection: Settling,
     taken_at: Instant,
 }
 
+/// A connection of a pool that goes back to it only once its statement has settled (the driver
+/// read its whole answer, or the server refused it): dropped before, it is closed.
+#[derive(Debug)]
+pub(super) struct Settling {
+    connection: Option<PoolConnection<Postgres>>,
+    settled: bool,
+}
+
+impl Settling {
+    pub(super) fn new(connection: PoolConnection<Postgres>) -> Self {
+        Self {
+            connection: Some(connection),
+            settled: false,
+        }
+    }
+
+    /// The statement settled: the connection may go back to the pool.
+    pub(super) fn settle(&mut self) {
+        self.settled = true;
+    }
+
+    fn into_inner(mut self) -> Option<PoolConnection<Postgres>> {
+        self.connection.take()
+    }
+}
+
+impl Drop for Settling {
+    fn drop(&mut self) {
+        if !self.settled
+            && let Some(connection) = self.connection.take()
+        {
+            drop_at_once(connection);
+        }
+    }
+}
+
+/// Takes `connection` out of its pool (whose place frees at once) and drops its socket, without
+/// the driver's goodbye: on a host that is cut off even that may wait (up to the driver's own
+/// close timeout) while holding the pool's place. The server sees the connection end.
+pub(super) fn drop_at_once(connection: PoolConnection<Postgres>) {
+    drop(connection.detach());
+}
+
+impl Deref for Settling {
+    type Target = PgConnection;
+
+    fn deref(&self) -> &PgConnection {
+        // Present until `into_inner`, which consumes it.
+        self.connection.as_deref().expect("a settling connection")
+    }
+}
+
+impl DerefMut for Settling {
+    fn deref_mut(&mut self) -> &mut PgConnection {
+        self.connection
+            .as_deref_mut()
+            .expect("a settling connection")
+    }
+}
+
 impl KeptConnections {
-    pub(super) fn new(pool: PgPool) -> Self {
+    pub(super) fn new(pool: PgPool, follower: std::sync::Arc<Follower>) -> Self {
         Self {
             pool,
+            follower,
             kept: Mutex::new(Vec::new()),
             waiting_for_pool: AtomicUsize::new(0),
         }
@@ -93,7 +165,7 @@ impl KeptConnections {
             // kilobytes, and every statement's future would otherwise carry (and move) them.
             None => Box::pin(self.pool.acquire()).await.map(|connection| Lent {
                 home: self,
-                connection,
+                connection: Settling::new(connection),
                 taken_at: Instant::now(),
             }),
         };
@@ -105,6 +177,15 @@ impl KeptConnections {
     async fn lend_kept(&self) -> Option<Lent<'_>> {
         loop {
             let mut kept = self.lock().pop()?;
+            if self.follower.taken_before_move(kept.taken_at)
+                || self.follower.idle_since_trouble(kept.used_at.elapsed())
+            {
+                // Maybe to the host the store moved away from, or unused since trouble began:
+                // closed, never pinged (a host cut off would hold the ping until the TCP
+                // keepalives give up).
+                drop_at_once(kept.connection);
+                continue;
+            }
             // A broken connection is dropped here: the driver's own ping on its return fails,
             // and it is closed.
             if kept.used_at.elapsed() <= PING_WHEN_IDLE_FOR
@@ -112,7 +193,7 @@ impl KeptConnections {
             {
                 return Some(Lent {
                     home: self,
-                    connection: kept.connection,
+                    connection: Settling::new(kept.connection),
                     taken_at: kept.taken_at,
                 });
             }
@@ -139,16 +220,26 @@ impl KeptConnections {
 }
 
 impl Lent<'_> {
+    /// The statement settled (its answer read in full, or refused by the server): dropped, the
+    /// connection goes back to the pool rather than being closed.
+    pub(super) fn settle(&mut self) {
+        self.connection.settle();
+    }
+
     /// Keeps the connection for the next statement; call it only once the statement answered
     /// in full. The pool gets it back instead when it has been kept long enough, when the pool
     /// is closing, or when a statement waits for the pool. Connections kept but unused for a
     /// while go back to the pool too.
-    pub(super) fn keep(self) {
+    pub(super) fn keep(mut self) {
+        self.connection.settle();
         let now = Instant::now();
         if now.duration_since(self.taken_at) > KEEP_AT_MOST {
             return;
         }
         let home = self.home;
+        let Some(connection) = self.connection.into_inner() else {
+            return;
+        };
         let given_back = {
             let mut kept = home.lock();
             // Read under the lock that closing takes to hand the kept connections back.
@@ -161,7 +252,7 @@ impl Lent<'_> {
                 .count();
             let mut given_back: Vec<Kept> = kept.drain(..stale_count).collect();
             kept.push(Kept {
-                connection: self.connection,
+                connection,
                 taken_at: self.taken_at,
                 used_at: now,
             });

@@ -21,25 +21,28 @@ pub(super) const EVENTS_QUEUED: usize = 4096;
 const LISTEN_RETRY: (Duration, Duration) = (Duration::from_millis(100), Duration::from_secs(5));
 
 impl PgStore {
-    /// Listens on [`KEY_CHANNEL`] until the connection drops (answered `Ok`) or shutdown.
+    /// Listens on [`KEY_CHANNEL`] until the connection drops (answered `Ok`), the store moves
+    /// to another host (the connection is then dropped: notifications are sent on the
+    /// primary only), or shutdown.
     pub(super) async fn listen_until_dropped(
         &self,
         shutdown: &CancellationToken,
     ) -> Result<(), sqlx::Error> {
+        let mut moves = self.listen_follower.moves();
+        moves.mark_unchanged();
         let mut listener = match PgListener::connect_with(&self.listen_pool).await {
             Ok(listener) => listener,
             // The pool says only that it timed out: one direct attempt tells why (the database
             // does not exist yet, authentication, the network).
             Err(sqlx::Error::PoolTimedOut) => {
-                return Err(
-                    match PgConnection::connect_with(&self.listen_options).await {
-                        Ok(connection) => {
-                            let _ = connection.close().await;
-                            sqlx::Error::PoolTimedOut
-                        }
-                        Err(cause) => cause,
-                    },
-                );
+                let options = self.per_host.listen[self.listen_follower.index()].clone();
+                return Err(match PgConnection::connect_with(&options).await {
+                    Ok(connection) => {
+                        let _ = connection.close().await;
+                        sqlx::Error::PoolTimedOut
+                    }
+                    Err(cause) => cause,
+                });
             }
             Err(other) => return Err(other),
         };
@@ -51,6 +54,10 @@ impl PgStore {
         loop {
             let next = tokio::select! {
                 () = shutdown.cancelled() => return Ok(()),
+                _ = moves.changed() => {
+                    tracing::info!("the writable host changed; listening there");
+                    return Ok(());
+                }
                 next = listener.try_recv() => next?,
             };
             match next {
@@ -67,7 +74,10 @@ impl PgStore {
                     }
                     None => tracing::debug!("ignored a notification that names no key"),
                 },
-                None => return Ok(()),
+                None => {
+                    self.suspect_listen_host();
+                    return Ok(());
+                }
             }
         }
     }
@@ -128,6 +138,9 @@ impl PgStore {
                     }
                 }
                 Err(error) => {
+                    if super::primary::host_suspect(&error) {
+                        self.suspect_listen_host();
+                    }
                     tracing::warn!(error = %crate::telemetry::error_chain(&error),
                         ?retry, "cannot listen for other replicas' changes; retrying");
                     retry = (retry * 2).min(LISTEN_RETRY.1);

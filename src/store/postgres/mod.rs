@@ -18,9 +18,12 @@
 
 mod admin;
 mod connect;
+mod durability;
 mod error;
+pub mod hosts;
 mod kept;
 mod listen;
+mod primary;
 mod rows;
 mod sql;
 mod statements;
@@ -29,14 +32,17 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use sqlx::migrate::{MigrateDatabase, Migrator};
-use sqlx::postgres::{PgConnectOptions, PgPoolOptions, PgRow};
-use sqlx::{ConnectOptions, FromRow, PgPool, Postgres, SqlStr};
+use sqlx::migrate::Migrator;
+use sqlx::postgres::{PgPoolOptions, PgRow};
+use sqlx::{ConnectOptions, FromRow, PgPool, SqlStr};
 use tokio::sync::broadcast;
 use tokio_util::sync::CancellationToken;
 
+use self::connect::PerHost;
+use self::durability::Durability;
 use self::error::classify;
 use self::kept::KeptConnections;
+use self::primary::Follower;
 use self::rows::{CompleteRow, KeyRow, MarkRow, TryStartBatchRow, TryStartRow};
 use self::sql::*;
 use self::statements::Statement;
@@ -77,6 +83,9 @@ pub struct PgSettings {
     pub operation_timeout: Duration,
     /// What stands between the service and PostgreSQL.
     pub pooler: Pooler,
+    /// The health probe fails while no synchronous standby is attached
+    /// (`--require-synchronous-standby`).
+    pub require_synchronous_standby: bool,
 }
 
 #[derive(Clone)]
@@ -87,27 +96,30 @@ pub struct PgStore {
     /// One connection of its own for health probes, so that a pool busy with calls does not
     /// look like an unreachable database.
     probe_pool: PgPool,
-    /// How the probe connects, to connect once by hand when the pool only says it timed out.
-    probe_options: Arc<PgConnectOptions>,
     /// The operation's time, shared out: how long a statement may wait for a connection (and
     /// the probe's one attempt at connecting may take), how long PostgreSQL lets it run.
     budget: TimeBudget,
-    /// For migrations, which run on a connection of their own without a statement timeout.
-    migration_options: Arc<PgConnectOptions>,
     /// The one connection that `LISTEN`s for committed changes, held by [`Store::watch_keys`].
     listen_pool: PgPool,
-    /// The listener's connection settings, to find out why it cannot connect.
-    listen_options: Arc<PgConnectOptions>,
     events: broadcast::Sender<KeyEvent>,
     /// Erasures heard on [`sql::ERASED_CHANNEL`], for every replica's replay cache.
     erasures: broadcast::Sender<super::Erasure>,
-    url: String,
+    /// The database URL's hosts and the one the calls' and the probe's pools connect to.
+    follower: Arc<Follower>,
+    /// The `LISTEN` connection's (the same as `follower` without `--notify-database-url`).
+    listen_follower: Arc<Follower>,
+    /// Each pool's settings for each host, to point it at another.
+    per_host: Arc<PerHost>,
     /// Behind a pooler in transaction mode: the statement that opens the transaction each
     /// statement runs in, with the settings a direct connection gets in its startup packet.
     begin: Option<SqlStr>,
     /// A limited store ([`Store::limited`]): each statement runs in a transaction of its own
     /// that ends by the deadline and waits for row locks as told.
     limits: Option<(std::time::Instant, LockWait)>,
+    /// What the health probe last read of how commits are made durable.
+    durability: Arc<std::sync::Mutex<Option<Durability>>>,
+    /// Report the store unready while no synchronous standby is attached.
+    require_synchronous_standby: bool,
 }
 
 impl std::fmt::Debug for PgStore {
@@ -406,10 +418,12 @@ impl Store for PgStore {
     }
 
     async fn migrate(&self) -> Result<(), StoreError> {
+        self.locate().await;
+        let options = self.migration_options();
         // A database that does not exist yet is created, so a first start needs nothing by
         // hand; where the role may not create databases, the original error is reported.
-        if let Ok(false) = Postgres::database_exists(&self.url).await {
-            if let Err(error) = connect::create_database(&self.migration_options).await {
+        if let Ok(false) = connect::database_exists(&options).await {
+            if let Err(error) = connect::create_database(&options).await {
                 tracing::warn!(error = %error, "could not create the database");
             } else {
                 tracing::info!("created the database");
@@ -417,28 +431,31 @@ impl Store for PgStore {
         }
         // A connection of its own, without the statement timeout: a migration may take long,
         // and sqlx's warning about a slow statement would only repeat what is expected of it.
-        let connection = PgPoolOptions::new()
-            .max_connections(1)
-            .connect_with(
-                PgConnectOptions::clone(&self.migration_options).disable_statement_logging(),
-            )
+        // It goes to the host the calls go to, checked like theirs: never a standby.
+        let follower = self.follower.clone();
+        let mut pool_options = PgPoolOptions::new().max_connections(1);
+        if follower.attrs().checked() {
+            pool_options = pool_options.after_connect(move |connection, _| {
+                let follower = follower.clone();
+                Box::pin(async move { follower.check(connection).await })
+            });
+        }
+        let connection = pool_options
+            .connect_with(options.disable_statement_logging())
             .await
-            .map_err(classify)?;
+            .map_err(|error| {
+                if primary::host_suspect(&error) {
+                    self.suspect_host();
+                }
+                classify(error)
+            })?;
         let migrated = MIGRATOR.run(&connection).await;
         connection.close().await;
         migrated.map_err(|error| schema::migration_error(error, classify))
     }
 
     async fn probe(&self) -> Result<(), StoreError> {
-        let probed = self
-            .fetch_one_probing(sqlx::query_as(schema::SCHEMA_VERSION))
-            .await;
-        let probed = match probed {
-            Err(sqlx::Error::PoolTimedOut) => Err(self.why_no_connection().await),
-            other => other,
-        };
-        let (version,): (i64,) = probed.map_err(classify)?;
-        schema::require_version(&MIGRATOR, version)
+        self.probe_store().await
     }
 
     async fn close(&self) {

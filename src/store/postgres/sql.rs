@@ -648,3 +648,30 @@ WITH doomed AS (
 )
 SELECT count(*) FROM deleted
 "#;
+
+/// The health probe's write, and whether the session is read-only. A transactional logical
+/// message is a WAL record that needs a transaction id, so its commit waits for a synchronous
+/// standby exactly as a call's does; `txid_current()` would not do (PostgreSQL waits for a
+/// standby only when the transaction wrote WAL before its commit record), and neither does a
+/// read. A standby refuses it (it cannot assign a transaction id). Nothing is stored in any
+/// table; logical decoding sees a message with the prefix `idempotency-coordinator`, which
+/// no consumer needs to read. Any role may call it (PUBLIC has EXECUTE).
+pub(super) const WRITE_PROBE: &str = "SELECT pg_logical_emit_message(true, \
+     'idempotency-coordinator', 'probe')::text, current_setting('transaction_read_only')";
+
+/// Whether this session's commits wait for a synchronous standby, and how many are attached:
+/// `synchronous_commit` (`on`, `remote_write` and `remote_apply` wait; `local` and `off` do
+/// not), `synchronous_standby_names` (no name: nothing to wait for), and the standbys
+/// `pg_stat_replication` lists as `sync` or `quorum`. A role without `pg_monitor` sees the
+/// standbys but not their state (NULL), counted apart as unknown. Last, every standby.
+pub(super) const DURABILITY: &str = "SELECT current_setting('synchronous_commit'), \
+     current_setting('synchronous_standby_names'), \
+     count(*) FILTER (WHERE sync_state IN ('sync', 'quorum')), \
+     count(*) FILTER (WHERE sync_state IS NULL), \
+     count(*) \
+     FROM pg_stat_replication";
+
+/// Whether a new session can write: in recovery (a standby), and read-only by default
+/// (libpq's checks for `target_session_attrs=primary` and `read-write`).
+pub(super) const SESSION_WRITABLE: &str =
+    "SELECT pg_is_in_recovery(), current_setting('transaction_read_only')";

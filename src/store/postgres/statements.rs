@@ -12,6 +12,8 @@ use sqlx::{Connection, FromRow, PgConnection, Postgres, SqlStr};
 use super::PgStore;
 use super::connect::begin_statement;
 use super::error::classify;
+use super::kept::{Lent, Settling};
+use super::primary::host_suspect;
 use super::rows::GuardRow;
 use super::sql::GUARD_STATE;
 use crate::domain::{GuardedKey, LeaseToken, Rejection, classify_refusal};
@@ -47,19 +49,6 @@ impl PgStore {
             lock,
             self.begin.is_some(),
         )))
-    }
-
-    /// A connection of the calls' pool, within the pool's wait, and for a limited store only
-    /// while its deadline allows.
-    pub(super) async fn lend(&self) -> Result<super::kept::Lent<'_>, sqlx::Error> {
-        match self.limits {
-            None => self.connections.lend().await,
-            Some((deadline, _)) => {
-                tokio::time::timeout_at(deadline.into(), self.connections.lend())
-                    .await
-                    .unwrap_or(Err(sqlx::Error::PoolTimedOut))
-            }
-        }
     }
 
     /// Runs `query` on `connection` and answers its rows: directly, or in a transaction of its
@@ -127,10 +116,8 @@ impl PgStore {
     {
         let spent = began.elapsed();
         if spent <= self.budget.connection_wait || self.limits.is_some() {
-            return self
-                .fetch_optional_with(connection, query)
-                .await
-                .map_err(classify);
+            let row = self.fetch_optional_with(connection, query).await;
+            return self.noted(row).map_err(classify);
         }
         let share = self.budget.connection_wait + self.budget.statement;
         let left = share.saturating_sub(spent);
@@ -142,14 +129,26 @@ impl PgStore {
             self.budget.brief_lock,
             self.begin.is_some(),
         );
-        let mut transaction = connection.begin_with(begin).await.map_err(classify)?;
-        let row = query
-            .persistent(self.begin.is_none())
-            .fetch_optional(&mut *transaction)
-            .await
-            .map_err(classify)?;
-        transaction.commit().await.map_err(classify)?;
-        Ok(row)
+        let row = async {
+            let mut transaction = connection.begin_with(begin).await?;
+            let row = query
+                .persistent(self.begin.is_none())
+                .fetch_optional(&mut *transaction)
+                .await?;
+            transaction.commit().await?;
+            Ok(row)
+        }
+        .await;
+        self.noted(row).map_err(classify)
+    }
+
+    /// `answer`, after setting the store looking for the writable host if its failure says the
+    /// current one may no longer be.
+    fn noted<T>(&self, answer: Result<T, sqlx::Error>) -> Result<T, sqlx::Error> {
+        if answer.as_ref().is_err_and(host_suspect) {
+            self.suspect_host();
+        }
+        answer
     }
 
     /// [`Self::fetch_all_with`] on a connection of the calls' pool, kept for the next
@@ -159,7 +158,8 @@ impl PgStore {
         O: Send + Unpin + for<'r> FromRow<'r, PgRow>,
     {
         let mut connection = self.lend().await?;
-        let rows = self.fetch_all_with(&mut connection, query).await?;
+        let rows = self.fetch_all_with(&mut connection, query).await;
+        let rows = self.settled(&mut connection, rows)?;
         connection.keep();
         Ok(rows)
     }
@@ -174,9 +174,45 @@ impl PgStore {
         O: Send + Unpin + for<'r> FromRow<'r, PgRow>,
     {
         let mut connection = self.lend().await?;
-        let row = self.fetch_optional_with(&mut connection, query).await?;
+        let row = self.fetch_optional_with(&mut connection, query).await;
+        let row = self.settled(&mut connection, row)?;
         connection.keep();
         Ok(row)
+    }
+
+    /// A connection of the calls' pool, within the pool's wait, and for a limited store only
+    /// while its deadline allows; a failure that a failover would explain sets the store
+    /// looking for the writable host.
+    pub(super) async fn lend(&self) -> Result<Lent<'_>, sqlx::Error> {
+        let lent = match self.limits {
+            None => self.connections.lend().await,
+            Some((deadline, _)) => {
+                tokio::time::timeout_at(deadline.into(), self.connections.lend())
+                    .await
+                    .unwrap_or(Err(sqlx::Error::PoolTimedOut))
+            }
+        };
+        lent.inspect_err(|error| {
+            if host_suspect(error) {
+                self.suspect_host();
+            }
+        })
+    }
+
+    /// `answer`, the statement's on `connection`: a connection whose statement the server
+    /// answered goes back to the pool when dropped, unless the failure says its host may no
+    /// longer be the writable one (lost, read-only, shutting down): then it is closed, and the
+    /// store looks for the writable host.
+    pub(super) fn settled<T>(
+        &self,
+        connection: &mut Lent<'_>,
+        answer: Result<T, sqlx::Error>,
+    ) -> Result<T, sqlx::Error> {
+        match &answer {
+            Err(error) if host_suspect(error) => self.suspect_host(),
+            _ => connection.settle(),
+        }
+        answer
     }
 
     /// The one row `query` answers.
@@ -197,10 +233,27 @@ impl PgStore {
     where
         O: Send + Unpin + for<'r> FromRow<'r, PgRow>,
     {
-        let mut connection = self.probe_pool.acquire().await?;
-        self.fetch_optional_with(&mut connection, query)
-            .await?
-            .ok_or(sqlx::Error::RowNotFound)
+        let mut connection = self.probe_connection().await?;
+        let row = self.fetch_optional_with(&mut connection, query).await;
+        if !row.as_ref().is_err_and(host_suspect) {
+            connection.settle();
+        }
+        row?.ok_or(sqlx::Error::RowNotFound)
+    }
+
+    /// The health probe's connection, closed rather than given back if its statement does not
+    /// settle (the probe's time ran out): the probe's pool has one connection, which a ping
+    /// behind a stalled commit would hold.
+    pub(super) async fn probe_connection(&self) -> Result<Settling, sqlx::Error> {
+        match self.probe_pool.acquire().await {
+            Ok(connection) => Ok(Settling::new(connection)),
+            Err(error) => {
+                if host_suspect(&error) {
+                    self.suspect_host();
+                }
+                Err(error)
+            }
+        }
     }
 }
 

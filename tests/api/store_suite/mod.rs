@@ -71,6 +71,7 @@ pub fn postgres_store_with_pool(
         pool_size,
         pooler: Default::default(),
         operation_timeout,
+        require_synchronous_standby: false,
     })
     .expect("a valid URL")
 }

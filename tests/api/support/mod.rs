@@ -3,6 +3,7 @@
 //! and assertions on answers and rich errors.
 
 pub mod app;
+pub mod cluster;
 pub mod process;
 pub mod raw;
 pub mod requests;

@@ -1,0 +1,288 @@
+//! A replicated PostgreSQL of the tests' own: a primary made by `initdb` and a real streaming
+//! standby made from it by `pg_basebackup`, each its own cluster on a free loopback port, run
+//! by Debian's PostgreSQL 15 binaries (which `scripts/services` installs). Tests promote,
+//! stop and demote them as a failover would; both are stopped when the pair is dropped.
+//!
+//! PostgreSQL refuses to run as root: as root, every command runs as `postgres`.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use tokio::process::Command;
+
+use super::eventually;
+
+const BIN: &str = "/usr/lib/postgresql/15/bin";
+
+/// One cluster: its folder and port.
+#[derive(Debug, Clone)]
+pub struct Node {
+    pub name: &'static str,
+    pub port: u16,
+    data: PathBuf,
+    log: PathBuf,
+    socket_dir: PathBuf,
+}
+
+/// A primary and its standby. `nodes[0]` starts as the primary, `nodes[1]` as its standby.
+pub struct ReplicatedPair {
+    pub nodes: [Node; 2],
+    _dir: tempfile::TempDir,
+}
+
+/// How commits wait for the standby.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Replication {
+    /// `synchronous_standby_names = '*'`: a commit is acknowledged once the standby has it.
+    Synchronous,
+    /// Commits do not wait for the standby.
+    Asynchronous,
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|listener| listener.local_addr())
+        .expect("a free port")
+        .port()
+}
+
+fn is_root() -> bool {
+    std::env::var("USER").is_ok_and(|user| user == "root")
+        || std::fs::metadata("/proc/self").is_ok_and(|m| {
+            use std::os::unix::fs::MetadataExt;
+            m.uid() == 0
+        })
+}
+
+/// `program` with `args`, as `postgres` when this process is root; it must succeed.
+async fn run(program: &str, args: &[&str]) -> String {
+    let path = format!("{BIN}/{program}");
+    let mut command = if is_root() {
+        let mut command = Command::new("runuser");
+        command.args(["-u", "postgres", "--", &path]);
+        command
+    } else {
+        Command::new(&path)
+    };
+    let output = command
+        .args(args)
+        .output()
+        .await
+        .unwrap_or_else(|error| panic!("run {program}: {error} (is postgresql-15 installed?)"));
+    assert!(
+        output.status.success(),
+        "{program} {args:?} failed: {}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+/// Gives `path` to `postgres` when this process is root (PostgreSQL wants its folder its own).
+async fn own(path: &Path) {
+    if is_root() {
+        let status = Command::new("chown")
+            .args(["-R", "postgres:postgres"])
+            .arg(path)
+            .status()
+            .await
+            .expect("chown");
+        assert!(status.success(), "chown {path:?}");
+    }
+}
+
+impl Node {
+    /// `postgres://postgres@127.0.0.1:port/database`.
+    pub fn url(&self, database: &str) -> String {
+        format!("postgres://postgres@127.0.0.1:{}/{database}", self.port)
+    }
+
+    pub fn host(&self) -> String {
+        format!("127.0.0.1:{}", self.port)
+    }
+
+    fn append_conf(&self, lines: &str) {
+        use std::io::Write;
+        let mut file = std::fs::OpenOptions::new()
+            .append(true)
+            .open(self.data.join("postgresql.conf"))
+            .expect("postgresql.conf");
+        file.write_all(lines.as_bytes())
+            .expect("append to postgresql.conf");
+    }
+
+    pub async fn start(&self) {
+        let data = self.data.to_string_lossy().into_owned();
+        let log = self.log.to_string_lossy().into_owned();
+        run(
+            "pg_ctl",
+            &["-D", &data, "-l", &log, "-w", "-t", "60", "start"],
+        )
+        .await;
+    }
+
+    /// Stops at once, as a crash would (`immediate`): no shutdown checkpoint.
+    pub async fn kill(&self) {
+        let data = self.data.to_string_lossy().into_owned();
+        run("pg_ctl", &["-D", &data, "-m", "immediate", "-w", "stop"]).await;
+    }
+
+    /// Stops cleanly (`fast`): everything it wrote has reached a streaming standby.
+    pub async fn stop(&self) {
+        let data = self.data.to_string_lossy().into_owned();
+        run("pg_ctl", &["-D", &data, "-m", "fast", "-w", "stop"]).await;
+    }
+
+    /// Promotes this standby to primary, waiting until it accepts writes.
+    pub async fn promote(&self) {
+        let data = self.data.to_string_lossy().into_owned();
+        run("pg_ctl", &["-D", &data, "-w", "-t", "60", "promote"]).await;
+    }
+
+    /// Makes this stopped node a standby of `primary` (as a switchover demotes the old
+    /// primary), and starts it.
+    pub async fn rejoin_as_standby_of(&self, primary: &Node) {
+        self.append_conf(&format!(
+            "\nprimary_conninfo = 'host=127.0.0.1 port={} user=postgres application_name={}'\n",
+            primary.port, self.name
+        ));
+        std::fs::write(self.data.join("standby.signal"), "").expect("standby.signal");
+        own(&self.data).await;
+        self.start().await;
+    }
+
+    /// A connection to `database` on this node.
+    pub async fn connect(&self, database: &str) -> sqlx::PgConnection {
+        use sqlx::Connection;
+        sqlx::PgConnection::connect(&self.url(database))
+            .await
+            .unwrap_or_else(|error| panic!("connect to {}: {error}", self.name))
+    }
+
+    /// Whether this node is in recovery (a standby).
+    pub async fn in_recovery(&self) -> bool {
+        let mut connection = self.connect("postgres").await;
+        let (in_recovery,): (bool,) = sqlx::query_as("SELECT pg_is_in_recovery()")
+            .fetch_one(&mut connection)
+            .await
+            .expect("pg_is_in_recovery()");
+        in_recovery
+    }
+
+    /// How many standbys stream from this node.
+    pub async fn streaming_standbys(&self) -> i64 {
+        let mut connection = self.connect("postgres").await;
+        let (count,): (i64,) =
+            sqlx::query_as("SELECT count(*) FROM pg_stat_replication WHERE state = 'streaming'")
+                .fetch_one(&mut connection)
+                .await
+                .expect("pg_stat_replication");
+        count
+    }
+}
+
+impl ReplicatedPair {
+    /// A primary and a standby streaming from it, both running.
+    pub async fn start(replication: Replication) -> Self {
+        let dir = tempfile::tempdir().expect("a folder for the clusters");
+        let node = |name: &'static str| Node {
+            name,
+            port: free_port(),
+            data: dir.path().join(name),
+            log: dir.path().join(format!("{name}.log")),
+            socket_dir: dir.path().to_path_buf(),
+        };
+        let nodes = [node("node_a"), node("node_b")];
+        own(dir.path()).await;
+        let [primary, standby] = &nodes;
+        let data = primary.data.to_string_lossy().into_owned();
+        run(
+            "initdb",
+            &["-D", &data, "-U", "postgres", "-A", "trust", "--no-sync"],
+        )
+        .await;
+        let synchronous = match replication {
+            Replication::Synchronous => "'*'",
+            Replication::Asynchronous => "''",
+        };
+        primary.append_conf(&format!(
+            "\nport = {}\nlisten_addresses = '127.0.0.1'\nunix_socket_directories = '{}'\n\
+             fsync = off\nfull_page_writes = off\nmax_connections = 60\n\
+             shared_buffers = 16MB\nsynchronous_standby_names = {synchronous}\n\
+             wal_keep_size = 64MB\nwal_receiver_status_interval = 1s\n",
+            primary.port,
+            primary.socket_dir.display()
+        ));
+        primary.start().await;
+        let standby_data = standby.data.to_string_lossy().into_owned();
+        let port = primary.port.to_string();
+        run(
+            "pg_basebackup",
+            &[
+                "-h",
+                "127.0.0.1",
+                "-p",
+                &port,
+                "-U",
+                "postgres",
+                "-D",
+                &standby_data,
+                "-R",
+                "-X",
+                "stream",
+                "--no-sync",
+            ],
+        )
+        .await;
+        // The copy of the primary's settings is the standby's, less the wait for a standby of
+        // its own: promoted, it has none until the old primary rejoins.
+        standby.append_conf(&format!(
+            "\nport = {}\nsynchronous_standby_names = ''\n",
+            standby.port
+        ));
+        standby.start().await;
+        let pair = Self { nodes, _dir: dir };
+        pair.wait_until_streaming(0).await;
+        pair
+    }
+
+    /// Waits until `nodes[primary]` has a standby streaming from it.
+    pub async fn wait_until_streaming(&self, primary: usize) {
+        let node = self.nodes[primary].clone();
+        eventually(Duration::from_secs(30), "the standby streams", || {
+            let node = node.clone();
+            async move { node.streaming_standbys().await > 0 }
+        })
+        .await;
+    }
+
+    /// A multi-host URL naming `order`'s nodes in that order.
+    pub fn url(&self, order: [usize; 2], database: &str, attrs: &str) -> String {
+        format!(
+            "postgres://postgres@{},{}/{database}?target_session_attrs={attrs}",
+            self.nodes[order[0]].host(),
+            self.nodes[order[1]].host()
+        )
+    }
+}
+
+impl Drop for ReplicatedPair {
+    fn drop(&mut self) {
+        for node in &self.nodes {
+            let data = node.data.to_string_lossy().into_owned();
+            let path = format!("{BIN}/pg_ctl");
+            let mut command = if is_root() {
+                let mut command = std::process::Command::new("runuser");
+                command.args(["-u", "postgres", "--", &path]);
+                command
+            } else {
+                std::process::Command::new(&path)
+            };
+            let _ = command
+                .args(["-D", &data, "-m", "immediate", "stop"])
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::null())
+                .status();
+        }
+    }
+}
