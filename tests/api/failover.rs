@@ -367,7 +367,7 @@ async fn a_store_that_is_only_a_standby_is_not_served_and_nothing_is_written() {
     // Migrated through the primary; the standby has the schema by replication.
     let migrated = serve_on(&primary.url(DATABASE), &[]).await;
     let mut on_primary = migrated.client().await;
-    completed_keys(&mut on_primary, "replicated", 1).await;
+    let replicated = completed_keys(&mut on_primary, "replicated", 1).await;
 
     // Straight at the standby, without target_session_attrs: the service connects, but no
     // call can write (nor its health probe, so it never turns SERVING).
@@ -405,6 +405,15 @@ async fn a_store_that_is_only_a_standby_is_not_served_and_nothing_is_written() {
         .expect_err("no writable host");
     assert_error(&status, Code::Unavailable, "STORE_UNAVAILABLE");
     assert_eq!(rows_on(primary, &key).await, 0);
+    // Not even a read is served from it (a standby may lag behind what was acknowledged): every
+    // session the pools open there is refused.
+    let status = app
+        .client()
+        .await
+        .lookup(lookup(&replicated[0]))
+        .await
+        .expect_err("no session on a standby, for reads either");
+    assert_error(&status, Code::Unavailable, "STORE_UNAVAILABLE");
 }
 
 #[tokio::test]
