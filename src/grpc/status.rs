@@ -191,3 +191,57 @@ pub fn failed(error: CoordinatorError, rpc: &'static str, scope: &str) -> Status
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::StoreError;
+
+    fn outcome(error: CoordinatorError) -> Option<String> {
+        let status = failed(error, "TryStart", "tests");
+        assert_eq!(status.code(), Code::Unavailable);
+        status
+            .get_error_details()
+            .error_info()
+            .and_then(|info| info.metadata.get("outcome").cloned())
+    }
+
+    fn io() -> sqlx::Error {
+        sqlx::Error::Io(std::io::Error::from(std::io::ErrorKind::ConnectionReset))
+    }
+
+    #[test]
+    fn unavailable_says_whether_the_write_may_still_land() {
+        let unknown = Some("unknown".to_owned());
+        let not_written = Some("not_written".to_owned());
+        // Answered at the time limit, or the connection lost: the commit may still land.
+        assert_eq!(
+            outcome(CoordinatorError::TimedOut(Duration::from_secs(5))),
+            unknown
+        );
+        assert_eq!(
+            outcome(CoordinatorError::Store(StoreError::Unavailable(io()))),
+            unknown
+        );
+        assert_eq!(
+            outcome(CoordinatorError::Store(
+                StoreError::Unavailable(io()).for_each_of(2).remove(0)
+            )),
+            unknown
+        );
+        // Refused before anything ran, or ended by the store itself: nothing was written.
+        assert_eq!(outcome(CoordinatorError::Busy), not_written);
+        assert_eq!(
+            outcome(CoordinatorError::Store(StoreError::Unavailable(
+                sqlx::Error::PoolTimedOut
+            ))),
+            not_written
+        );
+        assert_eq!(
+            outcome(CoordinatorError::Store(StoreError::TimedOut(
+                Duration::from_secs(1)
+            ))),
+            not_written
+        );
+    }
+}

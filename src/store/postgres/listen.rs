@@ -92,16 +92,35 @@ impl PgStore {
     pub(super) async fn watch_key(&self, query: &LookupQuery) -> Result<KeyState, StoreError> {
         let began = std::time::Instant::now();
         let mut connection = self.lend().await.map_err(classify)?;
+        let watched = self.watch_on(&mut connection, began, query).await;
+        match &watched {
+            Ok(_) => connection.keep(),
+            // The server answered (a row held past the brief wait): the connection is sound and
+            // goes back to the pool. Any other failure may have left it mid-statement, or on a
+            // host the store is leaving: it is closed.
+            Err(error) if error.key_held().is_some() => connection.settle(),
+            Err(_) => {}
+        }
+        watched
+    }
+
+    /// [`Self::watch_key`]'s statements on `connection`.
+    async fn watch_on(
+        &self,
+        connection: &mut PgConnection,
+        began: std::time::Instant,
+        query: &LookupQuery,
+    ) -> Result<KeyState, StoreError> {
         let (namespace, key) = (query.namespace.as_str(), query.key.as_str());
         loop {
             let looked: Option<WatchedKeyRow> = self
                 .fetch_optional_within(
-                    &mut connection,
+                    connection,
                     began,
                     sqlx::query_as(LOOKUP_WATCHED).bind(namespace).bind(key),
                 )
                 .await?;
-            let state = match looked {
+            return Ok(match looked {
                 None => KeyState::Absent,
                 Some(looked) if looked.watched || looked.key.completed_at.is_some() => {
                     KeyState::of(Some(looked.key.into()))
@@ -109,7 +128,7 @@ impl PgStore {
                 Some(_) => {
                     let marked: Option<MarkedKeyRow> = self
                         .fetch_optional_within(
-                            &mut connection,
+                            connection,
                             began,
                             sqlx::query_as(WATCH_KEY).bind(namespace).bind(key),
                         )
@@ -119,9 +138,7 @@ impl PgStore {
                         None => continue,
                     }
                 }
-            };
-            connection.keep();
-            return Ok(state);
+            });
         }
     }
 
