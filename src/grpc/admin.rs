@@ -143,6 +143,24 @@ fn store_failed(error: StoreError, rpc: &'static str, namespace: &str) -> Status
 }
 
 /// Who is calling, as the door said.
+/// Who changes which key, and why: the checked namespace, key and reason of a change to one key
+/// (every bad field reported at once).
+fn key_change(
+    name: String,
+    namespace: String,
+    key: String,
+    reason: String,
+) -> Result<(Actor, Scope, Key), Status> {
+    let mut violations = Violations::default();
+    let namespace = violations.check("namespace", Scope::parse(namespace));
+    let key = violations.check("key", Key::parse(key));
+    let reason = violations.check("reason", Reason::parse(reason));
+    let (Some(namespace), Some(key), Some(reason)) = (namespace, key, reason) else {
+        return Err(violations.into_status());
+    };
+    Ok((Actor { name, reason }, namespace, key))
+}
+
 fn caller<T>(request: &Request<T>) -> Result<String, Status> {
     request
         .extensions()
@@ -309,14 +327,8 @@ impl AdminService for AdminApi {
         let answer = async {
             let name = caller(&request)?;
             let request = request.into_inner();
-            let mut violations = Violations::default();
-            let namespace = violations.check("namespace", Scope::parse(request.namespace));
-            let key = violations.check("key", Key::parse(request.key));
-            let reason = violations.check("reason", Reason::parse(request.reason));
-            let (Some(namespace), Some(key), Some(reason)) = (namespace, key, reason) else {
-                return Err(violations.into_status());
-            };
-            let actor = Actor { name, reason };
+            let (actor, namespace, key) =
+                key_change(name, request.namespace, request.key, request.reason)?;
             match self
                 .admin
                 .force_release(&actor, &namespace, &key)
@@ -346,14 +358,8 @@ impl AdminService for AdminApi {
         let answer = async {
             let name = caller(&request)?;
             let request = request.into_inner();
-            let mut violations = Violations::default();
-            let namespace = violations.check("namespace", Scope::parse(request.namespace));
-            let key = violations.check("key", Key::parse(request.key));
-            let reason = violations.check("reason", Reason::parse(request.reason));
-            let (Some(namespace), Some(key), Some(reason)) = (namespace, key, reason) else {
-                return Err(violations.into_status());
-            };
-            let actor = Actor { name, reason };
+            let (actor, namespace, key) =
+                key_change(name, request.namespace, request.key, request.reason)?;
             let (before, audit_id) = self
                 .admin
                 .erase_key(&actor, &namespace, &key)
