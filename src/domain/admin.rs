@@ -107,6 +107,17 @@ impl KeyPrefix {
     }
 }
 
+/// `raw`, a count of 1-`max`, or `default` when the caller says 0.
+fn count_or_default(raw: u32, default: u32, max: u32) -> Result<u32, Invalid> {
+    match raw {
+        0 => Ok(default),
+        1.. if raw <= max => Ok(raw),
+        _ => Err(Invalid(format!(
+            "must be 1-{max} (0 for {default}), got {raw}"
+        ))),
+    }
+}
+
 /// How many entries one page may hold: 1-1000, 100 when the caller says 0.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PageSize(u32);
@@ -116,15 +127,7 @@ impl PageSize {
     pub const MAX: u32 = 1000;
 
     pub fn parse(raw: u32) -> Result<Self, Invalid> {
-        match raw {
-            0 => Ok(Self(Self::DEFAULT)),
-            1..=Self::MAX => Ok(Self(raw)),
-            _ => Err(Invalid(format!(
-                "must be 1-{} (0 for {}), got {raw}",
-                Self::MAX,
-                Self::DEFAULT
-            ))),
-        }
+        count_or_default(raw, Self::DEFAULT, Self::MAX).map(Self)
     }
 
     pub fn get(self) -> u32 {
@@ -141,15 +144,7 @@ impl EraseBatch {
     pub const MAX: u32 = 10_000;
 
     pub fn parse(raw: u32) -> Result<Self, Invalid> {
-        match raw {
-            0 => Ok(Self(Self::DEFAULT)),
-            1..=Self::MAX => Ok(Self(raw)),
-            _ => Err(Invalid(format!(
-                "must be 1-{} (0 for {}), got {raw}",
-                Self::MAX,
-                Self::DEFAULT
-            ))),
-        }
+        count_or_default(raw, Self::DEFAULT, Self::MAX).map(Self)
     }
 
     pub fn get(self) -> u32 {
