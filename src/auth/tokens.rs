@@ -86,6 +86,8 @@ impl AdminRight {
 #[derive(Debug, Clone)]
 pub struct Caller {
     pub name: String,
+    /// `token:<name>`, shared by every call of this caller (a key's holder, an audit actor).
+    pub identity: crate::domain::Holder,
     hash: [u8; 32],
     scopes: Vec<ScopePattern>,
     pub admin: AdminRight,
@@ -252,6 +254,7 @@ impl TokenSet {
             }
             callers.push(Caller {
                 name: name.to_owned(),
+                identity: crate::domain::Holder::token(name),
                 hash,
                 scopes,
                 admin,

@@ -33,6 +33,26 @@ pub struct AdminConnectionArgs {
     #[arg(long, env = "IDEMPOTENCY_ADMIN_COORDINATOR_CA", global = true)]
     pub coordinator_ca: Option<PathBuf>,
 
+    /// This operator's client certificate (PEM), for a coordinator that requires mutual TLS
+    /// (`--tls-client-ca`); its subject names the operator in the audit trail when no token
+    /// does. Needs --client-key and an https:// --coordinator.
+    #[arg(
+        long,
+        env = "IDEMPOTENCY_ADMIN_CLIENT_CERT",
+        global = true,
+        requires = "client_key"
+    )]
+    pub client_cert: Option<PathBuf>,
+
+    /// The private key (PEM) of --client-cert.
+    #[arg(
+        long,
+        env = "IDEMPOTENCY_ADMIN_CLIENT_KEY",
+        global = true,
+        requires = "client_cert"
+    )]
+    pub client_key: Option<PathBuf>,
+
     /// A file holding a bearer token with an admin right (`token new --admin read|write`).
     /// Without it no token is sent: a coordinator without a tokens file answers the admin API
     /// on its loopback interface only.
@@ -104,6 +124,12 @@ pub enum KeysCommand {
         /// Only keys completed before this instant (RFC 3339).
         #[arg(long)]
         completed_before: Option<String>,
+        /// Only keys in progress whose claim was taken at or after this instant (RFC 3339).
+        #[arg(long)]
+        claimed_after: Option<String>,
+        /// Only keys in progress claimed before this instant (RFC 3339): held since then.
+        #[arg(long)]
+        claimed_before: Option<String>,
         /// Keys per page (1-1000).
         #[arg(long, default_value_t = 100)]
         limit: u32,
@@ -152,6 +178,8 @@ pub enum KeysCommand {
 pub struct AdminConnection {
     pub coordinator: String,
     pub ca: Option<Vec<u8>>,
+    /// The client certificate and its key (PEM), for mutual TLS.
+    pub identity: Option<(Vec<u8>, Vec<u8>)>,
     pub token: Option<String>,
     pub timeout: Duration,
     pub output: OutputFormat,
@@ -190,15 +218,22 @@ impl AdminConnectionArgs {
                 "an https:// --coordinator needs the CA that signed its certificate".into(),
             ));
         }
-        let ca = match &self.coordinator_ca {
-            Some(path) => Some(std::fs::read(path).map_err(|error| {
-                invalid(
-                    "coordinator-ca",
-                    format!("cannot read {}: {error}", path.display()),
-                )
-            })?),
-            None => None,
+        if !https && self.client_cert.is_some() {
+            return Err(invalid(
+                "client-cert",
+                "a client certificate is shown over TLS only: --coordinator must be https://"
+                    .into(),
+            ));
+        }
+        let read = |flag: &'static str, path: &Option<PathBuf>| match path {
+            Some(path) => std::fs::read(path)
+                .map(Some)
+                .map_err(|error| invalid(flag, format!("cannot read {}: {error}", path.display()))),
+            None => Ok(None),
         };
+        let ca = read("coordinator-ca", &self.coordinator_ca)?;
+        let identity =
+            read("client-cert", &self.client_cert)?.zip(read("client-key", &self.client_key)?);
         let token = match &self.token_file {
             Some(path) => {
                 let text = std::fs::read_to_string(path).map_err(|error| {
@@ -221,6 +256,7 @@ impl AdminConnectionArgs {
         Ok(AdminConnection {
             coordinator: self.coordinator.clone(),
             ca,
+            identity,
             token,
             timeout: TIMEOUT.check_setting("timeout", self.timeout)?,
             output: self.output,

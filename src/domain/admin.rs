@@ -193,6 +193,10 @@ pub struct KeyFilter {
     pub completed_after: Option<Instant>,
     /// Completed before this instant (only completed keys then match).
     pub completed_before: Option<Instant>,
+    /// Claimed at or after this instant (only keys in progress, live or stuck, then match).
+    pub claimed_after: Option<Instant>,
+    /// Claimed before this instant (only keys in progress then match).
+    pub claimed_before: Option<Instant>,
 }
 
 impl KeyFilter {
@@ -207,6 +211,7 @@ impl KeyFilter {
             None if self.completed_after.is_some() || self.completed_before.is_some() => {
                 ListOrder::Completion
             }
+            None if self.in_progress_only() => ListOrder::Lease,
             None => ListOrder::Key,
         }
     }
@@ -216,6 +221,17 @@ impl KeyFilter {
         self.state == Some(AdminKeyState::Completed)
             || self.completed_after.is_some()
             || self.completed_before.is_some()
+    }
+
+    /// Whether the filter can match only keys in progress (live or stuck): a state of them, or
+    /// a claim time (the keys an operator asks "who holds it, since when" about; a completed
+    /// key is found by its completion time).
+    pub fn in_progress_only(&self) -> bool {
+        matches!(
+            self.state,
+            Some(AdminKeyState::InProgress | AdminKeyState::Stuck)
+        ) || self.claimed_after.is_some()
+            || self.claimed_before.is_some()
     }
 }
 
@@ -306,6 +322,11 @@ pub struct KeySummary {
     pub fingerprint: Vec<u8>,
     pub response_bytes: u64,
     pub checkpoint_bytes: Option<u64>,
+    /// When the current (or last) claim took the key; `None` for a key claimed before the
+    /// store recorded it.
+    pub claimed_at: Option<Instant>,
+    /// Who made that claim ([`super::Holder`]); `None` when callers are anonymous.
+    pub holder: Option<String>,
 }
 
 impl KeySummary {
@@ -324,6 +345,8 @@ impl KeySummary {
             "fingerprint_hex": hex::encode(&self.fingerprint),
             "response_bytes": self.response_bytes,
             "checkpoint_bytes": self.checkpoint_bytes,
+            "claimed_at": self.claimed_at.map(|at| at.to_rfc3339()),
+            "holder": self.holder,
         })
         .to_string()
     }
@@ -410,7 +433,11 @@ pub struct AuditEvent {
 pub enum ForceReleased {
     /// The key was in progress (live or stuck); its lease is revoked (a token nobody holds, the
     /// lease ended), so that the next claim takes it over. Recorded as audit event `audit_id`.
-    Released { before: KeySummary, audit_id: i64 },
+    /// (Boxed: a summary is large beside the other answers.)
+    Released {
+        before: Box<KeySummary>,
+        audit_id: i64,
+    },
     /// The key is completed: nothing changed, nothing recorded.
     Completed,
     /// The key is absent: nothing changed, nothing recorded.

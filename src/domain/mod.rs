@@ -35,6 +35,53 @@ pub struct TryStartCommand {
     pub lease_ttl: LeaseTtl,
     pub retention: KeyRetention,
     pub attempt_id: Option<AttemptId>,
+    /// Who calls, recorded with a claim for the admin API; `None` for an anonymous caller.
+    pub holder: Option<Holder>,
+}
+
+/// Who made a claim or an admin change, as the admin API and the audit trail show it:
+/// `token:<name>` for a caller with a token, `cert:<subject>` for one known by its client
+/// certificate, `loopback` for an anonymous admin caller on loopback. At most
+/// [`Holder::MAX_BYTES`] (a longer name is cut at a character boundary): a certificate's
+/// subject is the client's to choose. Cheap to clone: every call of a caller shares one.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Holder(std::sync::Arc<str>);
+
+impl Holder {
+    pub const MAX_BYTES: usize = 512;
+
+    pub fn token(name: &str) -> Self {
+        Self::named("token:", name)
+    }
+
+    pub fn certificate(subject: &str) -> Self {
+        Self::named("cert:", subject)
+    }
+
+    pub fn loopback() -> Self {
+        Self::named("loopback", "")
+    }
+
+    fn named(kind: &str, name: &str) -> Self {
+        let mut whole = String::with_capacity(kind.len() + name.len());
+        whole.push_str(kind);
+        for character in name.chars() {
+            if whole.len() + character.len_utf8() > Self::MAX_BYTES {
+                break;
+            }
+            // A subject may carry anything; a log or a table must not get control characters.
+            whole.push(if character.is_control() {
+                '?'
+            } else {
+                character
+            });
+        }
+        Self(whole.into())
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
 }
 
 impl TryStartCommand {

@@ -13,6 +13,7 @@ fn command(fingerprint: &[u8], attempt_id: Option<&str>) -> TryStartCommand {
                 .expect("valid attempt id")
                 .expect("non-empty")
         }),
+        holder: None,
     }
 }
 

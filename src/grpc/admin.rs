@@ -134,6 +134,8 @@ pub fn key_entry(summary: KeySummary) -> pb::AdminKeyEntry {
         response_bytes: summary.response_bytes,
         checkpoint_bytes: summary.checkpoint_bytes,
         attempt_id: summary.attempt_id.unwrap_or_default(),
+        claimed_at: summary.claimed_at.map(timestamp),
+        holder: summary.holder.unwrap_or_default(),
     }
 }
 
@@ -142,7 +144,6 @@ fn store_failed(error: StoreError, rpc: &'static str, namespace: &str) -> Status
     failed(CoordinatorError::Store(error), rpc, namespace)
 }
 
-/// Who is calling, as the door said.
 /// Who changes which key, and why: the checked namespace, key and reason of a change to one key
 /// (every bad field reported at once).
 fn key_change(
@@ -161,11 +162,12 @@ fn key_change(
     Ok((Actor { name, reason }, namespace, key))
 }
 
+/// Who is calling, as the door said.
 fn caller<T>(request: &Request<T>) -> Result<String, Status> {
     request
         .extensions()
         .get::<AdminCaller>()
-        .map(|caller| caller.0.clone())
+        .map(|caller| caller.0.as_str().to_owned())
         .ok_or_else(|| Status::permission_denied("the admin API's door did not admit this call"))
 }
 
@@ -196,23 +198,31 @@ impl AdminService for AdminApi {
             let namespace = violations.check("namespace", Scope::parse(request.namespace));
             let state = violations.check("state", state_filter(request.state));
             let key_prefix = violations.check("key_prefix", KeyPrefix::parse(request.key_prefix));
-            let completed_after = match request.completed_after {
+            let mut instant_field = |field: &str, raw: Option<prost_types::Timestamp>| match raw {
                 None => Some(None),
-                Some(raw) => violations.check("completed_after", instant(raw)).map(Some),
+                Some(raw) => violations.check(field, instant(raw)).map(Some),
             };
-            let completed_before = match request.completed_before {
-                None => Some(None),
-                Some(raw) => violations.check("completed_before", instant(raw)).map(Some),
-            };
+            let completed_after = instant_field("completed_after", request.completed_after);
+            let completed_before = instant_field("completed_before", request.completed_before);
+            let claimed_after = instant_field("claimed_after", request.claimed_after);
+            let claimed_before = instant_field("claimed_before", request.claimed_before);
             let page = violations.check("page_size", PageSize::parse(request.page_size));
-            if state
-                .flatten()
-                .is_some_and(|s| s != AdminKeyState::Completed)
-                && (completed_after.flatten().is_some() || completed_before.flatten().is_some())
-            {
+            let by_completion =
+                completed_after.flatten().is_some() || completed_before.flatten().is_some();
+            let by_claim = claimed_after.flatten().is_some() || claimed_before.flatten().is_some();
+            let state_given = state.flatten();
+            if state_given.is_some_and(|s| s != AdminKeyState::Completed) && by_completion {
                 violations.0.push((
                     "state".to_owned(),
                     "completed_after and completed_before select completed keys only".to_owned(),
+                ));
+            }
+            if by_claim && (by_completion || state_given == Some(AdminKeyState::Completed)) {
+                violations.0.push((
+                    "claimed_after".to_owned(),
+                    "claimed_after and claimed_before select keys in progress only (a completed \
+                     key is found by completed_after and completed_before)"
+                        .to_owned(),
                 ));
             }
             let (
@@ -221,6 +231,8 @@ impl AdminService for AdminApi {
                 Some(key_prefix),
                 Some(completed_after),
                 Some(completed_before),
+                Some(claimed_after),
+                Some(claimed_before),
                 Some(page),
             ) = (
                 namespace,
@@ -228,6 +240,8 @@ impl AdminService for AdminApi {
                 key_prefix,
                 completed_after,
                 completed_before,
+                claimed_after,
+                claimed_before,
                 page,
             )
             else {
@@ -240,6 +254,8 @@ impl AdminService for AdminApi {
                 key_prefix,
                 completed_after,
                 completed_before,
+                claimed_after,
+                claimed_before,
             };
             let after = if request.page_token.is_empty() {
                 None
@@ -337,7 +353,7 @@ impl AdminService for AdminApi {
             {
                 ForceReleased::Released { before, audit_id } => {
                     Ok(Response::new(pb::ForceReleaseResponse {
-                        released: Some(key_entry(before)),
+                        released: Some(key_entry(*before)),
                         audit_event_id: audit_id.unsigned_abs(),
                     }))
                 }

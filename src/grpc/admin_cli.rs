@@ -12,7 +12,7 @@ use serde_json::{Value, json};
 use tonic::metadata::{Ascii, MetadataValue};
 use tonic::service::Interceptor;
 use tonic::service::interceptor::InterceptedService;
-use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint};
+use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
 use tonic::{Request, Status};
 
 use crate::config::admin::{
@@ -82,8 +82,12 @@ async fn connect(connection: &AdminConnection) -> Result<Client, Failure> {
         .map_err(|error| Failure::Usage(format!("--coordinator: {error}")))?
         .connect_timeout(Duration::from_secs(5));
     if let Some(ca) = &connection.ca {
+        let mut tls = ClientTlsConfig::new().ca_certificate(Certificate::from_pem(ca));
+        if let Some((certificate, key)) = &connection.identity {
+            tls = tls.identity(Identity::from_pem(certificate, key));
+        }
         endpoint = endpoint
-            .tls_config(ClientTlsConfig::new().ca_certificate(Certificate::from_pem(ca)))
+            .tls_config(tls)
             .map_err(|error| Failure::Usage(format!("--coordinator-ca: {error}")))?;
     }
     let channel = endpoint.connect().await.map_err(|error| {
@@ -123,6 +127,8 @@ async fn execute(connection: &AdminConnection, command: AdminCommand) -> Result<
             prefix,
             completed_after,
             completed_before,
+            claimed_after,
+            claimed_before,
             limit,
             page_token,
         }) => {
@@ -141,6 +147,8 @@ async fn execute(connection: &AdminConnection, command: AdminCommand) -> Result<
                         key_prefix: prefix,
                         completed_after: instant_flag("completed-after", completed_after)?,
                         completed_before: instant_flag("completed-before", completed_before)?,
+                        claimed_after: instant_flag("claimed-after", claimed_after)?,
+                        claimed_before: instant_flag("claimed-before", claimed_before)?,
                         page_size: limit,
                         page_token,
                     },
@@ -323,6 +331,8 @@ fn entry_json(entry: &pb::AdminKeyEntry) -> Value {
         "fingerprint_hex": entry.fingerprint_hex,
         "response_bytes": entry.response_bytes,
         "checkpoint_bytes": entry.checkpoint_bytes,
+        "claimed_at": entry.claimed_at.as_ref().map(|t| time_text(Some(t))),
+        "holder": entry.holder,
     })
 }
 
@@ -372,6 +382,8 @@ fn print_keys(output: OutputFormat, answer: &pb::ListKeysResponse) {
                         state_text(k.state).to_owned(),
                         k.attempt.to_string(),
                         k.lease_token.to_string(),
+                        time_text(k.claimed_at.as_ref()),
+                        k.holder.clone(),
                         time_text(k.lease_expires_at.as_ref()),
                         time_text(k.completed_at.as_ref()),
                         time_text(k.expires_at.as_ref()),
@@ -387,6 +399,8 @@ fn print_keys(output: OutputFormat, answer: &pb::ListKeysResponse) {
                         "STATE",
                         "ATTEMPT",
                         "TOKEN",
+                        "CLAIMED",
+                        "HOLDER",
                         "LEASE EXPIRES",
                         "COMPLETED",
                         "EXPIRES",

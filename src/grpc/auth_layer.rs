@@ -27,7 +27,9 @@ use tonic::codegen::http;
 use tonic::{Code, Status};
 use tower::{Layer, Service};
 
+use super::identity::CallerIdentity;
 use crate::auth::{AdminRight, Authenticator, Refusal};
+use crate::domain::Holder;
 
 /// The path prefix of the calls this layer guards.
 const GUARDED: &str = "/idempotency.v1.IdempotencyService/";
@@ -35,9 +37,10 @@ const GUARDED: &str = "/idempotency.v1.IdempotencyService/";
 /// The path prefix of the admin API, guarded with the admin right too.
 const ADMIN: &str = "/idempotency.v1.AdminService/";
 
-/// Who an admitted admin call comes from, for the audit trail: `token:<name>`, or `loopback`.
+/// Who an admitted admin call comes from, for the audit trail: `token:<name>`, else
+/// `cert:<subject>` (a loopback caller with a client certificate), else `loopback`.
 #[derive(Debug, Clone)]
-pub struct AdminCaller(pub String);
+pub struct AdminCaller(pub Holder);
 
 /// The admin right a method of the admin API needs: reads need `read`; anything else
 /// (changes, and a method this build does not know) `write`.
@@ -247,11 +250,16 @@ where
                 }
                 return Ok(refuse(super::status::refused(refusal)));
             }
+            // The token names the caller, even over a connection with a client certificate:
+            // the token is what was granted the call.
             if admin_method.is_some() {
                 parts
                     .extensions
-                    .insert(AdminCaller(format!("token:{}", caller.name)));
+                    .insert(AdminCaller(caller.identity.clone()));
             }
+            parts
+                .extensions
+                .insert(CallerIdentity(caller.identity.clone()));
             let request =
                 http::Request::from_parts(parts, Body::new(http_body_util::Full::new(message)));
             inner.call(request).await
@@ -304,9 +312,11 @@ where
                 super::status::admin_loopback_only(),
             ))));
         }
-        request
-            .extensions_mut()
-            .insert(AdminCaller("loopback".to_owned()));
+        let caller = request
+            .extensions()
+            .get::<CallerIdentity>()
+            .map_or_else(Holder::loopback, |identity| identity.0.clone());
+        request.extensions_mut().insert(AdminCaller(caller));
         Box::pin(self.inner.call(request))
     }
 }

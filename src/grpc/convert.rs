@@ -143,6 +143,7 @@ pub fn try_start_call(
                 lease_ttl: lease_ttl?,
                 retention: retention?,
                 attempt_id: attempt_id?,
+                holder: None,
             },
             wait: wait?,
         })

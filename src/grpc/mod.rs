@@ -10,6 +10,7 @@ pub mod codec;
 pub mod connections;
 mod convert;
 pub mod health;
+mod identity;
 mod service;
 pub mod status;
 

@@ -12,6 +12,7 @@ use tracing_opentelemetry::OpenTelemetrySpanExt;
 
 use super::connections::ResponseSize;
 use super::convert;
+use super::identity::CallerIdentity;
 use super::status::{failed, reason};
 use crate::domain::{ClaimKind, KeyState, Limits, Scope, TryStartOutcome};
 use crate::proto::idempotency::v1 as pb;
@@ -240,7 +241,9 @@ impl IdempotencyService for IdempotencyApi {
         let span = rpc_span("TryStart", request.metadata());
         async {
             let deadline = deadline(request.metadata());
-            let call = parsed(convert::try_start_call(request.into_inner(), &self.limits))?;
+            let holder = CallerIdentity::of(&request);
+            let mut call = parsed(convert::try_start_call(request.into_inner(), &self.limits))?;
+            call.command.holder = holder;
             let called = self.called("TryStart", &call.command.namespace);
             let outcome = self.finish(
                 &called,

@@ -171,7 +171,8 @@ where
         self.inner.poll_ready(cx)
     }
 
-    fn call(&mut self, request: http::Request<ReqBody>) -> Self::Future {
+    fn call(&mut self, mut request: http::Request<ReqBody>) -> Self::Future {
+        crate::grpc::identity::mark_certificate_holder(&mut request);
         let connection = connection_of(&request);
         let call = connection.clone().map(OpenCall::new);
         let answer = self.inner.call(request);

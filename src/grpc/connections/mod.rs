@@ -32,7 +32,7 @@ use std::future::Future;
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::task::{Context, Poll, Waker, ready};
 use std::time::Duration;
 
@@ -45,6 +45,8 @@ use tokio::time::{Instant, Sleep};
 use tonic::codegen::http;
 use tonic::transport::server::{Connected, TlsConnectInfo};
 use tower::{Layer, Service};
+
+use crate::domain::Holder;
 
 /// The bytes of the HTTP/2 client preface (`PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n`).
 const PREFACE_BYTES: u64 = 24;
@@ -86,9 +88,20 @@ pub struct ConnectionState {
     next_response: AtomicU64,
     /// The connection's task, woken when its deadlines change.
     task: Mutex<Option<Waker>>,
+    /// Who the connection's client certificate names, read on its first call (see
+    /// [`super::identity`]).
+    certificate_holder: OnceLock<Option<Holder>>,
 }
 
 impl ConnectionState {
+    /// The connection's certificate holder, worked out by `read` on the first call and kept.
+    pub(super) fn certificate_holder(
+        &self,
+        read: impl FnOnce() -> Option<Holder>,
+    ) -> Option<Holder> {
+        self.certificate_holder.get_or_init(read).clone()
+    }
+
     fn new(now: Instant) -> Self {
         Self {
             open_calls: AtomicUsize::new(0),
@@ -97,6 +110,7 @@ impl ConnectionState {
             send_deadlines: Mutex::new(BTreeSet::new()),
             next_response: AtomicU64::new(0),
             task: Mutex::new(None),
+            certificate_holder: OnceLock::new(),
         }
     }
 
@@ -137,6 +151,12 @@ fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 pub struct ConnectionInfo {
     pub remote: SocketAddr,
     state: Arc<ConnectionState>,
+}
+
+impl ConnectionInfo {
+    pub(super) fn state(&self) -> &ConnectionState {
+        &self.state
+    }
 }
 
 /// The accepted connections, for `serve_with_incoming_shutdown`. Dropping it closes the

@@ -9,8 +9,9 @@ use super::connect::begin_statement;
 use super::error::classify;
 use super::sql::{
     ANNOUNCE_ERASED, ERASE_EVENTS_BATCH, ERASE_KEY, ERASE_KEYS_BATCH, FORCE_RELEASE, GET_KEY,
-    KEY_COMPLETED, LIST_AUDIT, LIST_COMPLETED_KEYS, LIST_IN_PROGRESS_KEYS, LIST_KEYS_BY_KEY,
-    LIST_STUCK_KEYS, NAMESPACE_HAS_ROWS, NAMESPACE_STATS, REAP_AUDIT, RECORD_AUDIT, STUCK_KEYS,
+    KEY_COMPLETED, LIST_AUDIT, LIST_COMPLETED_KEYS, LIST_HELD_KEYS, LIST_IN_PROGRESS_KEYS,
+    LIST_KEYS_BY_KEY, LIST_STUCK_KEYS, NAMESPACE_HAS_ROWS, NAMESPACE_STATS, REAP_AUDIT,
+    RECORD_AUDIT, STUCK_KEYS,
 };
 use crate::domain::admin::{
     AdminKeyState, AuditEntry, AuditEvent, EraseBatch, ForceReleased, FullKey, KeyFilter,
@@ -39,6 +40,8 @@ struct AdminKeyRow {
     fingerprint: Vec<u8>,
     response_bytes: i64,
     checkpoint_bytes: Option<i64>,
+    claimed_at: Option<Instant>,
+    holder: Option<String>,
 }
 
 impl TryFrom<AdminKeyRow> for KeySummary {
@@ -59,6 +62,8 @@ impl TryFrom<AdminKeyRow> for KeySummary {
             fingerprint: row.fingerprint,
             response_bytes: row.response_bytes.unsigned_abs(),
             checkpoint_bytes: row.checkpoint_bytes.map(i64::unsigned_abs),
+            claimed_at: row.claimed_at,
+            holder: row.holder,
         })
     }
 }
@@ -188,21 +193,25 @@ impl AdminStore for PgStore {
                         .bind(state)
                         .bind(filter.completed_after)
                         .bind(filter.completed_before)
+                        .bind(filter.claimed_after)
+                        .bind(filter.claimed_before)
                         .bind(limit),
                 )
                 .await
             }
             ListOrder::Lease => {
-                let statement = if filter.state == Some(AdminKeyState::Stuck) {
-                    LIST_STUCK_KEYS
-                } else {
-                    LIST_IN_PROGRESS_KEYS
+                let statement = match filter.state {
+                    Some(AdminKeyState::Stuck) => LIST_STUCK_KEYS,
+                    Some(AdminKeyState::InProgress) => LIST_IN_PROGRESS_KEYS,
+                    _ => LIST_HELD_KEYS,
                 };
                 self.fetch_all(
                     sqlx::query_as(statement)
                         .bind(namespace)
                         .bind(cursor_instant(after))
                         .bind(after_key)
+                        .bind(filter.claimed_after)
+                        .bind(filter.claimed_before)
                         .bind(limit),
                 )
                 .await
@@ -314,7 +323,7 @@ impl AdminStore for PgStore {
             .await?;
         Ok(match found {
             Ok((before, audit_id)) => ForceReleased::Released {
-                before: before?,
+                before: Box::new(before?),
                 audit_id,
             },
             Err(true) => ForceReleased::Completed,

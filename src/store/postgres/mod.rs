@@ -60,10 +60,11 @@ static MIGRATOR: Migrator = sqlx::migrate!("./migrations/postgres");
 
 /// The admin API's statements that must read an index, never the table, by name: for the test
 /// that EXPLAINs them on a table of a million rows (`tests/api/admin/scale.rs`).
-pub fn indexed_admin_statements() -> [(&'static str, &'static str); 5] {
+pub fn indexed_admin_statements() -> [(&'static str, &'static str); 6] {
     [
         ("stuck", LIST_STUCK_KEYS),
         ("in_progress", LIST_IN_PROGRESS_KEYS),
+        ("held", LIST_HELD_KEYS),
         ("completed", LIST_COMPLETED_KEYS),
         ("by_key", LIST_KEYS_BY_KEY),
         ("stuck_gauges", STUCK_KEYS),
@@ -141,6 +142,7 @@ where
         .bind(command.lease_ttl.as_micros())
         .bind(command.retention.as_micros())
         .bind(command.attempt_id.as_ref().map(|a| a.as_str()))
+        .bind(command.holder.as_ref().map(|h| h.as_str()))
 }
 
 /// [`COMPLETE_ONE`] with `command`'s values.
@@ -230,6 +232,10 @@ impl Store for PgStore {
             .iter()
             .map(|c| c.attempt_id.as_ref().map(|a| a.as_str()))
             .collect();
+        let holders: Vec<Option<&str>> = round
+            .iter()
+            .map(|c| c.holder.as_ref().map(|h| h.as_str()))
+            .collect();
         let fetched: Result<Vec<TryStartBatchRow>, _> = self
             .fetch_all(
                 sqlx::query_as(TRY_START_BATCH)
@@ -238,7 +244,8 @@ impl Store for PgStore {
                     .bind(&fingerprints)
                     .bind(&leases)
                     .bind(&retentions)
-                    .bind(&attempt_ids),
+                    .bind(&attempt_ids)
+                    .bind(&holders),
             )
             .await;
         let rows = match fetched {

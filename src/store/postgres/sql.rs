@@ -57,14 +57,16 @@ macro_rules! key_columns {
 /// with a plain insert and judges a key that has a row by the contract's order, under the row's
 /// lock (see `migrations/postgres/20261203000001_tokens_drawn_last.sql`, where the decision
 /// table lives). A fencing token is always drawn once the row that carries it is this
-/// transaction's own, never before a wait. `$1` … `$6`: namespace, key, fingerprint, lease and
-/// retention in microseconds, attempt id.
-pub(super) const TRY_START: &str = "SELECT * FROM idempotency_try_start($1, $2, $3, $4, $5, $6)";
+/// transaction's own, never before a wait. `$1` … `$7`: namespace, key, fingerprint, lease and
+/// retention in microseconds, attempt id, holder (written with a claim: see
+/// `migrations/postgres/20261205000001_holder.sql`).
+pub(super) const TRY_START: &str =
+    "SELECT * FROM idempotency_try_start($1, $2, $3, $4, $5, $6, $7)";
 
 /// TryStart for many keys (distinct) in one call: `idempotency_try_start_batch`, the same
 /// table row by row, the keys taken in key order. Its arrays are the columns of [`TRY_START`].
 pub(super) const TRY_START_BATCH: &str = "SELECT * FROM idempotency_try_start_batch($1::text[], \
-     $2::text[], $3::bytea[], $4::bigint[], $5::bigint[], $6::text[])";
+     $2::text[], $3::bytea[], $4::bigint[], $5::bigint[], $6::text[], $7::text[])";
 
 /// What Complete reads of each locked row, beside its call's input.
 macro_rules! complete_locked_columns {
@@ -414,14 +416,15 @@ macro_rules! summary_columns {
             " THEN 2 ELSE 1 END::bigint AS state_code, attempt, lease_token, attempt_id, \
              lease_expires_at, completed_at, expires_at, retention_us, fingerprint, \
              coalesce(octet_length(response), 0)::bigint AS response_bytes, \
-             octet_length(checkpoint)::bigint AS checkpoint_bytes"
+             octet_length(checkpoint)::bigint AS checkpoint_bytes, claimed_at, holder"
         )
     };
 }
 
 /// Keys of namespace `$1` in key order, from `$2` (the prefix, or after the page cursor's key:
 /// `$3` says which is greater) to before `$4`; `$5` a state code or 0, `$6`/`$7` completed at
-/// or after / before; `$8` the page size. Reads the primary key's range.
+/// or after / before, `$8`/`$9` claimed at or after / before (in progress only); `$10` the page
+/// size. Reads the primary key's range.
 pub(super) const LIST_KEYS_BY_KEY: &str = concat!(
     "SELECT ",
     summary_columns!("now()"),
@@ -431,22 +434,53 @@ WHERE namespace = $1 AND key >= $2 AND key > $3 AND key < $4 AND expires_at > no
                                       WHEN lease_expires_at <= now() THEN 2 ELSE 1 END)
   AND ($6::timestamptz IS NULL OR completed_at >= $6::timestamptz)
   AND ($7::timestamptz IS NULL OR completed_at < $7::timestamptz)
+  AND ($8::timestamptz IS NULL OR (completed_at IS NULL AND claimed_at >= $8::timestamptz))
+  AND ($9::timestamptz IS NULL OR (completed_at IS NULL AND claimed_at < $9::timestamptz))
 ORDER BY key
-LIMIT $8"
+LIMIT $10"
 );
 
+/// The claim-time filter of the in-progress listings: claimed at or after `$4`, before `$5`
+/// (NULL: unbounded). A key claimed before the store recorded claim times has none, and
+/// matches no bound.
+macro_rules! claimed_between {
+    () => {
+        "
+  AND ($4::timestamptz IS NULL OR claimed_at >= $4::timestamptz)
+  AND ($5::timestamptz IS NULL OR claimed_at < $5::timestamptz)"
+    };
+}
+
 /// Stuck keys of namespace `$1`, the longest stuck first, after the cursor (`$2`, `$3`; the
-/// first page passes NULL), `$4` the page size. Reads `idempotency_keys_in_progress` from its
-/// start up to now.
+/// first page passes NULL), claimed between `$4` and `$5`, `$6` the page size. Reads
+/// `idempotency_keys_in_progress` from its start up to now (the claim time is read from the
+/// rows it finds: only the namespace's keys in progress are read, never the table).
 pub(super) const LIST_STUCK_KEYS: &str = concat!(
     "SELECT ",
     summary_columns!("now()"),
     " FROM idempotency_keys
 WHERE namespace = $1 AND completed_at IS NULL
   AND (lease_expires_at, key) > (coalesce($2::timestamptz, '-infinity'), coalesce($3::text, ''))
-  AND lease_expires_at <= now() AND expires_at > now()
+  AND lease_expires_at <= now() AND expires_at > now()",
+    claimed_between!(),
+    "
 ORDER BY lease_expires_at, key
-LIMIT $4"
+LIMIT $6"
+);
+
+/// Every key in progress of namespace `$1`, stuck and live, the longest stuck first, like
+/// [`LIST_STUCK_KEYS`] without its end at now.
+pub(super) const LIST_HELD_KEYS: &str = concat!(
+    "SELECT ",
+    summary_columns!("now()"),
+    " FROM idempotency_keys
+WHERE namespace = $1 AND completed_at IS NULL
+  AND (lease_expires_at, key) > (coalesce($2::timestamptz, '-infinity'), coalesce($3::text, ''))
+  AND expires_at > now()",
+    claimed_between!(),
+    "
+ORDER BY lease_expires_at, key
+LIMIT $6"
 );
 
 /// In-progress keys of namespace `$1` whose lease runs, soonest to end first, like
@@ -457,9 +491,11 @@ pub(super) const LIST_IN_PROGRESS_KEYS: &str = concat!(
     " FROM idempotency_keys
 WHERE namespace = $1 AND completed_at IS NULL
   AND (lease_expires_at, key) > (coalesce($2::timestamptz, now()), coalesce($3::text, ''))
-  AND lease_expires_at > now() AND expires_at > now()
+  AND lease_expires_at > now() AND expires_at > now()",
+    claimed_between!(),
+    "
 ORDER BY lease_expires_at, key
-LIMIT $4"
+LIMIT $6"
 );
 
 /// Completed keys of namespace `$1` by completion time, after the cursor (`$2`, `$3`),
@@ -542,7 +578,8 @@ pub(super) const FORCE_RELEASE: &str = concat!(
     SET lease_token = nextval('lease_token_seq'),
         lease_expires_at = least(k.lease_expires_at, clock_timestamp()),
         attempt_id = NULL,
-        claim_ticket = NULL
+        claim_ticket = NULL,
+        holder = NULL
     FROM before AS b
     WHERE k.namespace = $1 AND k.key = b.key
     RETURNING k.lease_token AS revoked_token, ",

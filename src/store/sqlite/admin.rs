@@ -8,8 +8,8 @@ use super::error::classify;
 use super::rows::instant;
 use super::sql::{
     ERASE_EVENTS_BATCH, ERASE_KEYS_BATCH, GET_ANY_KEY, GET_KEY, LIST_AUDIT, LIST_COMPLETED_KEYS,
-    LIST_IN_PROGRESS_KEYS, LIST_KEYS_BY_KEY, LIST_STUCK_KEYS, NAMESPACE_HAS_ROWS, NAMESPACE_STATS,
-    REAP_AUDIT, RECORD_AUDIT, STUCK_KEYS,
+    LIST_HELD_KEYS, LIST_IN_PROGRESS_KEYS, LIST_KEYS_BY_KEY, LIST_STUCK_KEYS, NAMESPACE_HAS_ROWS,
+    NAMESPACE_STATS, REAP_AUDIT, RECORD_AUDIT, STUCK_KEYS,
 };
 use crate::domain::admin::{
     AdminKeyState, AuditEntry, AuditEvent, EraseBatch, ForceReleased, FullKey, KeyFilter,
@@ -38,6 +38,8 @@ struct AdminKeyRow {
     fingerprint: Vec<u8>,
     response_bytes: i64,
     checkpoint_bytes: Option<i64>,
+    claimed_at: Option<i64>,
+    holder: Option<String>,
 }
 
 impl TryFrom<AdminKeyRow> for KeySummary {
@@ -58,6 +60,8 @@ impl TryFrom<AdminKeyRow> for KeySummary {
             fingerprint: row.fingerprint,
             response_bytes: row.response_bytes.unsigned_abs(),
             checkpoint_bytes: row.checkpoint_bytes.map(i64::unsigned_abs),
+            claimed_at: row.claimed_at.map(instant),
+            holder: row.holder,
         })
     }
 }
@@ -189,18 +193,22 @@ impl AdminStore for SqliteStore {
                     .bind(filter.state.map_or(0, AdminKeyState::code))
                     .bind(micros(filter.completed_after))
                     .bind(micros(filter.completed_before))
+                    .bind(micros(filter.claimed_after))
+                    .bind(micros(filter.claimed_before))
                     .bind(limit)
             }
             ListOrder::Lease => {
-                let statement = if filter.state == Some(AdminKeyState::Stuck) {
-                    LIST_STUCK_KEYS
-                } else {
-                    LIST_IN_PROGRESS_KEYS
+                let statement = match filter.state {
+                    Some(AdminKeyState::Stuck) => LIST_STUCK_KEYS,
+                    Some(AdminKeyState::InProgress) => LIST_IN_PROGRESS_KEYS,
+                    _ => LIST_HELD_KEYS,
                 };
                 sqlx::query_as(statement)
                     .bind(namespace)
                     .bind(after_at)
                     .bind(after_key)
+                    .bind(micros(filter.claimed_after))
+                    .bind(micros(filter.claimed_before))
                     .bind(limit)
             }
             ListOrder::Completion => sqlx::query_as(LIST_COMPLETED_KEYS)
@@ -276,7 +284,10 @@ impl AdminStore for SqliteStore {
                 let audit_id = record_in(&mut write.tx, audit, Some(before.to_json()))
                     .await
                     .map_err(classify)?;
-                ForceReleased::Released { before, audit_id }
+                ForceReleased::Released {
+                    before: Box::new(before),
+                    audit_id,
+                }
             }
             Some((_, true)) => ForceReleased::Completed,
             _ => ForceReleased::Absent,

@@ -62,6 +62,37 @@ async fn write_key(
     Ok(())
 }
 
+/// A claim's record (a fresh claim or a takeover), with the claim's time and holder, which the
+/// other writes of a key leave as they are.
+async fn write_claim(
+    connection: &mut SqliteConnection,
+    namespace: &str,
+    key: &str,
+    record: &KeyRecord,
+    claimed_at: Instant,
+    command: &TryStartCommand,
+) -> Result<(), StoreError> {
+    sqlx::query(UPSERT_CLAIMED_KEY)
+        .bind(namespace)
+        .bind(key)
+        .bind(&record.fingerprint)
+        .bind(record.lease_token.get())
+        .bind(i64::from(record.attempt))
+        .bind(record.attempt_id.as_deref())
+        .bind(micros(record.lease_expires_at))
+        .bind(record.checkpoint.as_deref())
+        .bind(record.response.as_deref())
+        .bind(record.completed_at.map(micros))
+        .bind(duration_micros(record.retention))
+        .bind(micros(record.expires_at))
+        .bind(micros(claimed_at))
+        .bind(command.holder.as_ref().map(|h| h.as_str()))
+        .execute(connection)
+        .await
+        .map_err(classify)?;
+    Ok(())
+}
+
 /// The key's record and the verdict of a guarded write on it, inside a write transaction.
 struct Guard {
     now: Instant,
@@ -123,7 +154,7 @@ pub(super) async fn claim_in(
                 LeaseToken::from_stored(token),
             )
             .ok_or(StoreError::Inconsistent("a claim produced no key"))?;
-            write_key(tx, namespace, key, &claimed).await?;
+            write_claim(tx, namespace, key, &claimed, now, command).await?;
             claimed
         }
     };

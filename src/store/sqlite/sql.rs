@@ -35,6 +35,20 @@ ON CONFLICT (namespace, key) DO UPDATE SET
     response = excluded.response, completed_at = excluded.completed_at,
     retention_us = excluded.retention_us, expires_at = excluded.expires_at";
 
+/// A claim's record ([`UPSERT_KEY`]'s columns), with the claim's time `?13` and holder `?14`.
+pub(super) const UPSERT_CLAIMED_KEY: &str = "
+INSERT INTO idempotency_keys
+    (namespace, key, fingerprint, lease_token, attempt, attempt_id, lease_expires_at,
+     checkpoint, response, completed_at, retention_us, expires_at, claimed_at, holder)
+VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14)
+ON CONFLICT (namespace, key) DO UPDATE SET
+    fingerprint = excluded.fingerprint, lease_token = excluded.lease_token,
+    attempt = excluded.attempt, attempt_id = excluded.attempt_id,
+    lease_expires_at = excluded.lease_expires_at, checkpoint = excluded.checkpoint,
+    response = excluded.response, completed_at = excluded.completed_at,
+    retention_us = excluded.retention_us, expires_at = excluded.expires_at,
+    claimed_at = excluded.claimed_at, holder = excluded.holder";
+
 pub(super) const NEXT_TOKEN: &str = "UPDATE lease_token_seq SET last_value = last_value + 1 WHERE only_row = 1 RETURNING last_value";
 
 pub(super) const REAP_KEYS: &str = concat!(
@@ -96,7 +110,7 @@ macro_rules! summary_columns {
             " THEN 2 ELSE 1 END AS state_code, attempt, lease_token, attempt_id, \
              lease_expires_at, completed_at, expires_at, retention_us, fingerprint, \
              coalesce(length(response), 0) AS response_bytes, \
-             length(checkpoint) AS checkpoint_bytes"
+             length(checkpoint) AS checkpoint_bytes, claimed_at, holder"
         )
     };
 }
@@ -111,9 +125,18 @@ WHERE namespace = ?1 AND key >= ?2 AND key > ?3 AND key < ?4 AND expires_at > ",
     now_us!(),
     " THEN 2 ELSE 1 END)
   AND (?6 IS NULL OR completed_at >= ?6) AND (?7 IS NULL OR completed_at < ?7)
+  AND (?8 IS NULL OR (completed_at IS NULL AND claimed_at >= ?8))
+  AND (?9 IS NULL OR (completed_at IS NULL AND claimed_at < ?9))
 ORDER BY key
-LIMIT ?8"
+LIMIT ?10"
 );
+
+/// Claimed at or after `?4`, before `?5` (NULL: unbounded).
+macro_rules! claimed_between {
+    () => {
+        " AND (?4 IS NULL OR claimed_at >= ?4) AND (?5 IS NULL OR claimed_at < ?5)"
+    };
+}
 
 pub(super) const LIST_STUCK_KEYS: &str = concat!(
     "SELECT ",
@@ -124,7 +147,20 @@ WHERE namespace = ?1 AND completed_at IS NULL AND (lease_expires_at, key) > (?2,
     now_us!(),
     " AND expires_at > ",
     now_us!(),
-    " ORDER BY lease_expires_at, key LIMIT ?4"
+    claimed_between!(),
+    " ORDER BY lease_expires_at, key LIMIT ?6"
+);
+
+/// Every key in progress, stuck and live.
+pub(super) const LIST_HELD_KEYS: &str = concat!(
+    "SELECT ",
+    summary_columns!(),
+    " FROM idempotency_keys
+WHERE namespace = ?1 AND completed_at IS NULL AND (lease_expires_at, key) > (?2, ?3)
+  AND expires_at > ",
+    now_us!(),
+    claimed_between!(),
+    " ORDER BY lease_expires_at, key LIMIT ?6"
 );
 
 pub(super) const LIST_IN_PROGRESS_KEYS: &str = concat!(
@@ -136,7 +172,8 @@ WHERE namespace = ?1 AND completed_at IS NULL AND (lease_expires_at, key) > (?2,
     now_us!(),
     " AND expires_at > ",
     now_us!(),
-    " ORDER BY lease_expires_at, key LIMIT ?4"
+    claimed_between!(),
+    " ORDER BY lease_expires_at, key LIMIT ?6"
 );
 
 pub(super) const LIST_COMPLETED_KEYS: &str = concat!(
@@ -248,5 +285,6 @@ pub(super) const REAP_AUDIT: &str = concat!(
 /// ForceRelease (see the PostgreSQL store's): key `?1`, `?2` gets token `?3`, which nobody
 /// holds, no attempt_id, and its lease ended by `?4` at the latest.
 pub(super) const REVOKE_LEASE: &str = "UPDATE idempotency_keys
-SET lease_token = ?3, attempt_id = NULL, lease_expires_at = min(lease_expires_at, ?4)
+SET lease_token = ?3, attempt_id = NULL, lease_expires_at = min(lease_expires_at, ?4),
+    holder = NULL
 WHERE namespace = ?1 AND key = ?2";

@@ -7,6 +7,7 @@
 mod access;
 mod changes;
 mod cli;
+mod holders;
 mod keys;
 mod metrics;
 mod scale;

@@ -118,6 +118,7 @@ pub fn claim(name: &str) -> TryStartCommand {
         lease_ttl: LeaseTtl::parse(Duration::from_secs(30)).expect("lease"),
         retention: KeyRetention::parse(Duration::from_secs(3600)).expect("retention"),
         attempt_id: None,
+        holder: None,
     }
 }
 

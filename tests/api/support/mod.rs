@@ -341,5 +341,6 @@ pub fn store_try_start(key: &str, attempt_id: &str) -> domain::TryStartCommand {
                 .expect("attempt id")
                 .expect("non-empty"),
         ),
+        holder: None,
     }
 }
