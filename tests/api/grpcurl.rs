@@ -198,6 +198,15 @@ async fn grpcurl_drives_the_admin_api_as_the_operations_guide_shows(backend: Bac
             == "order-1042"
     })
     .await;
+    let held = json(
+        &admin(
+            "ListKeys",
+            r#"{"namespace":"payments","claimed_before":"2999-01-01T00:00:00Z"}"#,
+        )
+        .await,
+    );
+    assert_eq!(held["keys"][0]["key"], "order-1042", "{held}");
+    assert!(held["keys"][0]["claimedAt"].is_string(), "{held}");
     let record = json(&admin("GetKey", r#"{"namespace":"payments","key":"order-1042"}"#).await);
     assert_eq!(record["key"]["state"], "ADMIN_KEY_STATE_STUCK");
     let released = json(
