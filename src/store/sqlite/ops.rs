@@ -43,27 +43,11 @@ async fn write_key(
     key: &str,
     record: &KeyRecord,
 ) -> Result<(), StoreError> {
-    sqlx::query(UPSERT_KEY)
-        .bind(namespace)
-        .bind(key)
-        .bind(&record.fingerprint)
-        .bind(record.lease_token.get())
-        .bind(i64::from(record.attempt))
-        .bind(record.attempt_id.as_deref())
-        .bind(micros(record.lease_expires_at))
-        .bind(record.checkpoint.as_deref())
-        .bind(record.response.as_deref())
-        .bind(record.completed_at.map(micros))
-        .bind(duration_micros(record.retention))
-        .bind(micros(record.expires_at))
-        .execute(connection)
-        .await
-        .map_err(classify)?;
-    Ok(())
+    write_record(connection, namespace, key, record, None).await
 }
 
 /// A claim's record (a fresh claim or a takeover), with the claim's time and holder, which the
-/// other writes of a key leave as they are.
+/// key's other writes leave as they are.
 async fn write_claim(
     connection: &mut SqliteConnection,
     namespace: &str,
@@ -72,7 +56,23 @@ async fn write_claim(
     claimed_at: Instant,
     command: &TryStartCommand,
 ) -> Result<(), StoreError> {
-    sqlx::query(UPSERT_CLAIMED_KEY)
+    let claim = (claimed_at, command.holder.as_ref().map(|h| h.as_str()));
+    write_record(connection, namespace, key, record, Some(claim)).await
+}
+
+async fn write_record(
+    connection: &mut SqliteConnection,
+    namespace: &str,
+    key: &str,
+    record: &KeyRecord,
+    claim: Option<(Instant, Option<&str>)>,
+) -> Result<(), StoreError> {
+    let statement = if claim.is_some() {
+        UPSERT_CLAIMED_KEY
+    } else {
+        UPSERT_KEY
+    };
+    let mut query = sqlx::query(statement)
         .bind(namespace)
         .bind(key)
         .bind(&record.fingerprint)
@@ -84,12 +84,11 @@ async fn write_claim(
         .bind(record.response.as_deref())
         .bind(record.completed_at.map(micros))
         .bind(duration_micros(record.retention))
-        .bind(micros(record.expires_at))
-        .bind(micros(claimed_at))
-        .bind(command.holder.as_ref().map(|h| h.as_str()))
-        .execute(connection)
-        .await
-        .map_err(classify)?;
+        .bind(micros(record.expires_at));
+    if let Some((claimed_at, holder)) = claim {
+        query = query.bind(micros(claimed_at)).bind(holder);
+    }
+    query.execute(connection).await.map_err(classify)?;
     Ok(())
 }
 

@@ -6,27 +6,12 @@
 use std::time::Duration;
 
 use idempotency_coordinator::auth::AdminRight;
-use idempotency_coordinator::proto::idempotency::v1::{
-    self as pb, admin_service_client::AdminServiceClient,
-};
+use idempotency_coordinator::proto::idempotency::v1::{self as pb};
 use tonic::Code;
-use tonic::service::interceptor::InterceptedService;
-use tonic::transport::Channel;
 
 use super::*;
 use crate::support::process::ServerProcess;
 use crate::support::security::*;
-
-type AuthedAdmin = AdminServiceClient<InterceptedService<Channel, Bearer>>;
-
-async fn authed_admin(endpoint: String, bearer: Bearer) -> AuthedAdmin {
-    let channel = Channel::from_shared(endpoint)
-        .expect("endpoint")
-        .connect()
-        .await
-        .expect("connect");
-    AdminServiceClient::with_interceptor(channel, bearer)
-}
 
 /// Every admin RPC on `namespace` (for key `key`), and how each ended.
 async fn every_admin_rpc(

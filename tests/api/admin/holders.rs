@@ -11,22 +11,9 @@ use idempotency_coordinator::proto::idempotency::v1::{
     self as pb, admin_service_client::AdminServiceClient,
     idempotency_service_client::IdempotencyServiceClient,
 };
-use tonic::service::interceptor::InterceptedService;
-use tonic::transport::Channel;
 
 use super::*;
 use crate::support::security::*;
-
-type AuthedAdmin = AdminServiceClient<InterceptedService<Channel, Bearer>>;
-
-async fn authed_admin(endpoint: String, bearer: Bearer) -> AuthedAdmin {
-    let channel = Channel::from_shared(endpoint)
-        .expect("endpoint")
-        .connect()
-        .await
-        .expect("connect");
-    AdminServiceClient::with_interceptor(channel, bearer)
-}
 
 async fn claimed_by(client: &AuthedClient, request: pb::TryStartRequest) -> pb::ClaimStarted {
     let answer = client

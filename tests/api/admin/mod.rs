@@ -15,11 +15,25 @@ mod scale;
 use idempotency_coordinator::proto::idempotency::v1::{
     self as pb, admin_service_client::AdminServiceClient,
 };
+use tonic::service::interceptor::InterceptedService;
 use tonic::transport::Channel;
 
+use crate::support::security::Bearer;
 use crate::support::*;
 
 pub type AdminClient = AdminServiceClient<Channel>;
+
+/// A client of the admin API that sends `bearer`'s token with every call.
+pub type AuthedAdmin = AdminServiceClient<InterceptedService<Channel, Bearer>>;
+
+pub async fn authed_admin(endpoint: String, bearer: Bearer) -> AuthedAdmin {
+    let channel = Channel::from_shared(endpoint)
+        .expect("endpoint")
+        .connect()
+        .await
+        .expect("connect");
+    AdminServiceClient::with_interceptor(channel, bearer)
+}
 
 /// A client of the admin API of `app`, which listens on loopback without a tokens file: the
 /// admin API answers it (as `loopback`).
