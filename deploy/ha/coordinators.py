@@ -106,9 +106,15 @@ class Coordinator:
         return str(health_pb2.HealthCheckResponse.ServingStatus.Name(answer.status))
 
     async def stop(self, within: float = 40.0) -> None:
-        """SIGTERM (it drains within --shutdown-grace, 25 s by default), SIGKILL past `within`."""
+        """SIGTERM (it drains within --shutdown-grace, 25 s by default), SIGKILL past `within`
+        (at once when `within` is 0: the suite was interrupted)."""
         process = self._process
         if process is None or process.returncode is not None:
+            return
+        if not within:
+            process.kill()
+            await process.wait()
+            Path(self._pid_file).unlink(missing_ok=True)
             return
         process.send_signal(signal.SIGTERM)
         try:

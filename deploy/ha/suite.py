@@ -136,10 +136,12 @@ class Round:
                 f"replays ({clean})"
             )
 
-    async def stop(self) -> None:
+    async def stop(self, interrupted: bool) -> None:
+        """Stops the load (letting each caller finish, unless interrupted), the probes and the
+        coordinators (drained, unless interrupted: test.sh's teardown kills what is left)."""
         try:
             if self.load is not None:
-                await self.load.stop()
+                await self.load.stop(within=0 if interrupted else 60)
         finally:
             for probe in self.probes:
                 await probe.stop()
@@ -148,7 +150,7 @@ class Round:
             for client in self.clients:
                 await client.close()
             for c in self.coordinators:
-                await c.stop()
+                await c.stop(within=0 if interrupted else 40)
 
     def expected(self, acks: list[tuple[str, bytes]]) -> tuple[dict[str, bytes], dict[str, str]]:
         """The response each key must replay (its first acknowledged one), and the keys
@@ -283,11 +285,11 @@ class Suite:
             for index, key in enumerate(self.rounds):
                 last = index == len(self.rounds) - 1
                 await self.round(ROUNDS[key], with_async=last and self.measure_async)
-        finally:
-            with contextlib.suppress(SuiteFailure):
-                await self.verifier.stop()
-            for probe in self.node_probes.values():
-                await probe.stop()
+        except BaseException:
+            # Failed or interrupted: the teardown kills what is left; nothing is drained.
+            await self._stop(quick=True)
+            raise
+        await self._stop(quick=False)
         say("")
         say(f"== summary ({now() - started:.0f} s)")
         say(table(self.figures))
@@ -300,6 +302,12 @@ class Suite:
         say("every assertion held: no acknowledged result lost, no work run twice, tokens in")
         say("order, calls through every coordinator within 2 s of the new primary taking writes")
         return 0
+
+    async def _stop(self, quick: bool) -> None:
+        with contextlib.suppress(SuiteFailure):
+            await self.verifier.stop(within=0 if quick else 40)
+        for probe in self.node_probes.values():
+            await probe.stop()
 
     async def round(self, plan: RoundPlan, with_async: bool) -> None:
         say(f"\n== round {plan.key}: {plan.title}")
@@ -331,8 +339,12 @@ class Suite:
                     f"resolved +{run.resolved - run.t0:.1f} s, healthy +{run.end - run.t0:.1f} s, "
                     f"{run.verified} keys read back, {len(run.lost)} lost"
                 )
-        finally:
-            await current.stop()
+        except BaseException:
+            # Failed or interrupted: nothing more is measured, so nothing is waited for (the
+            # teardown kills what is left), and the error that stopped the round is reported.
+            await current.stop(interrupted=True)
+            raise
+        await current.stop(interrupted=False)
         await current.verify_all()
         for c in current.coordinators:
             say(f"ha: {plan.key}: {c.name}'s log: {_log_summary(c.log)}")

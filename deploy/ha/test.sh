@@ -105,7 +105,9 @@ if ! tools_present; then
   tools_present || die "scripts/services ran, and a tool is still missing (patroni, etcd, haproxy, iptables, PostgreSQL 15)"
 fi
 
-# One run at a time: the names above are fixed, and a second run would tear down the first.
+# One run at a time: the names above are fixed, and a second run would tear down the first. The
+# lock is this shell's alone: every process started below gets `9>&-`, so that one left behind
+# by a run that was killed cannot keep the next run out.
 exec 9>"$LOCK_FILE"
 flock -n 9 || die "another run of this suite holds $LOCK_FILE"
 
@@ -155,19 +157,23 @@ kill_namespace() {
   done
 }
 
-# $1 = namespace: asks Patroni to stop (it stops its PostgreSQL, which then removes its shared
-# memory), for at most 10 s; what is left is killed.
-stop_namespace() {
+# $1 = namespace: asks its Patroni to stop (it stops its PostgreSQL, which then removes its
+# shared memory).
+ask_patroni_to_stop() {
   local pid
   for pid in $(ip netns pids "$1" 2>/dev/null); do
     if tr '\0' ' ' 2>/dev/null <"/proc/$pid/cmdline" | grep -q 'bin/patroni '; then
       kill -TERM "$pid" 2>/dev/null || true
     fi
   done
-  wait_for 10 namespace_empty "$1" || true
-  kill_namespace "$1"
 }
-namespace_empty() { [ -z "$(ip netns pids "$1" 2>/dev/null)" ]; }
+# True when every namespace named is empty.
+namespaces_empty() {
+  local ns
+  for ns in "$@"; do
+    [ -z "$(ip netns pids "$ns" 2>/dev/null)" ] || return 1
+  done
+}
 
 # $1 = a node's data folder: removes the System V segment its postmaster.pid names (key and id
 # on line 7), which a killed PostgreSQL leaves behind, if no process has it attached.
@@ -182,19 +188,31 @@ release_shared_memory() {
 }
 
 clean_up() {
-  local folder file node
+  local folder file node ns namespaces=()
+  # Patroni first, every node at once and while etcd still answers its last calls, for at most
+  # 10 s; then whatever is left in the namespaces is killed.
+  for node in "${NODES[@]}"; do
+    ns=$(ns_of "$node")
+    if ip netns list | grep -qw "$ns"; then
+      namespaces+=("$ns")
+      ask_patroni_to_stop "$ns"
+    fi
+  done
+  if [ ${#namespaces[@]} -gt 0 ]; then
+    wait_for 10 namespaces_empty "${namespaces[@]}" || true
+    for ns in "${namespaces[@]}"; do
+      kill_namespace "$ns" || true
+      ip netns delete "$ns" 2>/dev/null || true
+    done
+  fi
+  for node in "${NODES[@]}"; do
+    ip link delete "vha-$node" 2>/dev/null || true
+  done
   for folder in "$WORK_PARENT/$WORK_PREFIX"*; do
     [ -d "$folder" ] || continue
     for file in "$folder"/pids/*.pid; do
       if [ -e "$file" ]; then kill_recorded "$file"; fi
     done
-  done
-  for node in "${NODES[@]}"; do
-    if ip netns list | grep -qw "$(ns_of "$node")"; then
-      stop_namespace "$(ns_of "$node")" || true
-      ip netns delete "$(ns_of "$node")" 2>/dev/null || true
-    fi
-    ip link delete "vha-$node" 2>/dev/null || true
   done
   for folder in "$WORK_PARENT/$WORK_PREFIX"*/pg*/data; do
     if [ -d "$folder" ]; then release_shared_memory "$folder"; fi
@@ -212,6 +230,8 @@ clean_up() {
 finish() {
   local status=$?
   set +e
+  # The teardown runs to its end (it is bounded): a second Ctrl-C or a TERM does not cut it short.
+  trap '' INT TERM
   clean_up
   if [ $status -eq 0 ]; then
     rm -rf "$LOG_DIR"
@@ -271,7 +291,7 @@ setsid etcd --name ha --data-dir "$work/etcd/data" \
   --listen-peer-urls "$ETCD_PEER_URL" --initial-advertise-peer-urls "$ETCD_PEER_URL" \
   --initial-cluster "ha=$ETCD_PEER_URL" --initial-cluster-state new \
   --listen-metrics-urls "http://$HOST_IP:2381" \
-  >"$LOG_DIR/etcd.log" 2>&1 </dev/null &
+  >"$LOG_DIR/etcd.log" 2>&1 </dev/null 9>&- &
 record_pid etcd $! "$work/etcd/data"
 disown
 etcd_ready() { curl -fsS --max-time 1 "$ETCD_CLIENT_URL/health" 2>/dev/null | grep -q '"health":"true"'; }
@@ -382,7 +402,7 @@ exec setsid ip netns exec $(ns_of "$node") setpriv --reuid=postgres --regid=post
   >>$LOG_DIR/$node/patroni.log 2>&1 </dev/null
 SCRIPT
   chmod 755 "$dir/start"
-  "$dir/start" &
+  "$dir/start" 9>&- &
   disown
 done
 
@@ -461,7 +481,7 @@ CFG
 } >"$work/haproxy.cfg"
 haproxy -c -q -f "$work/haproxy.cfg" >"$LOG_DIR/haproxy-check.log" 2>&1 \
   || fail_with_log "HAProxy refused its configuration" "$LOG_DIR/haproxy-check.log"
-setsid haproxy -db -f "$work/haproxy.cfg" >"$LOG_DIR/haproxy.log" 2>&1 </dev/null &
+setsid haproxy -db -f "$work/haproxy.cfg" >"$LOG_DIR/haproxy.log" 2>&1 </dev/null 9>&- &
 record_pid haproxy $! "$work/haproxy.cfg"
 disown
 # HAProxy takes every server for UP until its first checks: ready once only the primary is.
@@ -498,4 +518,4 @@ node_json() {
 } >"$work/environment.json"
 
 "$venv/bin/python" -u suite.py --environment "$work/environment.json" \
-  --rounds "${HA_ROUNDS:-haproxy,multihost,replicas}" --async-measurement "${HA_ASYNC:-1}"
+  --rounds "${HA_ROUNDS:-haproxy,multihost,replicas}" --async-measurement "${HA_ASYNC:-1}" 9>&-
