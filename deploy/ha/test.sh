@@ -55,9 +55,11 @@ RULE_COMMENT=idempotency-ha-suite
 # Patroni's timing, its dynamic configuration (bootstrap.dcs). Patroni 3.0.2 checks none of
 # them against a minimum; the bounds that matter are its own rule loop_wait + 2 * retry_timeout
 # <= ttl (the leader key outlives a loop that retried the DCS for the whole retry_timeout
-# twice) and etcd's shortest lease (1.5 election timeouts: 2 s with etcd's defaults). A ttl
-# of 10 s fails over within ~10 s of a primary's death; retry_timeout 4 s lets etcd requests
-# survive this shared 2-core machine's stalls without demoting a healthy primary.
+# twice) and etcd's shortest lease (1.5 election timeouts: 2 s with etcd's defaults). With a
+# ttl of 10 s the leader key of a dead primary expires within 10 s (writes commit again ~15 s
+# after its death, once the third node streams from the new primary as its synchronous
+# standby); retry_timeout 4 s lets etcd requests survive this shared 2-core machine's stalls
+# without demoting a healthy primary.
 PATRONI_TTL=10
 PATRONI_LOOP_WAIT=1
 PATRONI_RETRY_TIMEOUT=4
