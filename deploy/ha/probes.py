@@ -32,6 +32,25 @@ TICK = 0.05
 PROBE_NAMESPACE = "ha-probe"
 
 
+class Background:
+    """A probe's loop, run as a task from start() until stop() cancels it."""
+
+    def __init__(self) -> None:
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run())
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    async def _run(self) -> None:
+        raise NotImplementedError
+
+
 @dataclass(frozen=True)
 class Attempt:
     started: float
@@ -74,25 +93,16 @@ class Timeline:
         return sum(1 for a in self.attempts if a.ok and a.started > instant)
 
 
-class NodeWriteProbe:
+class NodeWriteProbe(Background):
     """Commits a write directly on one node every tick (over the bridge, not through HAProxy or a
     coordinator): the instant a new primary accepts writes is the first success on it. The write
     is a transactional logical message, whose commit waits for a synchronous standby exactly as
     the service's writes do, so a primary without one does not count as accepting writes."""
 
     def __init__(self, node: Node) -> None:
+        super().__init__()
         self.node = node
         self.timeline = Timeline(node.name)
-        self._task: asyncio.Task[None] | None = None
-
-    def start(self) -> None:
-        self._task = asyncio.create_task(self._run())
-
-    async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
 
     async def _run(self) -> None:
         connection: psycopg.AsyncConnection[tuple[Any, ...]] | None = None
@@ -128,7 +138,7 @@ async def _close_quietly(connection: psycopg.AsyncConnection[tuple[Any, ...]]) -
         await asyncio.wait_for(connection.close(), 5.0)
 
 
-class CoordinatorProbe:
+class CoordinatorProbe(Background):
     """A TryStart of a fresh key through one coordinator every tick, each with a deadline of its
     own, without waiting for the one before (a call stuck on a lost connection does not hold the
     next ones back). Also records every token it is granted, for the token checks."""
@@ -136,24 +146,21 @@ class CoordinatorProbe:
     DEADLINE = 3.0
 
     def __init__(self, name: str, address: str) -> None:
+        super().__init__()
         self.name = name
         self.address = address
         self.timeline = Timeline(name)
         self.tokens: list[tuple[int, str, float]] = []
         """(token, namespace/key, instant) of every claim granted."""
         self._channel: grpc.aio.Channel | None = None
-        self._task: asyncio.Task[None] | None = None
         self._calls: set[asyncio.Task[None]] = set()
 
     def start(self) -> None:
         self._channel = grpc.aio.insecure_channel(self.address)
-        self._task = asyncio.create_task(self._run())
+        super().start()
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        await super().stop()
         for call in list(self._calls):
             call.cancel()
         await asyncio.gather(*self._calls, return_exceptions=True)
@@ -201,24 +208,15 @@ class Transition:
     status: str
 
 
-class HealthWatch:
+class HealthWatch(Background):
     """grpc.health.v1 Watch of the API's service on one coordinator: every status it sends,
     with the instant it arrived. A stream that ends is opened again (noted as a transition)."""
 
     def __init__(self, name: str, address: str) -> None:
+        super().__init__()
         self.name = name
         self.address = address
         self.transitions: list[Transition] = []
-        self._task: asyncio.Task[None] | None = None
-
-    def start(self) -> None:
-        self._task = asyncio.create_task(self._run())
-
-    async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
 
     def status_at(self, instant: float) -> str:
         status = "UNKNOWN"

@@ -301,17 +301,7 @@ async fn a_client_certificate_names_the_holder_and_the_actor(backend: Backend) {
             .await,
         "ForceRelease",
     );
-    let events = answered(
-        admin
-            .clone()
-            .list_audit_events(pb::ListAuditEventsRequest {
-                namespace: NAMESPACE.into(),
-                ..Default::default()
-            })
-            .await,
-        "ListAuditEvents",
-    )
-    .events;
+    let events = audit_events(&admin).await;
     assert_eq!(events[0].actor, "cert:CN=payments-worker");
 }
 
