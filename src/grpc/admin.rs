@@ -180,6 +180,20 @@ fn erase_message(progress: EraseProgress) -> pb::EraseNamespaceResponse {
     }
 }
 
+/// A progress message, or for the end of an erasure that stopped before its namespace was
+/// empty (a store failure, rows held longer than it waits, shutdown), `UNAVAILABLE` saying what
+/// was erased: `done` promises that nothing of the namespace is left.
+fn erase_item(progress: EraseProgress) -> Result<pb::EraseNamespaceResponse, Status> {
+    if progress.done && progress.incomplete {
+        return Err(Status::unavailable(format!(
+            "the erasure stopped before the namespace was empty: {} keys and {} processed \
+             events erased, the rest is still stored (audit event {}); erase the namespace again",
+            progress.keys, progress.events, progress.audit_id
+        )));
+    }
+    Ok(erase_message(progress))
+}
+
 type EraseStream = Pin<Box<dyn Stream<Item = Result<pb::EraseNamespaceResponse, Status>> + Send>>;
 
 /// How many progress messages may wait for a slow reader; a slower one misses intermediate
@@ -417,13 +431,13 @@ impl AdminService for AdminApi {
             tokio::spawn(async move {
                 loop {
                     let now = *progress.borrow_and_update();
-                    if sender.send(Ok(erase_message(now))).await.is_err() || now.done {
+                    if sender.send(erase_item(now)).await.is_err() || now.done {
                         return;
                     }
                     if progress.changed().await.is_err() {
                         let last = *progress.borrow();
                         if last != now {
-                            let _ = sender.send(Ok(erase_message(last))).await;
+                            let _ = sender.send(erase_item(last)).await;
                         }
                         return;
                     }

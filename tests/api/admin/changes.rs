@@ -351,3 +351,55 @@ async fn the_reaper_deletes_audit_events_past_their_retention(backend: Backend) 
     assert_eq!(events.len(), 1);
     assert_eq!(events[0].key, "new");
 }
+
+/// An erasure that cannot empty its namespace (here a row another transaction holds for longer
+/// than the erasure waits for it) does not end its stream with `done`, which promises that
+/// nothing is left: the stream ends `UNAVAILABLE`, saying what was erased, and the audit trail
+/// records the erasure as incomplete. Once the row is free, erasing again empties the namespace.
+/// PostgreSQL: the held row comes from a raw session of the test's own.
+#[tokio::test]
+async fn postgres_an_erasure_that_leaves_rows_does_not_report_done() {
+    let (app, mut client) = app_and_client(Backend::Postgres).await;
+    let admin = admin_client(&app).await;
+    for index in 0..5 {
+        claim_and_complete(&mut client, &format!("key-{index}"), b"r").await;
+    }
+    let mut holder = crate::support::raw::session(&app.database.url).await;
+    crate::support::raw::run(&mut holder, "BEGIN").await;
+    crate::support::raw::lock_key(&mut holder, "key-3").await;
+
+    let mut stream = answered(
+        admin
+            .clone()
+            .erase_namespace(pb::EraseNamespaceRequest {
+                namespace: NAMESPACE.into(),
+                reason: "the tenant left".into(),
+                batch_size: 2,
+            })
+            .await,
+        "EraseNamespace",
+    );
+    let ended = loop {
+        match stream.message().await {
+            Ok(Some(message)) => assert!(!message.done, "done with a row left: {message:?}"),
+            Ok(None) => panic!("the stream ended without saying the erasure stopped short"),
+            Err(status) => break status,
+        }
+    };
+    assert_eq!(ended.code(), Code::Unavailable, "{ended:?}");
+    assert!(
+        ended.message().contains("4 keys") && ended.message().contains("erase the namespace again"),
+        "{ended:?}"
+    );
+    let events = audit_events(&admin).await;
+    assert_eq!(events[0].action, "erase_namespace_done");
+    let outcome: serde_json::Value =
+        serde_json::from_str(&events[0].outcome_json).expect("the outcome, as JSON");
+    assert_eq!(outcome["complete"], false, "{outcome}");
+
+    crate::support::raw::run(&mut holder, "ROLLBACK").await;
+    let again = erase_namespace(&admin, NAMESPACE, 2).await;
+    let last = again.last().expect("a last message");
+    assert!(last.done);
+    assert_eq!(last.keys_erased, 1);
+}
