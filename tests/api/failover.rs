@@ -52,6 +52,39 @@ async fn rows_on(node: &crate::support::cluster::Node, key: &str) -> i64 {
     count
 }
 
+/// After the primary was lost (killed or cut off): health turns NOT_SERVING; `standby` is
+/// promoted; calls succeed again at most 2 s later (asserted) and health follows; every key of
+/// `acknowledged` replays; a fresh key (named after `label`) is written on the new primary.
+/// Answers that key.
+async fn recovers_on_the_promoted_standby(
+    app: &TestApp,
+    client: &mut Client,
+    standby: &crate::support::cluster::Node,
+    acknowledged: &[String],
+    label: &str,
+) -> String {
+    app.wait_for_status(ServingStatus::NotServing).await;
+    standby.promote().await;
+    let recovered = time_until_calls_succeed(client, Duration::from_secs(10)).await;
+    eprintln!("calls succeeded again {recovered:?} after the promotion");
+    assert!(
+        recovered <= Duration::from_secs(2),
+        "calls succeeded {recovered:?} after the standby was promoted"
+    );
+    app.wait_for_status(ServingStatus::Serving).await;
+    for key in acknowledged {
+        expect_replay(client, key, key.as_bytes()).await;
+    }
+    let key = unique_key(label);
+    claim_and_complete(client, &key, b"x").await;
+    assert_eq!(
+        rows_on(standby, &key).await,
+        1,
+        "written on the new primary"
+    );
+    key
+}
+
 /// Claims and completes a fresh key, retrying as a client does until it goes through (each try
 /// with the same attempt_id), and answers how long that took.
 async fn time_until_calls_succeed(client: &Client, limit: Duration) -> Duration {
@@ -112,26 +145,9 @@ async fn the_service_follows_a_promoted_standby_without_a_restart() {
     let acknowledged = completed_keys(&mut client, "before", 5).await;
 
     old_primary.kill().await;
-    app.wait_for_status(ServingStatus::NotServing).await;
-    standby.promote().await;
-    let recovered = time_until_calls_succeed(&client, Duration::from_secs(10)).await;
-    eprintln!("calls succeeded again {recovered:?} after the promotion");
-    assert!(
-        recovered <= Duration::from_secs(2),
-        "calls succeeded {recovered:?} after the standby was promoted"
-    );
-    app.wait_for_status(ServingStatus::Serving).await;
     // Synchronous replication: every key acknowledged before the failover is still completed.
-    for key in &acknowledged {
-        expect_replay(&client, key, key.as_bytes()).await;
-    }
-    let key = unique_key("after-failover");
-    claim_and_complete(&mut client, &key, b"x").await;
-    assert_eq!(
-        rows_on(standby, &key).await,
-        1,
-        "written on the new primary"
-    );
+    recovers_on_the_promoted_standby(&app, &mut client, standby, &acknowledged, "after-failover")
+        .await;
 }
 
 #[tokio::test]
@@ -438,25 +454,14 @@ async fn a_primary_cut_off_is_left_for_the_promoted_standby() {
     let acknowledged = completed_keys(&mut client, "before", 5).await;
 
     proxy.blackhole();
-    app.wait_for_status(ServingStatus::NotServing).await;
-    standby.promote().await;
-    let recovered = time_until_calls_succeed(&client, Duration::from_secs(10)).await;
-    eprintln!("calls succeeded again {recovered:?} after the promotion");
-    assert!(
-        recovered <= Duration::from_secs(2),
-        "calls succeeded {recovered:?} after the standby was promoted"
-    );
-    app.wait_for_status(ServingStatus::Serving).await;
-    for key in &acknowledged {
-        expect_replay(&client, key, key.as_bytes()).await;
-    }
-    let key = unique_key("after-partition");
-    claim_and_complete(&mut client, &key, b"x").await;
-    assert_eq!(
-        rows_on(standby, &key).await,
-        1,
-        "written on the new primary"
-    );
+    let key = recovers_on_the_promoted_standby(
+        &app,
+        &mut client,
+        standby,
+        &acknowledged,
+        "after-partition",
+    )
+    .await;
     assert_eq!(rows_on(primary, &key).await, 0, "never on the one cut off");
 }
 
