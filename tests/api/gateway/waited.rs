@@ -48,16 +48,7 @@ async fn a_request_that_waited_for_a_released_key_runs_once_and_is_replayed(back
     assert_eq!(holder.status, 503, "{holder:?}");
     let waited = waiter.await.expect("ran").expect("an answer");
     let took = waiter_sent.elapsed();
-    assert_eq!(
-        waited.status, 201,
-        "the waiter ran with its whole lease: {waited:?}"
-    );
-    assert!(!waited.replayed());
-    assert_eq!(
-        waited.text(),
-        r#"{"order":2}"#,
-        "the waiter's own upstream call"
-    );
+    assert_ran_its_own_call(&waited);
     assert!(
         took >= WAITER_LEASE.mul_f64(1.5) + UPSTREAM_TAKES,
         "the waiter waited 1.5 leases, then ran its call, in {took:?}"
@@ -109,16 +100,7 @@ async fn a_request_that_waited_out_a_killed_gateways_lease_runs_once_and_is_repl
     let url = format!("{}/orders", gateway.url());
     let waiter_sent = Instant::now();
     let waited = http.post(&url, &key, "{}").await;
-    assert_eq!(
-        waited.status, 201,
-        "the waiter ran with its whole lease: {waited:?}"
-    );
-    assert!(!waited.replayed());
-    assert_eq!(
-        waited.text(),
-        r#"{"order":2}"#,
-        "the waiter's own upstream call"
-    );
+    assert_ran_its_own_call(&waited);
     // The dead holder's lease began after its request was sent and the waiter's call ran after
     // it ran out; the waiter itself waited longer than its own lease.
     assert!(
@@ -151,6 +133,21 @@ async fn a_request_that_waited_out_a_killed_gateways_lease_runs_once_and_is_repl
 
 /// The replay is the stored response as the first caller got it: status, every header (repeated
 /// ones in order) and body, marked replayed.
+/// The waiter's request ran with its whole lease: its own upstream call (the second), answered
+/// as made, not replayed.
+fn assert_ran_its_own_call(waited: &Answer) {
+    assert_eq!(
+        waited.status, 201,
+        "the waiter ran with its whole lease: {waited:?}"
+    );
+    assert!(!waited.replayed());
+    assert_eq!(
+        waited.text(),
+        r#"{"order":2}"#,
+        "the waiter's own upstream call"
+    );
+}
+
 fn assert_replays(replay: &Answer, first: &Answer) {
     assert!(replay.replayed(), "{replay:?}");
     assert_eq!(replay.status, first.status);
