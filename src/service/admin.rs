@@ -5,10 +5,10 @@
 //! [`follow_erasures`]).
 //!
 //! Nothing here is on the path of the contract's calls: an erasure runs one bounded batch at a
-//! time on one connection, yielding between batches, so that calls keep their share of the
-//! store while it runs.
+//! time on one connection, each after the last key the one before it erased, and rests
+//! between batches, so that calls keep most of the store while it runs.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use tokio::sync::{broadcast, watch};
 use tokio_util::sync::CancellationToken;
@@ -20,16 +20,27 @@ use crate::domain::admin::{
     NamespaceStats, PageCursor, PageSize, Reason,
 };
 use crate::domain::{Key, Scope};
-use crate::store::{AdminStore, AnyStore, Erasure, StoreError};
+use crate::store::{AdminStore, AnyStore, EraseCursor, Erasure, StoreError};
 use crate::telemetry::error_chain;
 
 /// How long the audit trail keeps an event by default (`--audit-retention`).
 pub const DEFAULT_AUDIT_RETENTION: Duration = Duration::from_secs(90 * 24 * 3600);
 
-/// How often an erasure that found its namespace's last rows held by others (a claim's
-/// statement) looks again, and how many times, before it ends with those rows left.
-const HELD_ROWS_RETRY: Duration = Duration::from_millis(20);
-const HELD_ROWS_ATTEMPTS: u32 = 50;
+/// How often an erasure whose pass left rows (held by others: a claim's statement) goes over
+/// the namespace again, and how many times, before it ends with those rows left: 3 s, longer
+/// than a call's statement may run with the default `--operation-timeout` (2.5 s), so that a
+/// row still held then is held by something else than the service's calls.
+const HELD_ROWS_RETRY: Duration = Duration::from_millis(50);
+const HELD_ROWS_ATTEMPTS: u32 = 60;
+
+/// After each full batch an erasure rests this many times as long as the batch took (at most
+/// [`LONGEST_REST`]), so that it takes about a fifth of the store's time. Unpaced, a million
+/// keys went in 6-7 s on the 2-core development machine, but 64 callers' TryStart kept only
+/// 62-72 % of its throughput meanwhile: the batches' deletes took the database's CPU from the
+/// calls. Paced, the erasure takes 27-30 s and the calls keep 88-97 % (BENCHMARKS.md, "An
+/// erasure under load"). A data-protection erasure has minutes; the calls do not.
+const REST_PER_BATCH_TIME: u32 = 4;
+const LONGEST_REST: Duration = Duration::from_secs(1);
 
 /// How many times in a row a batch may fail with a transient store error before the erasure
 /// gives up (it is recorded either way).
@@ -223,6 +234,11 @@ impl Admin {
     }
 
     /// Erases batch after batch until the namespace has nothing left; answers the totals.
+    ///
+    /// A pass goes through the namespace once in key order, each batch after the last key the
+    /// one before it erased. Rows a batch skipped because another transaction held them, and
+    /// rows written behind the pass, are left by it: when a pass ends with rows left, another
+    /// one starts from the beginning, a few times ([`HELD_ROWS_ATTEMPTS`]) before giving up.
     async fn erase_all(
         &self,
         namespace: &Scope,
@@ -234,6 +250,7 @@ impl Admin {
             audit_id,
             ..EraseProgress::default()
         };
+        let mut cursor = EraseCursor::default();
         let mut failures = 0;
         let mut held_attempts = 0;
         loop {
@@ -241,7 +258,12 @@ impl Admin {
                 total.incomplete = true;
                 return total;
             }
-            match self.store.erase_namespace_batch(namespace, batch).await {
+            let began = Instant::now();
+            match self
+                .store
+                .erase_namespace_batch(namespace, batch, &cursor)
+                .await
+            {
                 Ok(erased) => {
                     failures = 0;
                     total.keys += erased.keys;
@@ -252,12 +274,19 @@ impl Admin {
                         replays.forget_namespace(namespace.as_str());
                     }
                     progress.send_replace(total);
+                    cursor.advance(&erased);
                     let full = erased.keys >= u64::from(batch.get())
                         || erased.events >= u64::from(batch.get());
                     if full {
-                        tokio::task::yield_now().await;
+                        let rest = (began.elapsed() * REST_PER_BATCH_TIME).min(LONGEST_REST);
+                        // A shutdown ends the rest at once (it is heeded at the loop's top).
+                        tokio::select! {
+                            () = tokio::time::sleep(rest) => {}
+                            () = self.shutdown.cancelled() => {}
+                        }
                         continue;
                     }
+                    cursor = EraseCursor::default();
                     match self.store.namespace_has_rows(namespace).await {
                         Ok(false) => return total,
                         Ok(true) if held_attempts < HELD_ROWS_ATTEMPTS => {

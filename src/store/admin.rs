@@ -12,11 +12,37 @@ use crate::domain::admin::{
 };
 use crate::domain::{Key, Scope};
 
-/// What one batch of a namespace's erasure deleted.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+/// Where a pass of a namespace's erasure has got to: the greatest key and event id it has
+/// erased (`None`: the start of the namespace). Each batch continues after it, so that a batch
+/// never steps over the index entries of the rows the batches before it deleted (in
+/// PostgreSQL they stay in the index until a vacuum, and a batch that started from the
+/// namespace's start grew slower with every batch, past its statement timeout under load).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct EraseCursor {
+    pub after_key: Option<String>,
+    pub after_event: Option<String>,
+}
+
+impl EraseCursor {
+    /// Moves past what `erased` deleted; a side that deleted nothing stays where it was.
+    pub fn advance(&mut self, erased: &Erased) {
+        if let Some(key) = &erased.last_key {
+            self.after_key = Some(key.clone());
+        }
+        if let Some(event) = &erased.last_event {
+            self.after_event = Some(event.clone());
+        }
+    }
+}
+
+/// What one batch of a namespace's erasure deleted, and the greatest key and event id among
+/// them (the next batch's [`EraseCursor`]).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Erased {
     pub keys: u64,
     pub events: u64,
+    pub last_key: Option<String>,
+    pub last_event: Option<String>,
 }
 
 /// Something a store announces that every replica must act on at once: the replay cache
@@ -92,11 +118,13 @@ pub trait AdminStore: Store {
     ) -> impl Future<Output = Result<(Option<KeySummary>, i64), StoreError>> + Send;
 
     /// Deletes at most `batch` keys of `namespace` and at most `batch` processed events of the
-    /// consumer of the same name, skipping rows other transactions hold.
+    /// consumer of the same name, the first ones after `from` in key (event id) order, skipping
+    /// rows other transactions hold.
     fn erase_namespace_batch(
         &self,
         namespace: &Scope,
         batch: EraseBatch,
+        from: &EraseCursor,
     ) -> impl Future<Output = Result<Erased, StoreError>> + Send;
 
     /// Whether `namespace` still has any key or processed event, expired ones included.
@@ -180,8 +208,9 @@ impl AdminStore for AnyStore {
         &self,
         namespace: &Scope,
         batch: EraseBatch,
+        from: &EraseCursor,
     ) -> Result<Erased, StoreError> {
-        delegate!(self, store => store.erase_namespace_batch(namespace, batch))
+        delegate!(self, store => store.erase_namespace_batch(namespace, batch, from))
     }
 
     async fn namespace_has_rows(&self, namespace: &Scope) -> Result<bool, StoreError> {

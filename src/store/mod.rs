@@ -21,7 +21,7 @@ use crate::domain::{
     TryStartOutcome,
 };
 
-pub use admin::{AdminStore, Erased, Erasure};
+pub use admin::{AdminStore, EraseCursor, Erased, Erasure};
 pub use error::StoreError;
 pub use postgres::PgStore;
 pub use sqlite::SqliteStore;

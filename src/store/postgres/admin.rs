@@ -19,7 +19,7 @@ use crate::domain::admin::{
 };
 use crate::domain::{Instant, Key, LeaseToken, Scope};
 use crate::store::schema::{attempt_number, stored_duration};
-use crate::store::{AdminStore, Erased, Erasure, StoreError};
+use crate::store::{AdminStore, EraseCursor, Erased, Erasure, StoreError};
 
 /// Greater than every key (at most 255 bytes of UTF-8): 64 times the greatest character.
 fn beyond_every_key() -> String {
@@ -371,21 +371,27 @@ impl AdminStore for PgStore {
         &self,
         namespace: &Scope,
         batch: EraseBatch,
+        from: &EraseCursor,
     ) -> Result<Erased, StoreError> {
         let limit = i64::from(batch.get());
-        let (keys, events) = self
+        // No key or event id is empty (1-255 bytes), and "" is the least text in "C" order.
+        let after_key = from.after_key.as_deref().unwrap_or("");
+        let after_event = from.after_event.as_deref().unwrap_or("");
+        let ((keys, last_key), (events, last_event)) = self
             .admin_transaction(async |connection| {
-                let (keys,): (i64,) = sqlx::query_as(ERASE_KEYS_BATCH)
+                let keys: (i64, Option<String>) = sqlx::query_as(ERASE_KEYS_BATCH)
                     .bind(namespace.as_str())
                     .bind(limit)
+                    .bind(after_key)
                     .fetch_one(&mut *connection)
                     .await?;
-                let (events,): (i64,) = sqlx::query_as(ERASE_EVENTS_BATCH)
+                let events: (i64, Option<String>) = sqlx::query_as(ERASE_EVENTS_BATCH)
                     .bind(namespace.as_str())
                     .bind(limit)
+                    .bind(after_event)
                     .fetch_one(&mut *connection)
                     .await?;
-                if keys > 0 {
+                if keys.0 > 0 {
                     sqlx::query(ANNOUNCE_ERASED)
                         .bind(namespace.as_str())
                         .execute(&mut *connection)
@@ -397,6 +403,8 @@ impl AdminStore for PgStore {
         Ok(Erased {
             keys: count(keys),
             events: count(events),
+            last_key,
+            last_event,
         })
     }
 

@@ -59,8 +59,10 @@ use crate::domain::{
 static MIGRATOR: Migrator = sqlx::migrate!("./migrations/postgres");
 
 /// The admin API's statements that must read an index, never the table, by name: for the test
-/// that EXPLAINs them on a table of a million rows (`tests/api/admin/scale.rs`).
-pub fn indexed_admin_statements() -> [(&'static str, &'static str); 6] {
+/// that EXPLAINs them on a table of a million rows (`tests/api/admin/scale.rs`). The erasure's
+/// batches (`erase_keys`, `erase_events`) must also start their index scan after the last key
+/// (event id) the batch before them erased.
+pub fn indexed_admin_statements() -> [(&'static str, &'static str); 8] {
     [
         ("stuck", LIST_STUCK_KEYS),
         ("in_progress", LIST_IN_PROGRESS_KEYS),
@@ -68,6 +70,22 @@ pub fn indexed_admin_statements() -> [(&'static str, &'static str); 6] {
         ("completed", LIST_COMPLETED_KEYS),
         ("by_key", LIST_KEYS_BY_KEY),
         ("stuck_gauges", STUCK_KEYS),
+        ("erase_keys", ERASE_KEYS_BATCH),
+        ("erase_events", ERASE_EVENTS_BATCH),
+    ]
+}
+
+/// The statements that delete in bounded batches (the reaper's, the erasure's), by name: for
+/// the test that EXPLAINs them on a table of a million rows (`tests/api/admin/scale.rs`). Each
+/// must delete the rows it locked by their tuple ids, never by a join back to the table, whose
+/// cost grows with the rows around the batch rather than with the batch.
+pub fn batched_deletes() -> [(&'static str, &'static str); 5] {
+    [
+        ("reap_keys", REAP_KEYS),
+        ("reap_events", REAP_EVENTS),
+        ("reap_audit", REAP_AUDIT),
+        ("erase_keys", ERASE_KEYS_BATCH),
+        ("erase_events", ERASE_EVENTS_BATCH),
     ]
 }
 

@@ -342,17 +342,18 @@ FROM batch
 
 /// Deletes a bounded batch ($1) of a table's expired rows, oldest expiry first, skipping rows
 /// another transaction holds (another replica's reaper, or a TryStart reclaiming the key), and
-/// answers how many it deleted. The table is named with its two key columns.
+/// answers how many it deleted. The delete finds the rows it locked by their tuple id (a Tid
+/// Scan): joined back to the table by key, PostgreSQL's plan read every expired row into a
+/// hash (or walked the primary key from its start) for each batch, however few it deleted.
+/// It has no other condition, which could lead the planner to an index instead: the lock
+/// (`FOR UPDATE` rechecks `expires_at` on the row's latest version) holds each row as it was
+/// found until the transaction ends, so its tuple id still names it and it is still expired.
 macro_rules! reap {
-    ($table:literal, $first:literal, $second:literal) => {
+    ($table:literal) => {
         concat!(
             "
 WITH doomed AS (
-    SELECT ",
-            $first,
-            ", ",
-            $second,
-            " FROM ",
+    SELECT ctid FROM ",
             $table,
             "
     WHERE expires_at <= now()
@@ -363,18 +364,8 @@ WITH doomed AS (
 deleted AS (
     DELETE FROM ",
             $table,
-            " AS t
-    USING doomed AS d
-    WHERE t.",
-            $first,
-            " = d.",
-            $first,
-            " AND t.",
-            $second,
-            " = d.",
-            $second,
             "
-      AND t.expires_at <= now()
+    WHERE ctid = ANY (ARRAY(SELECT ctid FROM doomed))
     RETURNING 1
 )
 SELECT count(*) FROM deleted
@@ -383,9 +374,9 @@ SELECT count(*) FROM deleted
     };
 }
 
-pub(super) const REAP_KEYS: &str = reap!("idempotency_keys", "namespace", "key");
+pub(super) const REAP_KEYS: &str = reap!("idempotency_keys");
 
-pub(super) const REAP_EVENTS: &str = reap!("processed_events", "consumer", "event_id");
+pub(super) const REAP_EVENTS: &str = reap!("processed_events");
 
 /// The reaper's lag: how long ago the oldest expired row of each table expired, in
 /// microseconds (0 when none is). `min` under `expires_at <= now()` reads one end of each
@@ -608,41 +599,46 @@ pub(super) const ERASE_KEY: &str = concat!(
 SELECT * FROM gone WHERE live"
 );
 
-/// One batch of a namespace's erasure: at most `$2` keys of namespace `$1` (rows another
-/// transaction holds are skipped, to be taken by a later batch). Answers how many it deleted.
-/// The transaction also runs [`ANNOUNCE_ERASED`].
+/// One batch of a namespace's erasure: at most `$2` keys of namespace `$1`, the first ones after
+/// key `$3` (`''`, which no key is, from the start), rows another transaction holds skipped, to
+/// be taken by a later pass. Answers how many it deleted and the greatest of them. The key
+/// range's start is an index bound, and the delete finds the locked rows by tuple id (see
+/// [`reap!`]), so that a batch never reads the index entries of the keys deleted before it:
+/// they stay until a vacuum, and while any older snapshot is open a scan that meets them must
+/// read each. The transaction also runs [`ANNOUNCE_ERASED`].
 pub(super) const ERASE_KEYS_BATCH: &str = r#"
 WITH doomed AS (
-    SELECT namespace, key FROM idempotency_keys
-    WHERE namespace = $1
+    SELECT ctid FROM idempotency_keys
+    WHERE namespace = $1 AND key > $3
     ORDER BY key
     LIMIT $2
     FOR UPDATE SKIP LOCKED
 ), gone AS (
-    DELETE FROM idempotency_keys AS k USING doomed AS d
-    WHERE k.namespace = d.namespace AND k.key = d.key
-    RETURNING 1
+    DELETE FROM idempotency_keys
+    WHERE ctid = ANY (ARRAY(SELECT ctid FROM doomed))
+    RETURNING key
 )
-SELECT count(*) FROM gone
+SELECT count(*), max(key) FROM gone
 "#;
 
 /// Announces an erasure on [`ERASED_CHANNEL`] when its transaction commits (payload `$1`).
 pub(super) const ANNOUNCE_ERASED: &str = "SELECT pg_notify('idempotency_erased', $1)";
 
-/// One batch of the erasure of consumer `$1`'s processed events, like [`ERASE_KEYS_BATCH`].
+/// One batch of the erasure of consumer `$1`'s processed events, after event id `$3`, like
+/// [`ERASE_KEYS_BATCH`].
 pub(super) const ERASE_EVENTS_BATCH: &str = r#"
 WITH doomed AS (
-    SELECT consumer, event_id FROM processed_events
-    WHERE consumer = $1
+    SELECT ctid FROM processed_events
+    WHERE consumer = $1 AND event_id > $3
     ORDER BY event_id
     LIMIT $2
     FOR UPDATE SKIP LOCKED
 ), gone AS (
-    DELETE FROM processed_events AS e USING doomed AS d
-    WHERE e.consumer = d.consumer AND e.event_id = d.event_id
-    RETURNING 1
+    DELETE FROM processed_events
+    WHERE ctid = ANY (ARRAY(SELECT ctid FROM doomed))
+    RETURNING event_id
 )
-SELECT count(*) FROM gone
+SELECT count(*), max(event_id) FROM gone
 "#;
 
 /// Whether namespace `$1` still has any key or processed event (rows skipped because they
@@ -671,20 +667,7 @@ LIMIT $3
 "#;
 
 /// The reaper's batch of expired audit events.
-pub(super) const REAP_AUDIT: &str = r#"
-WITH doomed AS (
-    SELECT id FROM admin_audit_events
-    WHERE expires_at <= now()
-    ORDER BY expires_at
-    LIMIT $1
-    FOR UPDATE SKIP LOCKED
-), deleted AS (
-    DELETE FROM admin_audit_events AS a USING doomed AS d
-    WHERE a.id = d.id
-    RETURNING 1
-)
-SELECT count(*) FROM deleted
-"#;
+pub(super) const REAP_AUDIT: &str = reap!("admin_audit_events");
 
 /// The health probe's write, and whether the session is read-only. A transactional logical
 /// message is a WAL record that needs a transaction id, so its commit waits for a synchronous

@@ -17,7 +17,7 @@ use crate::domain::admin::{
 };
 use crate::domain::{Key, LeaseToken, Scope};
 use crate::store::schema::{attempt_number, stored_duration};
-use crate::store::{AdminStore, Erased, Erasure, KeyEvent, StoreError};
+use crate::store::{AdminStore, EraseCursor, Erased, Erasure, KeyEvent, StoreError};
 
 /// Greater than every key (at most 255 bytes of UTF-8): 64 times the greatest character.
 fn beyond_every_key() -> String {
@@ -340,31 +340,40 @@ impl AdminStore for SqliteStore {
         &self,
         namespace: &Scope,
         batch: EraseBatch,
+        from: &EraseCursor,
     ) -> Result<Erased, StoreError> {
         let mut write = self.begin_write().await?;
         let limit = i64::from(batch.get());
-        let keys = sqlx::query(ERASE_KEYS_BATCH)
+        // No key or event id is empty (1-255 bytes), and "" is the least text in binary order.
+        let keys: Vec<(String,)> = sqlx::query_as(ERASE_KEYS_BATCH)
             .bind(namespace.as_str())
             .bind(limit)
-            .execute(&mut *write.tx)
+            .bind(from.after_key.as_deref().unwrap_or(""))
+            .fetch_all(&mut *write.tx)
             .await
-            .map_err(classify)?
-            .rows_affected();
-        let events = sqlx::query(ERASE_EVENTS_BATCH)
+            .map_err(classify)?;
+        let events: Vec<(String,)> = sqlx::query_as(ERASE_EVENTS_BATCH)
             .bind(namespace.as_str())
             .bind(limit)
-            .execute(&mut *write.tx)
+            .bind(from.after_event.as_deref().unwrap_or(""))
+            .fetch_all(&mut *write.tx)
             .await
-            .map_err(classify)?
-            .rows_affected();
+            .map_err(classify)?;
         write.commit().await?;
-        if keys > 0 {
+        let erased = Erased {
+            keys: keys.len() as u64,
+            events: events.len() as u64,
+            // RETURNING's order is unspecified: the greatest, not the last.
+            last_key: keys.into_iter().map(|(key,)| key).max(),
+            last_event: events.into_iter().map(|(event,)| event).max(),
+        };
+        if erased.keys > 0 {
             let _ = self
                 .erasures
                 .send(Erasure::Namespace(namespace.as_str().to_owned()));
             let _ = self.events.send(KeyEvent::Missed);
         }
-        Ok(Erased { keys, events })
+        Ok(erased)
     }
 
     async fn namespace_has_rows(&self, namespace: &Scope) -> Result<bool, StoreError> {

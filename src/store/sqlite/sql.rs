@@ -246,12 +246,17 @@ WHERE completed_at IS NULL AND lease_expires_at <= ",
     now_us!()
 );
 
+/// At most `?2` keys of namespace `?1` after key `?3` (`''`: from the start), in key order, like
+/// PostgreSQL's batch; answers the keys it deleted.
 pub(super) const ERASE_KEYS_BATCH: &str = "DELETE FROM idempotency_keys WHERE rowid IN (
-    SELECT rowid FROM idempotency_keys WHERE namespace = ?1 LIMIT ?2)";
+    SELECT rowid FROM idempotency_keys WHERE namespace = ?1 AND key > ?3 ORDER BY key LIMIT ?2)
+RETURNING key";
 
 pub(super) const ERASE_EVENTS_BATCH: &str = "DELETE FROM processed_events
-WHERE (consumer, event_id) IN (
-    SELECT consumer, event_id FROM processed_events WHERE consumer = ?1 LIMIT ?2)";
+WHERE consumer = ?1 AND event_id IN (
+    SELECT event_id FROM processed_events WHERE consumer = ?1 AND event_id > ?3
+    ORDER BY event_id LIMIT ?2)
+RETURNING event_id";
 
 pub(super) const NAMESPACE_HAS_ROWS: &str = "SELECT
     EXISTS (SELECT 1 FROM idempotency_keys WHERE namespace = ?1)

@@ -403,3 +403,69 @@ async fn postgres_an_erasure_that_leaves_rows_does_not_report_done() {
     assert!(last.done);
     assert_eq!(last.keys_erased, 1);
 }
+
+/// A pass of an erasure goes through its namespace once, each batch after the last key the one
+/// before it erased; a row it skipped because another transaction held it lies behind it. When
+/// that row is free again, the erasure's next pass, from the beginning, takes it: the stream
+/// ends `done` with every key and event erased. PostgreSQL: the held rows come from a raw
+/// session of the test's own (SQLite has one writer: nothing holds a row from it).
+#[tokio::test]
+async fn postgres_a_row_held_while_a_pass_went_by_is_erased_by_the_next_pass() {
+    let (app, mut client) = app_and_client(Backend::Postgres).await;
+    let admin = admin_client(&app).await;
+    for index in 0..5 {
+        claim_and_complete(&mut client, &format!("key-{index}"), b"r").await;
+    }
+    mark_results(
+        &client,
+        mark(NAMESPACE, &["e-0", "e-1", "e-2", "e-3", "e-4"]),
+    )
+    .await;
+    let mut holder = crate::support::raw::session(&app.database.url).await;
+    crate::support::raw::run(&mut holder, "BEGIN").await;
+    // Second in order: the first batch (of two) erases key-0 and key-2 and goes on after key-2.
+    crate::support::raw::lock_key(&mut holder, "key-1").await;
+    crate::support::raw::lock_event(&mut holder, NAMESPACE, "e-1").await;
+
+    let mut stream = answered(
+        admin
+            .clone()
+            .erase_namespace(pb::EraseNamespaceRequest {
+                namespace: NAMESPACE.into(),
+                reason: "the tenant left".into(),
+                batch_size: 2,
+            })
+            .await,
+        "EraseNamespace",
+    );
+    let mut released = false;
+    let last = loop {
+        let message = stream
+            .message()
+            .await
+            .unwrap_or_else(|status| panic!("the erasure stopped: {status:?}"))
+            .expect("the stream ends with done");
+        if message.done {
+            break message;
+        }
+        assert!(message.keys_erased <= 5 && message.events_erased <= 5);
+        if !released && (message.keys_erased, message.events_erased) == (4, 4) {
+            // The first pass is over, with the held rows behind it.
+            crate::support::raw::run(&mut holder, "ROLLBACK").await;
+            released = true;
+        }
+    };
+    assert!(released, "the first pass reported 4 keys and 4 events");
+    assert_eq!((last.keys_erased, last.events_erased), (5, 5));
+    assert!(
+        listed(&admin, list(pb::AdminKeyState::Unspecified))
+            .await
+            .is_empty()
+    );
+    let marks = mark_results(&client, mark(NAMESPACE, &["e-1"])).await;
+    assert!(!marks[0].already_processed, "the held event was erased too");
+    let events = audit_events(&admin).await;
+    let outcome: serde_json::Value =
+        serde_json::from_str(&events[0].outcome_json).expect("the outcome, as JSON");
+    assert_eq!(outcome["complete"], true, "{outcome}");
+}
