@@ -26,10 +26,11 @@ use crate::telemetry::error_chain;
 /// How long the audit trail keeps an event by default (`--audit-retention`).
 pub const DEFAULT_AUDIT_RETENTION: Duration = Duration::from_secs(90 * 24 * 3600);
 
-/// How often an erasure whose pass left rows (held by others: a claim's statement) goes over
-/// the namespace again, and how many times, before it ends with those rows left: 3 s, longer
-/// than a call's statement may run with the default `--operation-timeout` (2.5 s), so that a
-/// row still held then is held by something else than the service's calls.
+/// How often an erasure whose pass left rows (held by others: a claim's statement; or written
+/// behind it) goes over the namespace again, and how many times at most, before it ends with
+/// those rows left: over 3 s, longer than a call's statement may run with the default
+/// `--operation-timeout` (2.5 s), so that a row still held then is held by something else than
+/// the service's calls. Bounded in passes too, since each pass starts from the beginning.
 const HELD_ROWS_RETRY: Duration = Duration::from_millis(50);
 const HELD_ROWS_ATTEMPTS: u32 = 60;
 
@@ -275,9 +276,7 @@ impl Admin {
                     }
                     progress.send_replace(total);
                     cursor.advance(&erased);
-                    let full = erased.keys >= u64::from(batch.get())
-                        || erased.events >= u64::from(batch.get());
-                    if full {
+                    if !erased.pass_over {
                         let rest = (began.elapsed() * REST_PER_BATCH_TIME).min(LONGEST_REST);
                         // A shutdown ends the rest at once (it is heeded at the loop's top).
                         tokio::select! {

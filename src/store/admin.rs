@@ -35,14 +35,18 @@ impl EraseCursor {
     }
 }
 
-/// What one batch of a namespace's erasure deleted, and the greatest key and event id among
-/// them (the next batch's [`EraseCursor`]).
+/// What one batch of a namespace's erasure deleted, and where the next batch starts: the
+/// greatest key and event id it took (the next [`EraseCursor`]).
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Erased {
     pub keys: u64,
     pub events: u64,
     pub last_key: Option<String>,
     pub last_event: Option<String>,
+    /// Whether both sides found fewer rows after the cursor than a batch: the pass is over. (A
+    /// row a batch took but could not delete, updated by another transaction meanwhile, does
+    /// not end the pass: it lies behind the cursor, for the next one.)
+    pub pass_over: bool,
 }
 
 /// Something a store announces that every replica must act on at once: the replay cache

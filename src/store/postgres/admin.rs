@@ -377,15 +377,15 @@ impl AdminStore for PgStore {
         // No key or event id is empty (1-255 bytes), and "" is the least text in "C" order.
         let after_key = from.after_key.as_deref().unwrap_or("");
         let after_event = from.after_event.as_deref().unwrap_or("");
-        let ((keys, last_key), (events, last_event)) = self
+        let ((keys, locked_keys, last_key), (events, locked_events, last_event)) = self
             .admin_transaction(async |connection| {
-                let keys: (i64, Option<String>) = sqlx::query_as(ERASE_KEYS_BATCH)
+                let keys: (i64, i64, Option<String>) = sqlx::query_as(ERASE_KEYS_BATCH)
                     .bind(namespace.as_str())
                     .bind(limit)
                     .bind(after_key)
                     .fetch_one(&mut *connection)
                     .await?;
-                let events: (i64, Option<String>) = sqlx::query_as(ERASE_EVENTS_BATCH)
+                let events: (i64, i64, Option<String>) = sqlx::query_as(ERASE_EVENTS_BATCH)
                     .bind(namespace.as_str())
                     .bind(limit)
                     .bind(after_event)
@@ -405,6 +405,7 @@ impl AdminStore for PgStore {
             events: count(events),
             last_key,
             last_event,
+            pass_over: locked_keys < limit && locked_events < limit,
         })
     }
 

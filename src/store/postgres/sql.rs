@@ -345,9 +345,12 @@ FROM batch
 /// answers how many it deleted. The delete finds the rows it locked by their tuple id (a Tid
 /// Scan): joined back to the table by key, PostgreSQL's plan read every expired row into a
 /// hash (or walked the primary key from its start) for each batch, however few it deleted.
-/// It has no other condition, which could lead the planner to an index instead: the lock
-/// (`FOR UPDATE` rechecks `expires_at` on the row's latest version) holds each row as it was
-/// found until the transaction ends, so its tuple id still names it and it is still expired.
+/// It has no other condition, which could lead the planner to an index instead, and needs
+/// none: `FOR UPDATE` rechecks `expires_at` on the latest version of a row updated since the
+/// statement began (a renewal is not locked), and each tuple id it answers stays that of a row
+/// this transaction holds until it ends, so it names no other row. A row updated meanwhile but
+/// still expired is locked in its new version, which the delete's snapshot does not see: it is
+/// left to the next sweep.
 macro_rules! reap {
     ($table:literal) => {
         concat!(
@@ -605,10 +608,13 @@ SELECT * FROM gone WHERE live"
 /// range's start is an index bound, and the delete finds the locked rows by tuple id (see
 /// [`reap!`]), so that a batch never reads the index entries of the keys deleted before it:
 /// they stay until a vacuum, and while any older snapshot is open a scan that meets them must
-/// read each. The transaction also runs [`ANNOUNCE_ERASED`].
+/// read each. Answers how many it deleted, how many it locked and the greatest key it locked
+/// (where the next batch starts): a row updated since the statement began is locked in a
+/// version the delete does not see, and is left behind the cursor for the next pass, without
+/// ending this one. The transaction also runs [`ANNOUNCE_ERASED`].
 pub(super) const ERASE_KEYS_BATCH: &str = r#"
 WITH doomed AS (
-    SELECT ctid FROM idempotency_keys
+    SELECT ctid, key FROM idempotency_keys
     WHERE namespace = $1 AND key > $3
     ORDER BY key
     LIMIT $2
@@ -616,9 +622,9 @@ WITH doomed AS (
 ), gone AS (
     DELETE FROM idempotency_keys
     WHERE ctid = ANY (ARRAY(SELECT ctid FROM doomed))
-    RETURNING key
+    RETURNING 1
 )
-SELECT count(*), max(key) FROM gone
+SELECT (SELECT count(*) FROM gone), count(*), max(key) FROM doomed
 "#;
 
 /// Announces an erasure on [`ERASED_CHANNEL`] when its transaction commits (payload `$1`).
@@ -628,7 +634,7 @@ pub(super) const ANNOUNCE_ERASED: &str = "SELECT pg_notify('idempotency_erased',
 /// [`ERASE_KEYS_BATCH`].
 pub(super) const ERASE_EVENTS_BATCH: &str = r#"
 WITH doomed AS (
-    SELECT ctid FROM processed_events
+    SELECT ctid, event_id FROM processed_events
     WHERE consumer = $1 AND event_id > $3
     ORDER BY event_id
     LIMIT $2
@@ -636,9 +642,9 @@ WITH doomed AS (
 ), gone AS (
     DELETE FROM processed_events
     WHERE ctid = ANY (ARRAY(SELECT ctid FROM doomed))
-    RETURNING event_id
+    RETURNING 1
 )
-SELECT count(*), max(event_id) FROM gone
+SELECT (SELECT count(*) FROM gone), count(*), max(event_id) FROM doomed
 "#;
 
 /// Whether namespace `$1` still has any key or processed event (rows skipped because they

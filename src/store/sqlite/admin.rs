@@ -360,7 +360,10 @@ impl AdminStore for SqliteStore {
             .await
             .map_err(classify)?;
         write.commit().await?;
+        // One writer: every row a batch finds, it deletes.
         let erased = Erased {
+            pass_over: (keys.len() as u64) < batch.get().into()
+                && (events.len() as u64) < batch.get().into(),
             keys: keys.len() as u64,
             events: events.len() as u64,
             // RETURNING's order is unspecified: the greatest, not the last.
