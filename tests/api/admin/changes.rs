@@ -368,17 +368,7 @@ async fn postgres_an_erasure_that_leaves_rows_does_not_report_done() {
     crate::support::raw::run(&mut holder, "BEGIN").await;
     crate::support::raw::lock_key(&mut holder, "key-3").await;
 
-    let mut stream = answered(
-        admin
-            .clone()
-            .erase_namespace(pb::EraseNamespaceRequest {
-                namespace: NAMESPACE.into(),
-                reason: "the tenant left".into(),
-                batch_size: 2,
-            })
-            .await,
-        "EraseNamespace",
-    );
+    let mut stream = erase_stream(&admin, NAMESPACE, 2).await;
     let ended = loop {
         match stream.message().await {
             Ok(Some(message)) => assert!(!message.done, "done with a row left: {message:?}"),
@@ -427,17 +417,7 @@ async fn postgres_a_row_held_while_a_pass_went_by_is_erased_by_the_next_pass() {
     crate::support::raw::lock_key(&mut holder, "key-1").await;
     crate::support::raw::lock_event(&mut holder, NAMESPACE, "e-1").await;
 
-    let mut stream = answered(
-        admin
-            .clone()
-            .erase_namespace(pb::EraseNamespaceRequest {
-                namespace: NAMESPACE.into(),
-                reason: "the tenant left".into(),
-                batch_size: 2,
-            })
-            .await,
-        "EraseNamespace",
-    );
+    let mut stream = erase_stream(&admin, NAMESPACE, 2).await;
     let mut released = false;
     let last = loop {
         let message = stream

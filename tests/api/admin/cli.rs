@@ -3,8 +3,6 @@
 //! it with a reason and sees that in the audit trail, and erases a namespace while traffic on
 //! another keeps flowing; tables for people, `--output json` for scripts, exit statuses.
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use idempotency_coordinator::auth::AdminRight;
@@ -204,27 +202,7 @@ async fn a_namespace_is_erased_from_the_cli_while_traffic_keeps_flowing(backend:
         claim_and_complete(&mut client, &format!("tenant-key-{index}"), b"r").await;
     }
     // Callers of another namespace keep calling through the erasure.
-    let stop = Arc::new(AtomicBool::new(false));
-    let (answered_calls, failed_calls) =
-        (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
-    let mut callers = Vec::new();
-    for caller in 0..4 {
-        let mut client = client.clone();
-        let (stop, answered_calls, failed_calls) =
-            (stop.clone(), answered_calls.clone(), failed_calls.clone());
-        callers.push(tokio::spawn(async move {
-            let mut index = 0;
-            while !stop.load(Ordering::Relaxed) {
-                index += 1;
-                let request = try_start(&format!("live-{caller}-{index}"))
-                    .in_namespace("live-traffic".into());
-                match client.try_start(request).await {
-                    Ok(_) => answered_calls.fetch_add(1, Ordering::Relaxed),
-                    Err(_) => failed_calls.fetch_add(1, Ordering::Relaxed),
-                };
-            }
-        }));
-    }
+    let traffic = Traffic::start(&client, 4);
     let erased = admin(
         &app,
         &[
@@ -240,10 +218,7 @@ async fn a_namespace_is_erased_from_the_cli_while_traffic_keeps_flowing(backend:
         ],
     )
     .await;
-    stop.store(true, Ordering::Relaxed);
-    for caller in callers {
-        caller.await.expect("caller");
-    }
+    let (answered_calls, failed_calls) = traffic.stop().await;
     assert_eq!(erased.status, Some(0), "{}", erased.stderr);
     assert!(
         erased.stdout.contains("300 keys"),
@@ -261,8 +236,8 @@ async fn a_namespace_is_erased_from_the_cli_while_traffic_keeps_flowing(backend:
         "{}",
         erased.stderr
     );
-    assert!(answered_calls.load(Ordering::Relaxed) > 0);
-    assert_eq!(failed_calls.load(Ordering::Relaxed), 0, "no call failed");
+    assert!(answered_calls > 0);
+    assert_eq!(failed_calls, 0, "no call failed");
     let stats = admin(
         &app,
         &["stats", "--namespace", NAMESPACE, "--output", "json"],

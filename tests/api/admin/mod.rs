@@ -12,6 +12,9 @@ mod keys;
 mod metrics;
 mod scale;
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+
 use idempotency_coordinator::proto::idempotency::v1::{
     self as pb, admin_service_client::AdminServiceClient,
 };
@@ -91,13 +94,13 @@ pub fn erase_key(key: &str, reason: &str) -> pb::EraseKeyRequest {
     }
 }
 
-/// Erases `namespace` and answers every progress message of its stream.
-pub async fn erase_namespace(
+/// Begins erasing `namespace`; answers its stream of progress messages.
+pub async fn erase_stream(
     admin: &AdminClient,
     namespace: &str,
     batch_size: u32,
-) -> Vec<pb::EraseNamespaceResponse> {
-    let mut stream = answered(
+) -> tonic::Streaming<pb::EraseNamespaceResponse> {
+    answered(
         admin
             .clone()
             .erase_namespace(pb::EraseNamespaceRequest {
@@ -107,7 +110,16 @@ pub async fn erase_namespace(
             })
             .await,
         "EraseNamespace",
-    );
+    )
+}
+
+/// Erases `namespace` and answers every progress message of its stream.
+pub async fn erase_namespace(
+    admin: &AdminClient,
+    namespace: &str,
+    batch_size: u32,
+) -> Vec<pb::EraseNamespaceResponse> {
+    let mut stream = erase_stream(admin, namespace, batch_size).await;
     let mut messages = Vec::new();
     while let Some(message) = stream.message().await.expect("a progress message") {
         messages.push(message);
@@ -119,4 +131,56 @@ pub async fn erase_namespace(
 pub fn assert_bad_fields<T: std::fmt::Debug>(answer: Result<T, tonic::Status>, fields: &[&str]) {
     let status = answer.expect_err("refused as invalid");
     assert_invalid(&status, fields);
+}
+
+/// Callers that keep claiming fresh keys of namespace `live-traffic` until stopped, counting
+/// the calls answered and failed: the traffic an erasure must not stall.
+pub struct Traffic {
+    stop: Arc<AtomicBool>,
+    answered: Arc<AtomicUsize>,
+    failed: Arc<AtomicUsize>,
+    callers: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Traffic {
+    pub fn start(client: &Client, callers: usize) -> Self {
+        let stop = Arc::new(AtomicBool::new(false));
+        let (answered, failed) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+        let callers = (0..callers)
+            .map(|caller| {
+                let mut client = client.clone();
+                let (stop, answered, failed) = (stop.clone(), answered.clone(), failed.clone());
+                tokio::spawn(async move {
+                    let mut index = 0;
+                    while !stop.load(Ordering::Relaxed) {
+                        index += 1;
+                        let request = try_start(&format!("live-{caller}-{index}"))
+                            .in_namespace("live-traffic".into());
+                        match client.try_start(request).await {
+                            Ok(_) => answered.fetch_add(1, Ordering::Relaxed),
+                            Err(_) => failed.fetch_add(1, Ordering::Relaxed),
+                        };
+                    }
+                })
+            })
+            .collect();
+        Self {
+            stop,
+            answered,
+            failed,
+            callers,
+        }
+    }
+
+    /// Stops the callers; answers how many calls were answered and how many failed.
+    pub async fn stop(self) -> (usize, usize) {
+        self.stop.store(true, Ordering::Relaxed);
+        for caller in self.callers {
+            caller.await.expect("caller");
+        }
+        (
+            self.answered.load(Ordering::Relaxed),
+            self.failed.load(Ordering::Relaxed),
+        )
+    }
 }

@@ -6,8 +6,6 @@
 //! the last key the one before it erased, so that no batch reads what the batches before it
 //! deleted, and erases all of it while calls keep being answered.
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use idempotency_coordinator::proto::idempotency::v1 as pb;
@@ -294,38 +292,15 @@ async fn postgres_a_large_namespace_is_erased_under_load_reading_each_key_at_mos
     // The rolled-back transaction's deletes count as attempted: 45 000 and two batches.
     let (_, read_before) = index_statistics(&mut session, 47_000).await;
 
-    let stop = Arc::new(AtomicBool::new(false));
-    let (answered_calls, failed_calls) =
-        (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
-    let mut callers = Vec::new();
-    for caller in 0..4 {
-        let mut client = client.clone();
-        let (stop, answered_calls, failed_calls) =
-            (stop.clone(), answered_calls.clone(), failed_calls.clone());
-        callers.push(tokio::spawn(async move {
-            let mut index = 0;
-            while !stop.load(Ordering::Relaxed) {
-                index += 1;
-                let request = try_start(&format!("live-{caller}-{index}"))
-                    .in_namespace("live-traffic".into());
-                match client.try_start(request).await {
-                    Ok(_) => answered_calls.fetch_add(1, Ordering::Relaxed),
-                    Err(_) => failed_calls.fetch_add(1, Ordering::Relaxed),
-                };
-            }
-        }));
-    }
+    let traffic = Traffic::start(&client, 4);
     let admin = admin_client(&app).await;
     let messages = erase_namespace(&admin, "tenant", 0).await;
-    stop.store(true, Ordering::Relaxed);
-    for caller in callers {
-        caller.await.expect("caller");
-    }
+    let (answered_calls, failed_calls) = traffic.stop().await;
     let last = messages.last().expect("a last message");
     assert!(last.done, "{last:?}");
     assert_eq!((last.keys_erased, last.events_erased), (50_000, 20_000));
-    assert!(answered_calls.load(Ordering::Relaxed) > 0);
-    assert_eq!(failed_calls.load(Ordering::Relaxed), 0, "no call failed");
+    assert!(answered_calls > 0);
+    assert_eq!(failed_calls, 0, "no call failed");
     let left: i64 = sqlx::query_scalar(
         "SELECT (SELECT count(*) FROM idempotency_keys WHERE namespace = 'tenant') \
               + (SELECT count(*) FROM processed_events WHERE consumer = 'tenant')",
