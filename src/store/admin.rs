@@ -12,8 +12,8 @@ use crate::domain::admin::{
 };
 use crate::domain::{Key, Scope};
 
-/// Where a pass of a namespace's erasure has got to: the greatest key and event id it has
-/// erased (`None`: the start of the namespace). Each batch continues after it, so that a batch
+/// Where a pass of a namespace's erasure has got to: the greatest key and event id its batches
+/// took (`None`: the start of the namespace). Each batch continues after it, so that a batch
 /// never steps over the index entries of the rows the batches before it deleted (in
 /// PostgreSQL they stay in the index until a vacuum, and a batch that started from the
 /// namespace's start grew slower with every batch, past its statement timeout under load).
@@ -24,7 +24,7 @@ pub struct EraseCursor {
 }
 
 impl EraseCursor {
-    /// Moves past what `erased` deleted; a side that deleted nothing stays where it was.
+    /// Moves past what `erased`'s batch took; a side that took nothing stays where it was.
     pub fn advance(&mut self, erased: &Erased) {
         if let Some(key) = &erased.last_key {
             self.after_key = Some(key.clone());

@@ -604,11 +604,10 @@ SELECT * FROM gone WHERE live"
 
 /// One batch of a namespace's erasure: at most `$2` keys of namespace `$1`, the first ones after
 /// key `$3` (`''`, which no key is, from the start), rows another transaction holds skipped, to
-/// be taken by a later pass. Answers how many it deleted and the greatest of them. The key
-/// range's start is an index bound, and the delete finds the locked rows by tuple id (see
-/// [`reap!`]), so that a batch never reads the index entries of the keys deleted before it:
-/// they stay until a vacuum, and while any older snapshot is open a scan that meets them must
-/// read each. Answers how many it deleted, how many it locked and the greatest key it locked
+/// be taken by a later pass. The key range's start is an index bound, and the delete finds the
+/// locked rows by tuple id (see [`reap!`]), so that a batch never reads the index entries of
+/// the keys deleted before it: they stay until a vacuum, and while any older snapshot is open a
+/// scan that meets them must read each. Answers how many it deleted, how many it locked and the greatest key it locked
 /// (where the next batch starts): a row updated since the statement began is locked in a
 /// version the delete does not see, and is left behind the cursor for the next pass, without
 /// ending this one. The transaction also runs [`ANNOUNCE_ERASED`].

@@ -361,9 +361,9 @@ impl AdminStore for SqliteStore {
             .map_err(classify)?;
         write.commit().await?;
         // One writer: every row a batch finds, it deletes.
+        let short = |rows: usize| rows < batch.get() as usize;
         let erased = Erased {
-            pass_over: (keys.len() as u64) < batch.get().into()
-                && (events.len() as u64) < batch.get().into(),
+            pass_over: short(keys.len()) && short(events.len()),
             keys: keys.len() as u64,
             events: events.len() as u64,
             // RETURNING's order is unspecified: the greatest, not the last.

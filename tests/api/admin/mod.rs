@@ -30,12 +30,7 @@ pub type AdminClient = AdminServiceClient<Channel>;
 pub type AuthedAdmin = AdminServiceClient<InterceptedService<Channel, Bearer>>;
 
 pub async fn authed_admin(endpoint: String, bearer: Bearer) -> AuthedAdmin {
-    let channel = Channel::from_shared(endpoint)
-        .expect("endpoint")
-        .connect()
-        .await
-        .expect("connect");
-    AdminServiceClient::with_interceptor(channel, bearer)
+    AdminServiceClient::with_interceptor(channel_to(endpoint).await, bearer)
 }
 
 /// A client of the admin API of `app`, which listens on loopback without a tokens file: the

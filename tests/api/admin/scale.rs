@@ -42,6 +42,7 @@ fn parameters(name: &str) -> &'static str {
         }
         "completed" => "('ns-5', NULL, NULL, now() - interval '2 days', NULL, 101)",
         "erase_keys" | "erase_events" => "('ns-5', 1000, 'key-0550000')",
+        "reap_keys" | "reap_events" | "reap_audit" => "(1000)",
         "by_key" => {
             "('ns-5', 'key-05001', '', 'key-05002', 0, NULL, NULL, now() - interval '2 days', \
              NULL, 101)"
@@ -53,9 +54,7 @@ fn parameters(name: &str) -> &'static str {
 #[tokio::test]
 async fn postgres_listings_read_indexes_and_the_first_stuck_page_is_fast_on_a_million_keys() {
     let app = TestApp::spawn(Backend::Postgres).await;
-    let mut session = sqlx::PgConnection::connect(&app.database.url)
-        .await
-        .expect("a session");
+    let mut session = crate::support::raw::session(&app.database.url).await;
     sqlx::query(MILLION_KEYS)
         .execute(&mut session)
         .await
@@ -135,12 +134,9 @@ async fn postgres_listings_read_indexes_and_the_first_stuck_page_is_fast_on_a_mi
         .execute(&mut session)
         .await
         .expect("prepare");
-        let arguments = match name {
-            "erase_keys" | "erase_events" => "('ns-5', 1000, 'key-0550000')",
-            _ => "(1000)",
-        };
         let lines: Vec<String> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
-            "EXPLAIN EXECUTE {name}_batch{arguments}"
+            "EXPLAIN EXECUTE {name}_batch{}",
+            parameters(name)
         )))
         .fetch_all(&mut session)
         .await
@@ -236,9 +232,7 @@ fn index_scan_buffers(plan: &serde_json::Value) -> Option<u64> {
 #[tokio::test]
 async fn postgres_a_large_namespace_is_erased_under_load_reading_each_key_at_most_twice() {
     let (app, client) = app_and_client(Backend::Postgres).await;
-    let mut session = sqlx::PgConnection::connect(&app.database.url)
-        .await
-        .expect("a session");
+    let mut session = crate::support::raw::session(&app.database.url).await;
     sqlx::raw_sql(TENANT)
         .execute(&mut session)
         .await
@@ -257,9 +251,7 @@ async fn postgres_a_large_namespace_is_erased_under_load_reading_each_key_at_mos
         .into_iter()
         .find_map(|(name, statement)| (name == "erase_keys").then_some(statement))
         .expect("the erase batch");
-    let mut explaining = sqlx::PgConnection::connect(&app.database.url)
-        .await
-        .expect("a session");
+    let mut explaining = crate::support::raw::session(&app.database.url).await;
     sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
         "SET plan_cache_mode = force_generic_plan; SET enable_seqscan = off; BEGIN; \
          DELETE FROM idempotency_keys WHERE namespace = 'tenant' AND key <= 'key-044999'; \
@@ -290,7 +282,7 @@ async fn postgres_a_large_namespace_is_erased_under_load_reading_each_key_at_mos
         "after the cursor {after_cursor} buffers, from the start {from_start}"
     );
     // The rolled-back transaction's deletes count as attempted: 45 000 and two batches.
-    let (_, read_before) = index_statistics(&mut session, 47_000).await;
+    let read_before = index_entries_read(&mut session, 47_000).await;
 
     let traffic = Traffic::start(&client, 4);
     let admin = admin_client(&app).await;
@@ -310,7 +302,7 @@ async fn postgres_a_large_namespace_is_erased_under_load_reading_each_key_at_mos
     .expect("count");
     assert_eq!(left, 0);
 
-    let (_, read_after) = index_statistics(&mut session, 97_000).await;
+    let read_after = index_entries_read(&mut session, 97_000).await;
     // Each entry is read twice: by its batch, and by the last look that the namespace is empty.
     let read = read_after - read_before;
     assert!(
@@ -320,10 +312,10 @@ async fn postgres_a_large_namespace_is_erased_under_load_reading_each_key_at_mos
     drop(old_snapshot);
 }
 
-/// The deletes from `idempotency_keys` and the entries read from its primary key's index, once
-/// `deletes` are reported: each backend reports its statistics a while after its transactions
+/// The entries read from `idempotency_keys`'s primary key's index, once `deletes` from the
+/// table are reported: each backend reports its statistics a while after its transactions
 /// (within about 10 s while idle, at once when it ends).
-async fn index_statistics(session: &mut sqlx::PgConnection, deletes: i64) -> (i64, i64) {
+async fn index_entries_read(session: &mut sqlx::PgConnection, deletes: i64) -> i64 {
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
         sqlx::query("SELECT pg_stat_clear_snapshot()")
@@ -339,7 +331,7 @@ async fn index_statistics(session: &mut sqlx::PgConnection, deletes: i64) -> (i6
         .await
         .expect("statistics");
         if deleted >= deletes {
-            return (deleted, read);
+            return read;
         }
         assert!(
             Instant::now() < deadline,

@@ -219,11 +219,7 @@ async fn health_and_reflection_stay_open_without_a_token(backend: Backend) {
         ServerReflectionRequest, server_reflection_client::ServerReflectionClient,
         server_reflection_request::MessageRequest,
     };
-    let channel = tonic::transport::Channel::from_shared(app.endpoint())
-        .expect("endpoint")
-        .connect()
-        .await
-        .expect("connect");
+    let channel = crate::support::channel_to(app.endpoint()).await;
     let request = ServerReflectionRequest {
         host: String::new(),
         message_request: Some(MessageRequest::ListServices(String::new())),

@@ -24,6 +24,15 @@ use tonic::{Code, Status};
 use tonic_types::StatusExt;
 
 pub use app::{Client, TestApp};
+
+/// A connected channel to the server at `endpoint`.
+pub async fn channel_to(endpoint: String) -> tonic::transport::Channel {
+    tonic::transport::Channel::from_shared(endpoint)
+        .expect("endpoint")
+        .connect()
+        .await
+        .expect("connect")
+}
 pub use database::{Backend, TestDatabase};
 pub use requests::*;
 pub use steps::*;
@@ -309,12 +318,7 @@ pub async fn raw_unary(
         }
     }
 
-    let channel = tonic::transport::Channel::from_shared(endpoint)
-        .expect("endpoint")
-        .connect()
-        .await
-        .expect("connect");
-    let mut grpc = tonic::client::Grpc::new(channel);
+    let mut grpc = tonic::client::Grpc::new(channel_to(endpoint).await);
     grpc.ready().await.expect("ready");
     let mut request = tonic::Request::new(message);
     if let Some(value) = authorization {

@@ -49,12 +49,7 @@ impl Interceptor for Bearer {
 pub type AuthedClient = IdempotencyServiceClient<InterceptedService<Channel, Bearer>>;
 
 pub async fn authed_client(endpoint: String, bearer: Bearer) -> AuthedClient {
-    let channel = Channel::from_shared(endpoint)
-        .expect("endpoint")
-        .connect()
-        .await
-        .expect("connect");
-    IdempotencyServiceClient::with_interceptor(channel, bearer)
+    IdempotencyServiceClient::with_interceptor(super::channel_to(endpoint).await, bearer)
 }
 
 /// After a reload of the tokens file (SIGHUP): waits until the token of `admitted`, new in the
