@@ -418,15 +418,22 @@ class Suite:
                 )
             await asyncio.sleep(0.1)
 
-    async def kill(self, current: Round) -> FaultRun:
-        old = await self.healthy(current, True, "before kill -9 of the primary")
-        run = self.fault_run(current, "kill", "kill -9 of the primary", old, failover=True)
+    async def kill_until_resolved(
+        self, current: Round, run: FaultRun, old: Node, *, synchronous: bool
+    ) -> None:
+        """Kills every process on `old`'s machine, waits for the fault to resolve, then starts
+        it again and waits until the cluster is healthy (in the replication mode given)."""
         await self.cluster.kill(old)
         await self.resolved(current, run, 60)
         run.healed = now()
         await self.cluster.start(old)
-        await self.cluster.wait_healthy(True, 120, f"after {old.name} was started again")
+        await self.cluster.wait_healthy(synchronous, 120, f"after {old.name} was started again")
         run.end = now()
+
+    async def kill(self, current: Round) -> FaultRun:
+        old = await self.healthy(current, True, "before kill -9 of the primary")
+        run = self.fault_run(current, "kill", "kill -9 of the primary", old, failover=True)
+        await self.kill_until_resolved(current, run, old, synchronous=True)
         return run
 
     async def switchover(self, current: Round) -> FaultRun:
@@ -530,12 +537,7 @@ class Suite:
         )
         run.synchronous = False
         run.measured_only = True
-        await self.cluster.kill(old)
-        await self.resolved(current, run, 60)
-        run.healed = now()
-        await self.cluster.start(old)
-        await self.cluster.wait_healthy(False, 120, f"after {old.name} was started again")
-        run.end = now()
+        await self.kill_until_resolved(current, run, old, synchronous=False)
         for c in current.coordinators:
             with open(c.log, errors="replace") as log:
                 warned = "commits do not wait for a synchronous standby" in log.read()
