@@ -115,7 +115,10 @@ async fn run(command: Command) -> anyhow::Result<()> {
         }
         Command::Migrate(args) => {
             let store = AnyStore::open_lazy_for_tool(&args.store_settings()?)?;
-            store.migrate().await.context("migrating")?;
+            store
+                .migrate_granting(args.grant_to.as_deref())
+                .await
+                .context("migrating")?;
             tracing::info!("schema migrations applied");
             store.close().await;
         }

@@ -21,6 +21,11 @@ pub struct ReadinessSettings {
     pub check_timeout: Duration,
 }
 
+/// The pause before the store is asked again while it is not ready, at first; it doubles up to
+/// the check interval, so a database that comes back is served within a check interval, and one
+/// that stays away is not hammered.
+const FIRST_RETRY: Duration = Duration::from_millis(100);
+
 pub async fn monitor<S: Store>(
     store: S,
     health: HealthState,
@@ -30,63 +35,73 @@ pub async fn monitor<S: Store>(
 ) {
     let mut migrated = !settings.migrate;
     // The cause last reported while not serving: a store that never becomes ready (a refused
-    // login, a pooler refusing the connection's settings) is reported with its cause once, and
-    // again whenever the cause changes, not at every check.
+    // login, a pooler refusing the connection's settings) is reported with its cause at once,
+    // and again whenever the cause changes, not at every retry.
     let mut reported: Option<String> = None;
+    let mut retry = FIRST_RETRY;
     loop {
-        if !migrated {
-            // Migrations are not bounded by the check timeout (a long one must finish), only by
-            // shutdown; each runs in its own transaction, so stopping one leaves nothing half-done.
-            tokio::select! {
-                _ = shutdown.cancelled() => return,
-                result = store.migrate() => match result {
-                    Ok(()) => {
-                        tracing::info!("schema migrations applied");
-                        migrated = true;
-                    }
-                    Err(error) => {
-                        tracing::warn!(error = %error_chain(&error), "applying migrations failed; will retry");
-                    }
-                },
-            }
-        }
-
-        let checked = tokio::time::timeout(settings.check_timeout, store.probe()).await;
-        let ready = matches!(checked, Ok(Ok(())));
+        let attempt = tokio::select! {
+            _ = shutdown.cancelled() => return,
+            attempt = check(&store, &mut migrated, settings.check_timeout) => attempt,
+        };
+        let ready = attempt.is_ok();
         if ready {
             measure_clock(&store, &clock, settings.check_timeout).await;
         }
         let previous = health.set_store_ready(ready);
-        match (previous, checked) {
-            (ServingStatus::Serving, _) | (ServingStatus::ShuttingDown, _) if ready => {}
-            (_, Ok(Ok(()))) => {
+        let pause = match attempt {
+            Ok(()) => {
+                if previous != ServingStatus::Serving && previous != ServingStatus::ShuttingDown {
+                    tracing::info!("store ready; serving");
+                }
                 reported = None;
-                tracing::info!("store ready; serving");
+                retry = FIRST_RETRY;
+                settings.check_interval
             }
-            (ServingStatus::Serving, Ok(Err(error))) => {
-                let cause = error_chain(&error);
-                tracing::warn!(error = %cause, "store check failed; not serving");
-                reported = Some(cause);
-            }
-            (ServingStatus::Serving, Err(_)) => {
-                tracing::warn!(timeout = ?settings.check_timeout, "store check timed out; not serving");
-            }
-            (_, Ok(Err(error))) => {
-                let cause = error_chain(&error);
-                if reported.as_deref() == Some(cause.as_str()) {
-                    tracing::debug!(error = %cause, "store still not ready");
+            Err(cause) => {
+                if previous == ServingStatus::Serving {
+                    tracing::warn!(error = %cause, "store check failed; not serving");
+                    reported = Some(cause);
+                } else if reported.as_deref() == Some(cause.as_str()) {
+                    tracing::debug!(error = %cause, ?retry, "store still not ready");
                 } else {
-                    tracing::warn!(error = %cause, "store not ready; not serving");
+                    tracing::warn!(error = %cause, ?retry, "store not ready; not serving");
                     reported = Some(cause);
                 }
+                let pause = retry;
+                retry = (retry * 2).min(settings.check_interval);
+                pause
             }
-            (_, Err(_)) => tracing::debug!("store check still timing out"),
-        }
-
+        };
         tokio::select! {
             _ = shutdown.cancelled() => return,
-            _ = tokio::time::sleep(settings.check_interval) => {}
+            _ = tokio::time::sleep(pause) => {}
         }
+    }
+}
+
+/// Migrates the store if it is not yet, then probes it: the cause, in words, when it is not
+/// ready. Migrations are not bounded by the check timeout (a long one must finish), only by
+/// shutdown; each runs in its own transaction, so stopping one leaves nothing half-done.
+async fn check<S: Store>(
+    store: &S,
+    migrated: &mut bool,
+    check_timeout: Duration,
+) -> Result<(), String> {
+    if !*migrated {
+        store
+            .migrate()
+            .await
+            .map_err(|error| format!("applying migrations: {}", error_chain(&error)))?;
+        tracing::info!("schema migrations applied");
+        *migrated = true;
+    }
+    match tokio::time::timeout(check_timeout, store.probe()).await {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(error)) => Err(error_chain(&error)),
+        Err(_) => Err(format!(
+            "the store check did not answer within {check_timeout:?}"
+        )),
     }
 }
 

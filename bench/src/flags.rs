@@ -28,7 +28,8 @@ pub struct Settings {
     postgres_server: String,
     /// A variant: `name=flags` (flags for the coordinator, space-separated; `{otlp}` stands for
     /// the address of a trace collector the bench runs, which receives and drops the spans;
-    /// `{database}` for the variant's database name). The first is the baseline.
+    /// `{database}` for the variant's database name), or `name?query=flags` to give the
+    /// variant's database URL a query (`tls?sslmode=require=`). The first is the baseline.
     #[arg(long = "variant", required = true)]
     variants: Vec<String>,
     #[arg(long, value_enum, value_delimiter = ',', default_values_t = vec![Workload::Health, Workload::TryStart])]
@@ -45,6 +46,8 @@ pub struct Settings {
 struct Variant {
     name: String,
     flags: Vec<String>,
+    /// The query of its database URL (`?sslmode=require`), or nothing.
+    query: String,
 }
 
 /// Receives spans and drops them, counting them.
@@ -96,8 +99,21 @@ pub async fn run(settings: Settings) -> anyhow::Result<()> {
     let run = std::process::id();
     let mut variants = Vec::new();
     for (index, text) in settings.variants.iter().enumerate() {
-        let Some((name, flags)) = text.split_once('=') else {
-            bail!("a variant is name=flags, got {text}");
+        let (name, flags) = match text.split_once('?') {
+            Some((name, rest)) => match rest.rsplit_once('=') {
+                Some((query, flags)) if flags.is_empty() || !flags.contains('=') => {
+                    (format!("{name}?{query}"), flags)
+                }
+                _ => bail!("a variant with a query is name?query=flags, got {text}"),
+            },
+            None => match text.split_once('=') {
+                Some((name, flags)) => (name.to_owned(), flags),
+                None => bail!("a variant is name=flags, got {text}"),
+            },
+        };
+        let (name, query) = match name.split_once('?') {
+            Some((name, query)) => (name.to_owned(), format!("?{query}")),
+            None => (name, String::new()),
         };
         let database = format!("idempotency_bench_flags_{run}_{index}");
         let flags = flags
@@ -106,18 +122,12 @@ pub async fn run(settings: Settings) -> anyhow::Result<()> {
             .split_whitespace()
             .map(str::to_owned)
             .collect();
-        variants.push((
-            Variant {
-                name: name.to_owned(),
-                flags,
-            },
-            database,
-        ));
+        variants.push((Variant { name, flags, query }, database));
     }
     let binary = Binary::beside_current_exe()?;
     let mut coordinators = Vec::new();
     for (variant, database) in &variants {
-        let url = format!("{}/{database}", settings.postgres_server);
+        let url = format!("{}/{database}{}", settings.postgres_server, variant.query);
         // Migrated directly, so that a variant behind a pooler may run with --no-migrate.
         let migrated = binary
             .command()

@@ -6,6 +6,7 @@ use std::time::Duration;
 use clap::Args;
 use idempotency_settings::{Bounds, SettingError, parse_duration};
 
+use crate::store::postgres::CredentialFiles;
 use crate::store::{Pooler, StoreLocation, StoreSettings};
 use crate::telemetry::LogFormat;
 
@@ -16,8 +17,31 @@ pub struct DatabaseArgs {
     /// store. Without it, the embedded store at --sqlite-path. Several PostgreSQL hosts as
     /// libpq takes them, postgres://user@h1:5432,h2:5432/db?target_session_attrs=read-write
     /// (or primary): the service writes to whichever is writable and follows a failover.
-    #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
+    ///
+    /// TLS as libpq takes it: sslmode (disable, allow, prefer: the default, require,
+    /// verify-ca, verify-full), sslrootcert (a CA file, or system for the operating system's
+    /// roots), sslcert and sslkey (a client certificate), e.g.
+    /// postgres://app@db.example:5432/idempotency?sslmode=verify-full&sslrootcert=/etc/ssl/db-ca.pem
+    #[arg(
+        long,
+        env = "DATABASE_URL",
+        hide_env_values = true,
+        conflicts_with = "database_url_file"
+    )]
     pub database_url: Option<String>,
+
+    /// Like --database-url, from a file (a mounted secret): read at start, and again as it
+    /// changes for its user and password, which new connections then use (a rotation needs no
+    /// restart; other changes do).
+    #[arg(long, env = "IDEMPOTENCY_DATABASE_URL_FILE")]
+    pub database_url_file: Option<std::path::PathBuf>,
+
+    /// PostgreSQL only: a file holding the password (its whole content less a final line
+    /// break), for a URL without one: a Kubernetes secret, an IAM token a sidecar rewrites, a
+    /// Vault agent's file. Read again as it changes; new connections use the new password.
+    /// Without it, libpq's passfile applies (passfile= in the URL, PGPASSFILE, ~/.pgpass).
+    #[arg(long, env = "IDEMPOTENCY_DATABASE_PASSWORD_FILE")]
+    pub database_password_file: Option<std::path::PathBuf>,
 
     /// The embedded store's file when no --database-url is given; it and its folder are
     /// created if missing. For one instance only.
@@ -50,8 +74,28 @@ pub struct DatabaseArgs {
     /// PostgreSQL only: where to LISTEN for other replicas' Completes and Releases (which wake
     /// waiting TryStarts), when not --database-url: a direct connection to the same database,
     /// for deployments whose --database-url goes through a pooler in transaction mode.
-    #[arg(long, env = "IDEMPOTENCY_NOTIFY_DATABASE_URL", hide_env_values = true)]
+    #[arg(
+        long,
+        env = "IDEMPOTENCY_NOTIFY_DATABASE_URL",
+        hide_env_values = true,
+        conflicts_with = "notify_database_url_file"
+    )]
     pub notify_database_url: Option<String>,
+
+    /// Like --notify-database-url, from a file (see --database-url-file).
+    #[arg(long, env = "IDEMPOTENCY_NOTIFY_DATABASE_URL_FILE")]
+    pub notify_database_url_file: Option<std::path::PathBuf>,
+
+    /// The password of --notify-database-url, from a file (see --database-password-file).
+    #[arg(long, env = "IDEMPOTENCY_NOTIFY_DATABASE_PASSWORD_FILE")]
+    pub notify_database_password_file: Option<std::path::PathBuf>,
+
+    /// PostgreSQL only: how long a migration waits for a table lock (a long transaction of
+    /// another session on the table) before it is rolled back and tried again later, so that
+    /// the calls of replicas serving meanwhile never queue behind it for longer (1ms-1m).
+    #[arg(long, env = "IDEMPOTENCY_MIGRATION_LOCK_TIMEOUT", default_value = "20ms",
+          value_parser = parse_duration)]
+    pub migration_lock_timeout: Duration,
 
     /// PostgreSQL only: `transaction` when --database-url goes through a pooler in transaction
     /// mode (PgBouncer's pool_mode = transaction): no startup options, each statement in a
@@ -65,6 +109,23 @@ pub struct DatabaseArgs {
 pub struct MigrateArgs {
     #[command(flatten)]
     pub database: DatabaseArgs,
+
+    /// PostgreSQL only: once migrated, grant this role exactly the rights `serve` needs (no
+    /// DDL, no ownership), so the service can run as it; run as the role that owns the schema
+    /// (docs/operations.md, "Two roles").
+    #[arg(long, env = "IDEMPOTENCY_GRANT_TO", value_parser = role_name)]
+    pub grant_to: Option<String>,
+}
+
+/// A role name for --grant-to: PostgreSQL's identifier length, no control characters.
+fn role_name(text: &str) -> Result<String, String> {
+    if text.is_empty() || text.len() > 63 {
+        return Err("a role name of 1 to 63 bytes".into());
+    }
+    if text.chars().any(char::is_control) {
+        return Err("a role name without control characters".into());
+    }
+    Ok(text.to_owned())
 }
 
 /// The operation timeout's bounds: below 100 ms, its shares (10 ms of queue, 35 ms for a
@@ -72,9 +133,24 @@ pub struct MigrateArgs {
 /// any orchestrator's patience, and a statement hold its row locks that long.
 const OPERATION_TIMEOUT: Bounds = Bounds::new(Duration::from_millis(100), Duration::from_secs(600));
 
+/// The migration lock timeout's bounds: under a millisecond a migration could not take a lock
+/// even on an idle table; over a minute the calls it holds up would have failed long before.
+const MIGRATION_LOCK_TIMEOUT: Bounds =
+    Bounds::new(Duration::from_millis(1), Duration::from_secs(60));
+
 impl DatabaseArgs {
     pub fn store_settings(&self) -> Result<StoreSettings, SettingError> {
-        let location = match &self.database_url {
+        let database_url = url_from_file(
+            "database-url-file",
+            self.database_url_file.as_deref(),
+            &self.database_url,
+        )?;
+        let notify_database_url = url_from_file(
+            "notify-database-url-file",
+            self.notify_database_url_file.as_deref(),
+            &self.notify_database_url,
+        )?;
+        let location = match &database_url {
             Some(url) => {
                 let location = StoreLocation::from_url(url).map_err(|problem| SettingError {
                     flag: "database-url",
@@ -89,7 +165,7 @@ impl DatabaseArgs {
                 path: self.sqlite_path.clone(),
             },
         };
-        let notify_url = match (&self.notify_database_url, &location) {
+        let notify_url = match (&notify_database_url, &location) {
             (None, _) => None,
             (Some(url), StoreLocation::Postgres { .. }) => match StoreLocation::from_url(url) {
                 Ok(StoreLocation::Postgres { url }) => {
@@ -135,8 +211,31 @@ impl DatabaseArgs {
                 });
             }
         }
+        let postgres = matches!(location, StoreLocation::Postgres { .. });
+        let credentials = credential_files(
+            postgres,
+            (
+                "database-password-file",
+                self.database_password_file.as_ref(),
+            ),
+            self.database_url_file.as_ref(),
+            database_url.as_deref(),
+        )?;
+        let notify_credentials = credential_files(
+            postgres,
+            (
+                "notify-database-password-file",
+                self.notify_database_password_file.as_ref(),
+            ),
+            self.notify_database_url_file.as_ref(),
+            notify_url.as_deref(),
+        )?;
         Ok(StoreSettings {
             location,
+            credentials,
+            notify_credentials,
+            migration_lock_timeout: MIGRATION_LOCK_TIMEOUT
+                .check_setting("migration-lock-timeout", self.migration_lock_timeout)?,
             pool_size: self.pool_size,
             operation_timeout: OPERATION_TIMEOUT
                 .check_setting("operation-timeout", self.operation_timeout)?,
@@ -145,6 +244,58 @@ impl DatabaseArgs {
             require_synchronous_standby: self.require_synchronous_standby,
         })
     }
+}
+
+/// The URL of `flag`'s file when one is named (read now: the store needs its hosts to start),
+/// else `url`.
+fn url_from_file(
+    flag: &'static str,
+    file: Option<&std::path::Path>,
+    url: &Option<String>,
+) -> Result<Option<String>, SettingError> {
+    match file {
+        None => Ok(url.clone()),
+        Some(path) => crate::store::postgres::credentials::read_secret(path, &format!("--{flag}"))
+            .map(Some)
+            .map_err(|problem| SettingError { flag, problem }),
+    }
+}
+
+/// Where a PostgreSQL URL's login may come from besides the URL: its password file, or the URL
+/// file itself. A password in both the URL and a password file is refused (which one wins
+/// would be a guess); either file with the embedded store too.
+fn credential_files(
+    postgres: bool,
+    (flag, password_file): (&'static str, Option<&std::path::PathBuf>),
+    url_file: Option<&std::path::PathBuf>,
+    url: Option<&str>,
+) -> Result<CredentialFiles, SettingError> {
+    if password_file.is_none() {
+        return Ok(CredentialFiles {
+            url_file: url_file.cloned(),
+            password_file: None,
+        });
+    }
+    if !postgres {
+        return Err(SettingError {
+            flag,
+            problem: "applies to PostgreSQL only".into(),
+        });
+    }
+    let url_has_password = url
+        .and_then(|url| crate::store::postgres::credentials::login_of_url(url).ok())
+        .is_some_and(|(login, _)| login.password.is_some());
+    if url_has_password {
+        return Err(SettingError {
+            flag,
+            problem: "the URL gives a password already; keep the password in one place (take it                       out of the URL)"
+                .into(),
+        });
+    }
+    Ok(CredentialFiles {
+        url_file: url_file.cloned(),
+        password_file: password_file.cloned(),
+    })
 }
 
 /// Refuses at start a PostgreSQL URL the store could not use: its hosts, ports and
@@ -168,7 +319,14 @@ impl MigrateArgs {
                 problem: MIGRATE_THROUGH_POOLER.into(),
             });
         }
-        self.database.store_settings()
+        let settings = self.database.store_settings()?;
+        if self.grant_to.is_some() && !matches!(settings.location, StoreLocation::Postgres { .. }) {
+            return Err(SettingError {
+                flag: "grant-to",
+                problem: "applies to PostgreSQL only: the embedded store has no roles".into(),
+            });
+        }
+        Ok(settings)
     }
 }
 

@@ -19,6 +19,10 @@ pub enum StoreError {
     /// `--require-synchronous-standby`).
     #[error("{0}")]
     Unready(String),
+    /// No connection to the database could be opened: which host, and why (refused, an unknown
+    /// host, TLS, the password, `pg_hba.conf`), in an operator's words.
+    #[error("{0}")]
+    Unreachable(crate::store::postgres::ConnectFailure),
     /// The schema is missing or older than this build.
     #[error("the store's schema is not migrated: {0}")]
     NotMigrated(String),
@@ -53,6 +57,7 @@ impl StoreError {
             | Self::TimedOut(_)
             | Self::WritesStalled(_)
             | Self::Unready(_)
+            | Self::Unreachable(_)
             | Self::NotMigrated(_)
             | Self::KeyHeld { .. } => true,
             Self::Shared(inner) => inner.is_transient(),

@@ -207,6 +207,12 @@ pub struct StoreSettings {
     pub pooler: Pooler,
     /// PostgreSQL only: report the store unready while no synchronous standby is attached.
     pub require_synchronous_standby: bool,
+    /// PostgreSQL only: where the URL's login may come from besides the URL.
+    pub credentials: postgres::CredentialFiles,
+    /// PostgreSQL only: the same for `notify_url`.
+    pub notify_credentials: postgres::CredentialFiles,
+    /// PostgreSQL only: how long a migration waits for a lock before it is tried again.
+    pub migration_lock_timeout: Duration,
 }
 
 /// What stands between the service and PostgreSQL (`--pooler`).
@@ -259,6 +265,9 @@ impl AnyStore {
                 operation_timeout: settings.operation_timeout,
                 pooler: settings.pooler,
                 require_synchronous_standby: settings.require_synchronous_standby,
+                credentials: settings.credentials.clone(),
+                notify_credentials: settings.notify_credentials.clone(),
+                migration_lock_timeout: settings.migration_lock_timeout,
             })
             .map(Self::Postgres)
             .map_err(OpenError::Postgres),
@@ -287,6 +296,15 @@ impl AnyStore {
         match self {
             Self::Postgres(_) => "postgres",
             Self::Sqlite(_) => "sqlite",
+        }
+    }
+
+    /// `migrate`: applies the migrations; on PostgreSQL with `grant_to`, then grants that role
+    /// the rights `serve` needs.
+    pub async fn migrate_granting(&self, grant_to: Option<&str>) -> Result<(), StoreError> {
+        match (self, grant_to) {
+            (Self::Postgres(store), _) => store.migrate_granting(grant_to).await,
+            (Self::Sqlite(store), _) => store.migrate().await,
         }
     }
 }

@@ -27,7 +27,7 @@ pub fn require_version(migrator: &Migrator, found: i64) -> Result<(), StoreError
 /// anything else (a changed or missing migration) is a migration error.
 pub fn migration_error(error: MigrateError, classify: fn(sqlx::Error) -> StoreError) -> StoreError {
     match error {
-        MigrateError::Execute(inner) => classify(inner),
+        MigrateError::Execute(inner) | MigrateError::ExecuteMigration(inner, _) => classify(inner),
         other => StoreError::Migration(other),
     }
 }

@@ -6,16 +6,17 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
-use sqlx::{AssertSqlSafe, ConnectOptions, Connection, PgConnection, PgPool, SqlSafeStr, SqlStr};
+use sqlx::{AssertSqlSafe, ConnectOptions, Connection, PgPool, SqlSafeStr, SqlStr};
 use tokio::sync::broadcast;
 
+use super::credentials::login_of_url;
 use super::hosts::HostList;
 use super::kept::{KeptConnections, PING_WHEN_IDLE_FOR};
 use super::listen::EVENTS_QUEUED;
-use super::primary::Follower;
+use super::primary::{Follower, Shape};
 use super::{PgSettings, PgStore};
 use crate::domain::budget::TimeBudget;
-use crate::store::Pooler;
+use crate::store::{Pooler, StoreError};
 
 /// The statement that opens a transaction whose statements may run for `statement_timeout_ms`
 /// and wait for a row lock for `lock`; `pooler`: with the settings that a direct connection gets
@@ -51,11 +52,9 @@ impl PgStore {
     /// while the database is still unreachable.
     pub fn connect_lazy(settings: &PgSettings) -> Result<Self, sqlx::Error> {
         let budget = TimeBudget::of(settings.operation_timeout);
-        let follower = Arc::new(Follower::new(
-            HostList::parse(&settings.url).map_err(invalid_url)?,
-        ));
+        let follower = Arc::new(followed_url(&settings.url, &settings.credentials)?);
         let listen_follower = match &settings.notify_url {
-            Some(url) => Arc::new(Follower::new(HostList::parse(url).map_err(invalid_url)?)),
+            Some(url) => Arc::new(followed_url(url, &settings.notify_credentials)?),
             None => follower.clone(),
         };
         let named = |options: PgConnectOptions| options.application_name("idempotency-coordinator");
@@ -75,7 +74,8 @@ impl PgStore {
         // a sequential scan, and keep doing so, once for every Complete, as the table grows
         // (a one-key Complete took 1.1 ms instead of 0.3–0.6 ms after a few thousand keys).
         // Without sequential scans every plan takes the indexes, whatever the table's size.
-        let startup = |options: PgConnectOptions| match settings.pooler {
+        let pooler = settings.pooler;
+        let startup = move |options: PgConnectOptions| match pooler {
             Pooler::None => named(options).options([
                 (
                     "statement_timeout",
@@ -106,11 +106,13 @@ impl PgStore {
                 true,
             )),
         };
-        let per_host = PerHost {
-            calls: follower.shaped(startup),
-            probe: follower.shaped(startup),
-            listen: listen_follower
-                .shaped(|options| options.application_name("idempotency-coordinator listener")),
+        let startup: Shape = Arc::new(startup);
+        let shapes = Shapes {
+            calls: startup.clone(),
+            probe: startup,
+            listen: Arc::new(|options: PgConnectOptions| {
+                options.application_name("idempotency-coordinator listener")
+            }),
         };
         let calls_follower = follower.clone();
         let pool = followed_pool(&follower, settings.pool_size, budget.connection_wait)
@@ -133,7 +135,7 @@ impl PgStore {
                     Ok(true)
                 })
             })
-            .connect_lazy_with(per_host.calls[0].clone());
+            .connect_lazy_with(follower.current_options(&shapes.calls));
         let probe_follower = follower.clone();
         let probe_pool = followed_pool(&follower, 1, budget.connection_wait)
             .before_acquire(move |_, metadata| {
@@ -141,13 +143,13 @@ impl PgStore {
                     || probe_follower.idle_since_trouble(metadata.idle_for);
                 Box::pin(async move { Ok(!moved) })
             })
-            .connect_lazy_with(per_host.probe[0].clone());
+            .connect_lazy_with(follower.current_options(&shapes.probe));
         // Two places for the one connection that listens: the one it leaves on a host the store
         // moved away from may wait for the TCP keepalives to give up before the pool gets its
         // place back (the driver unlistens on it first), and must not keep the listener from the
         // new host meanwhile.
         let listen_pool = followed_pool(&listen_follower, 2, budget.connection_wait)
-            .connect_lazy_with(per_host.listen[0].clone());
+            .connect_lazy_with(listen_follower.current_options(&shapes.listen));
         Ok(Self {
             connections: Arc::new(KeptConnections::new(pool, follower.clone())),
             probe_pool,
@@ -156,27 +158,28 @@ impl PgStore {
             erasures: broadcast::channel(EVENTS_QUEUED).0,
             follower,
             listen_follower,
-            per_host: Arc::new(per_host),
+            shapes: Arc::new(shapes),
             begin,
             budget,
             limits: None,
             durability: Arc::default(),
             require_synchronous_standby: settings.require_synchronous_standby,
+            migration_lock_timeout: settings.migration_lock_timeout,
+            rights_checked: Arc::default(),
         })
     }
 
     /// How migrations connect: to the host the calls go to now, without a statement timeout.
     pub(super) fn migration_options(&self) -> PgConnectOptions {
-        self.follower
-            .current()
-            .clone()
-            .application_name("idempotency-coordinator")
+        let named: Shape = Arc::new(|options: PgConnectOptions| {
+            options.application_name("idempotency-coordinator")
+        });
+        self.follower.current_options(&named)
     }
 
-    /// How the probe connects now, to connect once by hand when the pool only says it timed
-    /// out.
-    fn probe_options(&self) -> PgConnectOptions {
-        self.per_host.probe[self.follower.index()].clone()
+    /// Applies the migrations, then grants `grant_to` the rights `serve` needs.
+    pub async fn migrate_granting(&self, grant_to: Option<&str>) -> Result<(), StoreError> {
+        self.migrate_schema(grant_to).await
     }
 
     /// The pool, for tests and tools that inspect the database directly.
@@ -185,34 +188,26 @@ impl PgStore {
     }
 }
 
-impl PgStore {
-    /// Why the probe's pool could not open a connection. The pool retries failures it takes
-    /// for passing (a refused connection, a database starting up) until its wait runs out and
-    /// then says only "pool timed out"; one connection made by hand reports the cause (a
-    /// refused connection, a wrong host), which is what an operator needs to read.
-    pub(super) async fn why_no_connection(&self) -> sqlx::Error {
-        let attempt = tokio::time::timeout(
-            self.budget.connection_wait,
-            PgConnection::connect_with(&self.probe_options()),
-        )
-        .await;
-        match attempt {
-            Ok(Err(cause)) => cause,
-            Ok(Ok(connection)) => {
-                let _ = connection.close().await;
-                sqlx::Error::PoolTimedOut
-            }
-            Err(_) => sqlx::Error::PoolTimedOut,
-        }
-    }
+/// What each pool adds to a host's connection settings (the same hosts for every pool).
+pub(super) struct Shapes {
+    pub calls: Shape,
+    pub probe: Shape,
+    pub listen: Shape,
 }
 
-/// Each host's connection settings, per pool (the same hosts; each pool adds its own settings).
-#[derive(Debug)]
-pub(super) struct PerHost {
-    pub calls: Vec<PgConnectOptions>,
-    pub probe: Vec<PgConnectOptions>,
-    pub listen: Vec<PgConnectOptions>,
+/// The hosts of `url` and the credentials that log in to them.
+fn followed_url(
+    url: &str,
+    files: &super::credentials::CredentialFiles,
+) -> Result<Follower, sqlx::Error> {
+    let list = HostList::parse(url).map_err(invalid_url)?;
+    // With the whole URL in a file, what it says besides the login is noted, so that a change
+    // of it (which takes a restart) is reported.
+    let rest = match files.url_file {
+        Some(_) => login_of_url(url).ok().map(|(_, rest)| rest),
+        None => None,
+    };
+    Ok(Follower::new(list, files.clone(), rest))
 }
 
 /// A pool of at most `size` connections that follows `follower`'s host: when the URL asks for
@@ -239,25 +234,6 @@ fn followed_pool(
 /// is reached only by tools that open a store directly).
 fn invalid_url(problem: super::hosts::UrlProblem) -> sqlx::Error {
     sqlx::Error::Configuration(Box::new(problem))
-}
-
-/// Whether the database `options` names exists, asked through the maintenance database
-/// `postgres`.
-pub(super) async fn database_exists(options: &PgConnectOptions) -> Result<bool, sqlx::Error> {
-    let database = options.get_database().unwrap_or_default().to_owned();
-    let mut connection = options
-        .clone()
-        .database("postgres")
-        .disable_statement_logging()
-        .connect()
-        .await?;
-    let exists: Result<(bool,), _> =
-        sqlx::query_as("SELECT EXISTS (SELECT 1 FROM pg_database WHERE datname = $1)")
-            .bind(database)
-            .fetch_one(&mut connection)
-            .await;
-    let _ = connection.close().await;
-    exists.map(|(exists,)| exists)
 }
 
 /// Creates the database `options` names, through the maintenance database `postgres` (as

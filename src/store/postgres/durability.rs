@@ -12,6 +12,7 @@ use std::time::Duration;
 use super::PgStore;
 use super::error::classify;
 use super::primary::host_suspect;
+use super::privileges;
 use super::sql::{DURABILITY, WRITE_PROBE};
 use crate::store::{StoreError, schema};
 
@@ -129,11 +130,15 @@ impl PgStore {
     /// The store is reachable, migrated, and commits a write within the probe's bound; with
     /// `--require-synchronous-standby`, a synchronous standby is attached as well.
     pub(super) async fn probe_store(&self) -> Result<(), StoreError> {
-        self.locate().await;
+        // A rotated password is taken up here, at every check, for the connections opened next.
+        self.refresh_credentials();
+        if let Some(problem) = self.follower.files_problem() {
+            return Err(StoreError::Unreachable(problem));
+        }
+        self.locate().await.map_err(StoreError::Unreachable)?;
         let mut connection = match self.probe_connection().await {
             Ok(connection) => connection,
-            Err(sqlx::Error::PoolTimedOut) => return Err(classify(self.why_no_connection().await)),
-            Err(error) => return Err(classify(error)),
+            Err(error) => return Err(self.unreachable(error).await),
         };
         let version = self
             .fetch_optional_with(&mut connection, sqlx::query_as(schema::SCHEMA_VERSION))
@@ -141,6 +146,24 @@ impl PgStore {
         let version: Option<(i64,)> = self.probed(version)?;
         let (version,) = version.ok_or(StoreError::Inconsistent("no schema version row"))?;
         schema::require_version(&super::MIGRATOR, version)?;
+        if !self
+            .rights_checked
+            .load(std::sync::atomic::Ordering::SeqCst)
+        {
+            let missing = privileges::missing(&mut connection).await;
+            let missing = self.probed(missing)?;
+            if !missing.is_empty() {
+                connection.settle();
+                let user = self
+                    .follower
+                    .credentials()
+                    .login(self.follower.index())
+                    .user;
+                return Err(privileges::unfit(&user, &missing));
+            }
+            self.rights_checked
+                .store(true, std::sync::atomic::Ordering::SeqCst);
+        }
         let bound = self.write_probe_bound();
         let written = tokio::time::timeout(
             bound,

@@ -13,6 +13,10 @@ use crate::store::StoreError;
 /// that locks several rows locks them in one order, so deadlocks do not arise between them.
 pub(super) fn classify(error: sqlx::Error) -> StoreError {
     let unavailable = match &error {
+        // The server (or a proxy before it, HAProxy with no healthy node) closed the connection
+        // before answering the TLS request that sslmode's negotiation sends first: the driver
+        // reads the missing answer as a byte it does not expect.
+        sqlx::Error::Protocol(_) if tls_request_unanswered(&error) => true,
         sqlx::Error::Io(_)
         | sqlx::Error::Tls(_)
         | sqlx::Error::PoolTimedOut
@@ -54,4 +58,11 @@ pub(super) fn classify(error: sqlx::Error) -> StoreError {
     } else {
         StoreError::Internal(error)
     }
+}
+
+/// Whether `error` is the driver's report that the server's answer to the TLS request (the
+/// first thing a connection sends under sslmode prefer and up) was not `S` or `N`: a connection
+/// closed before it could answer (read as 0x00), or a server that failed before the start-up.
+pub(super) fn tls_request_unanswered(error: &sqlx::Error) -> bool {
+    matches!(error, sqlx::Error::Protocol(text) if text.starts_with("unexpected response from SSLRequest"))
 }

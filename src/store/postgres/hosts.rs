@@ -12,8 +12,12 @@
 //! refused at start rather than failing every call after a failover.
 
 use std::fmt;
+use std::path::PathBuf;
 
 use sqlx::postgres::PgConnectOptions;
+
+use super::credentials::{HostKey, Login, login_of_url};
+use super::tls::{TlsParams, TlsSettings};
 
 /// The most hosts one URL may name: a primary and its standbys, with room to spare. A longer
 /// list is more likely a mistake (a pasted list of every node of several clusters) than a
@@ -56,9 +60,17 @@ impl fmt::Display for SessionAttrs {
 /// A database URL split by host: each host's connection settings, in the URL's order.
 #[derive(Clone)]
 pub struct HostList {
-    /// One per host, each with everything else the URL says (user, database, TLS, options).
+    /// One per host, each with everything else the URL says (user, database, options), but
+    /// TLS, which [`HostList::tls`] applies, and the password, which the store's credentials
+    /// apply (`credentials.rs`).
     pub hosts: Vec<PgConnectOptions>,
     pub attrs: SessionAttrs,
+    /// What TLS every host's connections use (`sslmode`, `sslrootcert`, `sslcert`, `sslkey`).
+    pub tls: TlsSettings,
+    /// libpq's `passfile=`, when the URL names one.
+    pub passfile: Option<PathBuf>,
+    /// The URL's user (or libpq's default) and password (or `PGPASSWORD`).
+    pub login: Login,
 }
 
 impl fmt::Debug for HostList {
@@ -70,7 +82,8 @@ impl fmt::Debug for HostList {
                 &self.hosts.iter().map(host_name).collect::<Vec<_>>(),
             )
             .field("attrs", &self.attrs)
-            .finish()
+            .field("tls", &self.tls)
+            .finish_non_exhaustive()
     }
 }
 
@@ -112,7 +125,17 @@ impl HostList {
             Some((path, query)) => (path, Some(query)),
             None => (tail, None),
         };
-        let (attrs, query) = session_attrs(query)?;
+        let Parameters {
+            attrs,
+            tls,
+            passfile,
+            kept: query,
+        } = parameters(query)?;
+        let tls = TlsSettings::from_params(tls.with_environment()).map_err(problem)?;
+        let (mut login, _) = login_of_url(url).map_err(problem)?;
+        if login.password.is_none() {
+            login.password = std::env::var("PGPASSWORD").ok().filter(|p| !p.is_empty());
+        }
         let host_specs: Vec<&str> = host_list.split(',').collect();
         if host_specs.len() > MAX_HOSTS {
             return Err(problem(format!(
@@ -137,9 +160,13 @@ impl HostList {
             let options = format!("{scheme}://{authority}{path}{query}")
                 .parse::<PgConnectOptions>()
                 .map_err(invalid)?;
+            login.user = options.get_username().to_owned();
             return Ok(Self {
                 hosts: vec![options],
                 attrs,
+                tls,
+                passfile,
+                login,
             });
         }
         let mut hosts = Vec::with_capacity(host_specs.len());
@@ -152,7 +179,28 @@ impl HostList {
                 .map_err(invalid)?;
             hosts.push(options);
         }
-        Ok(Self { hosts, attrs })
+        if let Some(first) = hosts.first() {
+            login.user = first.get_username().to_owned();
+        }
+        Ok(Self {
+            hosts,
+            attrs,
+            tls,
+            passfile,
+            login,
+        })
+    }
+
+    /// Each host as a passfile line matches it.
+    pub fn host_keys(&self) -> Vec<HostKey> {
+        self.hosts
+            .iter()
+            .map(|options| HostKey {
+                host: options.get_host().to_owned(),
+                port: options.get_port(),
+                database: options.get_database().unwrap_or_default().to_owned(),
+            })
+            .collect()
     }
 }
 
@@ -202,16 +250,39 @@ fn host_and_port(spec: &str) -> Result<(&str, u16), String> {
     Ok((host, port))
 }
 
-/// `target_session_attrs` read from `query` and taken out of it (the driver does not know it),
-/// with host lists in the query refused: several hosts are named in the authority only.
-fn session_attrs(query: Option<&str>) -> Result<(SessionAttrs, Option<String>), UrlProblem> {
+/// The parameters of the URL's query this module reads rather than the driver.
+struct Parameters {
+    attrs: SessionAttrs,
+    tls: TlsParams,
+    passfile: Option<PathBuf>,
+    /// The rest of the query, for the driver.
+    kept: Option<String>,
+}
+
+/// `target_session_attrs`, the TLS parameters and `passfile` read from `query` and taken out of
+/// it (the driver does not know the first and the last, and reads the TLS ones otherwise than
+/// libpq), with host lists in the query refused: several hosts are named in the authority only.
+fn parameters(query: Option<&str>) -> Result<Parameters, UrlProblem> {
+    let mut found = Parameters {
+        attrs: SessionAttrs::Any,
+        tls: TlsParams::default(),
+        passfile: None,
+        kept: None,
+    };
     let Some(query) = query else {
-        return Ok((SessionAttrs::Any, None));
+        return Ok(found);
     };
     let mut attrs = None;
     let mut kept = Vec::new();
     for pair in query.split('&').filter(|pair| !pair.is_empty()) {
         let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
+        let decoded = percent_encoding::percent_decode_str(value)
+            .decode_utf8()
+            .map_err(|_| problem(format!("has a value of `{key}` that is not UTF-8")))?
+            .into_owned();
+        if found.tls.take(key, decoded.clone()).map_err(problem)? {
+            continue;
+        }
         match key {
             "target_session_attrs" => {
                 if attrs.is_some() {
@@ -234,6 +305,7 @@ fn session_attrs(query: Option<&str>) -> Result<(SessionAttrs, Option<String>), 
                     }
                 });
             }
+            "passfile" if !decoded.is_empty() => found.passfile = Some(PathBuf::from(decoded)),
             "host" | "hostaddr" | "port" if value.contains(',') || value.contains("%2C") => {
                 return Err(problem(format!(
                     "lists several values in `{key}=`; name several hosts in the URL itself: \
@@ -243,8 +315,9 @@ fn session_attrs(query: Option<&str>) -> Result<(SessionAttrs, Option<String>), 
             _ => kept.push(pair),
         }
     }
-    let kept = (!kept.is_empty()).then(|| kept.join("&"));
-    Ok((attrs.unwrap_or(SessionAttrs::Any), kept))
+    found.attrs = attrs.unwrap_or(SessionAttrs::Any);
+    found.kept = (!kept.is_empty()).then(|| kept.join("&"));
+    Ok(found)
 }
 
 #[cfg(test)]

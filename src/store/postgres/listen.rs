@@ -30,12 +30,18 @@ impl PgStore {
     ) -> Result<(), sqlx::Error> {
         let mut moves = self.listen_follower.moves();
         moves.mark_unchanged();
-        let mut listener = match PgListener::connect_with(&self.listen_pool).await {
+        let mut connected = PgListener::connect_with(&self.listen_pool).await;
+        if let Err(error) = &connected
+            && self.after_refusal(error, false).await
+        {
+            connected = PgListener::connect_with(&self.listen_pool).await;
+        }
+        let mut listener = match connected {
             Ok(listener) => listener,
             // The pool says only that it timed out: one direct attempt tells why (the database
             // does not exist yet, authentication, the network).
             Err(sqlx::Error::PoolTimedOut) => {
-                let options = self.per_host.listen[self.listen_follower.index()].clone();
+                let options = self.listen_follower.current_options(&self.shapes.listen);
                 return Err(match PgConnection::connect_with(&options).await {
                     Ok(connection) => {
                         let _ = connection.close().await;
@@ -146,10 +152,14 @@ impl PgStore {
     /// fails ([`LISTEN_RETRY`]).
     pub(super) async fn listen_with_retries(&self, shutdown: CancellationToken) {
         let mut retry = LISTEN_RETRY.0;
+        // The cause last logged: a listener that cannot connect says why once, and again when
+        // the cause changes, not at every retry.
+        let mut reported: Option<String> = None;
         while !shutdown.is_cancelled() {
             match self.listen_until_dropped(&shutdown).await {
                 Ok(()) => {
                     retry = LISTEN_RETRY.0;
+                    reported = None;
                     if !shutdown.is_cancelled() {
                         tracing::warn!("the listening connection dropped; reconnecting");
                     }
@@ -158,8 +168,17 @@ impl PgStore {
                     if super::primary::host_suspect(&error) {
                         self.suspect_listen_host();
                     }
-                    tracing::warn!(error = %crate::telemetry::error_chain(&error),
-                        ?retry, "cannot listen for other replicas' changes; retrying");
+                    let cause = self
+                        .listen_follower
+                        .describe(self.listen_follower.index(), &error)
+                        .to_string();
+                    if reported.as_deref() == Some(cause.as_str()) {
+                        tracing::debug!(error = %cause, ?retry, "still cannot listen");
+                    } else {
+                        tracing::warn!(error = %cause, ?retry,
+                            "cannot listen for other replicas' changes; retrying");
+                        reported = Some(cause);
+                    }
                     retry = (retry * 2).min(LISTEN_RETRY.1);
                 }
             }

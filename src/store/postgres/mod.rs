@@ -18,31 +18,39 @@
 
 mod admin;
 mod connect;
+pub mod credentials;
 mod durability;
 mod error;
 pub mod hosts;
 mod kept;
 mod listen;
+mod migrate;
+mod opening;
 mod primary;
+mod privileges;
+mod refusal;
 mod rows;
 mod sql;
 mod statements;
+pub mod tls;
 
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
 use sqlx::migrate::Migrator;
-use sqlx::postgres::{PgPoolOptions, PgRow};
-use sqlx::{ConnectOptions, FromRow, PgPool, SqlStr};
+use sqlx::postgres::PgRow;
+use sqlx::{FromRow, PgPool, SqlStr};
 use tokio::sync::broadcast;
 use tokio_util::sync::CancellationToken;
 
-use self::connect::PerHost;
+use self::connect::Shapes;
+pub use self::credentials::CredentialFiles;
 use self::durability::Durability;
 use self::error::classify;
 use self::kept::KeptConnections;
 use self::primary::Follower;
+pub use self::refusal::ConnectFailure;
 use self::rows::{CompleteRow, KeyRow, MarkRow, TryStartBatchRow, TryStartRow};
 use self::sql::*;
 use self::statements::Statement;
@@ -56,7 +64,13 @@ use crate::domain::{
     TryStartOutcome, key_id,
 };
 
-static MIGRATOR: Migrator = sqlx::migrate!("./migrations/postgres");
+/// This build's migrations. Migrations this build does not know (a newer release's, after a
+/// roll-back) are ignored: each release runs on the schema of the next (docs/operations.md,
+/// "Upgrades").
+static MIGRATOR: Migrator = Migrator {
+    ignore_missing: true,
+    ..sqlx::migrate!("./migrations/postgres")
+};
 
 /// The admin API's statements that must read an index, never the table, by name: for the test
 /// that EXPLAINs them on a table of a million rows (`tests/api/admin/scale.rs`). The erasure's
@@ -89,6 +103,11 @@ pub fn batched_deletes() -> [(&'static str, &'static str); 5] {
     ]
 }
 
+/// How long a migration waits for a lock unless told (`--migration-lock-timeout`): longer than
+/// a call's statement holds its locks on an ordinary day, short enough that the calls queued
+/// behind a waiting migration barely notice.
+pub const DEFAULT_MIGRATION_LOCK_TIMEOUT: Duration = Duration::from_millis(20);
+
 /// How the store connects.
 #[derive(Debug, Clone)]
 pub struct PgSettings {
@@ -105,6 +124,13 @@ pub struct PgSettings {
     /// The health probe fails while no synchronous standby is attached
     /// (`--require-synchronous-standby`).
     pub require_synchronous_standby: bool,
+    /// Where `url`'s login may come from besides the URL (read again as it rotates).
+    pub credentials: CredentialFiles,
+    /// The same for `notify_url`.
+    pub notify_credentials: CredentialFiles,
+    /// How long a migration's statement waits for a table lock before the migration is rolled
+    /// back and tried again (`--migration-lock-timeout`).
+    pub migration_lock_timeout: Duration,
 }
 
 #[derive(Clone)]
@@ -127,8 +153,8 @@ pub struct PgStore {
     follower: Arc<Follower>,
     /// The `LISTEN` connection's (the same as `follower` without `--notify-database-url`).
     listen_follower: Arc<Follower>,
-    /// Each pool's settings for each host, to point it at another.
-    per_host: Arc<PerHost>,
+    /// What each pool adds to a host's settings, to point it at another host or login.
+    shapes: Arc<Shapes>,
     /// Behind a pooler in transaction mode: the statement that opens the transaction each
     /// statement runs in, with the settings a direct connection gets in its startup packet.
     begin: Option<SqlStr>,
@@ -139,6 +165,11 @@ pub struct PgStore {
     durability: Arc<std::sync::Mutex<Option<Durability>>>,
     /// Report the store unready while no synchronous standby is attached.
     require_synchronous_standby: bool,
+    /// How long a migration's statement waits for a lock before it is tried again later.
+    migration_lock_timeout: Duration,
+    /// Whether the role was found to hold every right the service needs (checked by the health
+    /// probe until it does).
+    rights_checked: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl std::fmt::Debug for PgStore {
@@ -443,40 +474,7 @@ impl Store for PgStore {
     }
 
     async fn migrate(&self) -> Result<(), StoreError> {
-        self.locate().await;
-        let options = self.migration_options();
-        // A database that does not exist yet is created, so a first start needs nothing by
-        // hand; where the role may not create databases, the original error is reported.
-        if let Ok(false) = connect::database_exists(&options).await {
-            if let Err(error) = connect::create_database(&options).await {
-                tracing::warn!(error = %error, "could not create the database");
-            } else {
-                tracing::info!("created the database");
-            }
-        }
-        // A connection of its own, without the statement timeout: a migration may take long,
-        // and sqlx's warning about a slow statement would only repeat what is expected of it.
-        // It goes to the host the calls go to, checked like theirs: never a standby.
-        let follower = self.follower.clone();
-        let mut pool_options = PgPoolOptions::new().max_connections(1);
-        if follower.attrs().checked() {
-            pool_options = pool_options.after_connect(move |connection, _| {
-                let follower = follower.clone();
-                Box::pin(async move { follower.check(connection).await })
-            });
-        }
-        let connection = pool_options
-            .connect_with(options.disable_statement_logging())
-            .await
-            .map_err(|error| {
-                if primary::host_suspect(&error) {
-                    self.suspect_host();
-                }
-                classify(error)
-            })?;
-        let migrated = MIGRATOR.run(&connection).await;
-        connection.close().await;
-        migrated.map_err(|error| schema::migration_error(error, classify))
+        self.migrate_schema(None).await
     }
 
     async fn probe(&self) -> Result<(), StoreError> {

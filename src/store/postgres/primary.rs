@@ -14,8 +14,8 @@
 //! writable one to answer is taken: a host that is cut off (its packets dropped) would otherwise
 //! hold the search up for a whole connection timeout before the next host is tried.
 
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use sqlx::postgres::PgConnectOptions;
@@ -23,8 +23,13 @@ use sqlx::{ConnectOptions, Connection, PgConnection, PgPool};
 use tokio::sync::watch;
 
 use super::PgStore;
+use super::credentials::{CredentialFiles, Credentials};
 use super::hosts::{HostList, SessionAttrs, host_name};
+use super::refusal::{Attempt, ConnectFailure};
 use super::sql::SESSION_WRITABLE;
+
+/// What a pool adds to a host's settings (its startup options, its application name).
+pub(super) type Shape = Arc<dyn Fn(PgConnectOptions) -> PgConnectOptions + Send + Sync>;
 
 /// How long the search waits before asking every host again, at first and at most, while none
 /// is writable (a failover under way).
@@ -36,6 +41,11 @@ const SEARCH_RETRY: (Duration, Duration) = (Duration::from_millis(50), Duration:
 #[derive(Debug)]
 pub(super) struct Follower {
     list: HostList,
+    /// Who the connections log in as, read again as it rotates.
+    credentials: Credentials,
+    /// Per host: whether a host refused the session `sslmode=allow` (plain) or `prefer` (TLS)
+    /// tries first, and the other kind was accepted: its connections are of that kind since.
+    fallback: Vec<AtomicBool>,
     /// The index in `list.hosts` of the host new connections go to.
     current: AtomicUsize,
     /// When the store last moved to another host: a connection made before it may be to the
@@ -63,8 +73,21 @@ pub(super) struct NotWritable {
 }
 
 impl Follower {
-    pub(super) fn new(list: HostList) -> Self {
+    pub(super) fn new(
+        list: HostList,
+        files: CredentialFiles,
+        url_file_rest: Option<String>,
+    ) -> Self {
+        let credentials = Credentials::new(
+            files,
+            list.passfile.clone(),
+            list.host_keys(),
+            list.login.clone(),
+            url_file_rest,
+        );
         Self {
+            fallback: list.hosts.iter().map(|_| AtomicBool::new(false)).collect(),
+            credentials,
             list,
             current: AtomicUsize::new(0),
             moved_at: Mutex::new(None),
@@ -89,18 +112,95 @@ impl Follower {
         self.current.load(Ordering::SeqCst)
     }
 
-    /// The settings of the host new connections go to now.
-    pub(super) fn current(&self) -> &PgConnectOptions {
-        &self.list.hosts[self.index()]
+    /// `host:port` of the host new connections go to now.
+    pub(super) fn host(&self) -> String {
+        host_name(&self.list.hosts[self.index()])
     }
 
-    /// Every host's settings, in the URL's order, each passed through `shape` (the settings a
-    /// pool adds: startup options, the application name).
-    pub(super) fn shaped(
+    /// Host `index`'s settings as a pool that adds `shape` connects to it: with TLS as the URL
+    /// says (and as the host negotiated), logging in as the credentials last read say.
+    pub(super) fn options(&self, index: usize, shape: &Shape) -> PgConnectOptions {
+        self.options_as(index, shape, &self.credentials.login(index))
+    }
+
+    /// [`Self::options`] logging in as `login`.
+    pub(super) fn options_as(
         &self,
-        shape: impl Fn(PgConnectOptions) -> PgConnectOptions,
-    ) -> Vec<PgConnectOptions> {
-        self.list.hosts.iter().cloned().map(shape).collect()
+        index: usize,
+        shape: &Shape,
+        login: &super::credentials::Login,
+    ) -> PgConnectOptions {
+        let fallback = self.fallback[index].load(Ordering::SeqCst);
+        let options = self
+            .list
+            .tls
+            .apply(shape(self.list.hosts[index].clone()), fallback);
+        let options = options.username(&login.user);
+        match &login.password {
+            Some(password) => options.password(password),
+            None => options,
+        }
+    }
+
+    /// [`Self::options`] of the host new connections go to now.
+    pub(super) fn current_options(&self, shape: &Shape) -> PgConnectOptions {
+        self.options(self.index(), shape)
+    }
+
+    /// The credentials the connections log in with.
+    pub(super) fn credentials(&self) -> &Credentials {
+        &self.credentials
+    }
+
+    /// A problem with the certificate or key files the URL names, as a failure to connect to
+    /// the current host: checked before the store connects, since the driver itself does not
+    /// hold a private key to libpq's rule (no access for others).
+    pub(super) fn files_problem(&self) -> Option<ConnectFailure> {
+        self.list.tls.check_files().map(|cause| ConnectFailure {
+            host: self.host(),
+            cause,
+        })
+    }
+
+    /// How a failure to connect to host `index` reads for an operator.
+    pub(super) fn describe(&self, index: usize, error: &sqlx::Error) -> ConnectFailure {
+        let options = &self.list.hosts[index];
+        let login = self.credentials.login(index);
+        Attempt {
+            host: &host_name(options),
+            host_name: options.get_host(),
+            user: &login.user,
+            database: options.get_database().unwrap_or_default(),
+            tls: &self.list.tls,
+            credentials_problem: self.credentials.problem(),
+        }
+        .failure(error)
+    }
+
+    /// Whether host `index` may still change between plain and TLS after a refusal, and
+    /// `error` is one that the other kind of session may not meet: `allow` tried plain and
+    /// was refused at authentication; `prefer` tried TLS and was refused at authentication or
+    /// failed its handshake.
+    pub(super) fn may_fall_back(&self, index: usize, error: &sqlx::Error) -> bool {
+        if !self.list.tls.negotiates() || self.fallback[index].load(Ordering::SeqCst) {
+            return false;
+        }
+        let refused_at_login = matches!(error, sqlx::Error::Database(db)
+            if db.code().is_some_and(|code| code.starts_with("28")));
+        match self.list.tls.mode {
+            super::tls::SslMode::Allow => refused_at_login,
+            _ => refused_at_login || matches!(error, sqlx::Error::Tls(_)),
+        }
+    }
+
+    /// Host `index`'s connections use the other kind of session from now on.
+    pub(super) fn fall_back(&self, index: usize) {
+        self.fallback[index].store(true, Ordering::SeqCst);
+    }
+
+    /// [`Self::options`] of host `index` as they would be after [`Self::fall_back`].
+    pub(super) fn fallback_options(&self, index: usize, shape: &Shape) -> PgConnectOptions {
+        self.list.tls.apply(self.options(index, shape), true)
     }
 
     /// Whether a connection that has existed for `age` was made before the last move (and may
@@ -141,7 +241,7 @@ impl Follower {
 
     /// Checks a new connection: `Ok` when its host can write as `target_session_attrs` asks.
     pub(super) async fn check(&self, connection: &mut PgConnection) -> Result<(), sqlx::Error> {
-        check_writable(connection, self.list.attrs, &host_name(self.current())).await
+        check_writable(connection, self.list.attrs, &self.host()).await
     }
 }
 
@@ -180,6 +280,7 @@ pub(super) fn host_suspect(error: &sqlx::Error) -> bool {
         | sqlx::Error::Tls(_)
         | sqlx::Error::PoolTimedOut
         | sqlx::Error::Configuration(_) => true,
+        sqlx::Error::Protocol(_) => super::error::tls_request_unanswered(error),
         sqlx::Error::Database(db) => {
             let code = db.code().unwrap_or_default();
             // read_only_sql_transaction, invalid_transaction_state (a standby cannot assign a
@@ -190,10 +291,10 @@ pub(super) fn host_suspect(error: &sqlx::Error) -> bool {
     }
 }
 
-/// One of the store's pools and its settings for each host.
+/// One of the store's pools and what it adds to each host's settings.
 pub(super) struct Followed<'a> {
     pub pool: &'a PgPool,
-    pub per_host: &'a [PgConnectOptions],
+    pub shape: &'a Shape,
 }
 
 impl PgStore {
@@ -234,7 +335,7 @@ impl PgStore {
 
     /// The follower of the calls' URL (`calls`) or of the listener's, and the pools that follow
     /// it.
-    fn followed(&self, calls: bool) -> (&Follower, Vec<Followed<'_>>) {
+    pub(super) fn followed(&self, calls: bool) -> (&Follower, Vec<Followed<'_>>) {
         let follower: &std::sync::Arc<Follower> = if calls {
             &self.follower
         } else {
@@ -244,18 +345,18 @@ impl PgStore {
         if std::sync::Arc::ptr_eq(follower, &self.follower) {
             pools.push(Followed {
                 pool: self.connections.pool(),
-                per_host: &self.per_host.calls,
+                shape: &self.shapes.calls,
             });
             pools.push(Followed {
                 pool: &self.probe_pool,
-                per_host: &self.per_host.probe,
+                shape: &self.shapes.probe,
             });
         }
         // The listener follows whichever URL it listens on: the calls' own when it has none.
         if std::sync::Arc::ptr_eq(follower, &self.listen_follower) {
             pools.push(Followed {
                 pool: &self.listen_pool,
-                per_host: &self.per_host.listen,
+                shape: &self.shapes.listen,
             });
         }
         (follower, pools)
@@ -263,30 +364,38 @@ impl PgStore {
 
     /// Before the store's first connections (its first migration or probe): when the URL names
     /// several hosts, the writable one is looked for now, rather than after a connection to
-    /// the first host has been refused. Once only: later moves follow trouble.
-    pub(super) async fn locate(&self) {
+    /// the first host has been refused. Once only: later moves follow trouble. When no host is
+    /// writable, the failure names every host and what each answered.
+    pub(super) async fn locate(&self) -> Result<(), ConnectFailure> {
+        let mut failure = Ok(());
         for calls in [true, false] {
             let (follower, pools) = self.followed(calls);
             if !follower.can_move() || follower.located.swap(true, Ordering::SeqCst) {
                 continue;
             }
             match self.writable_host(follower, None).await {
-                Some(found) => {
+                Ok(found) => {
                     let host = host_name(&follower.list.hosts[found]);
                     tracing::info!(%host, attrs = %follower.attrs(), "the writable PostgreSQL host");
                     follower.move_to(found, &pools);
                 }
                 // Looked for again at the next trouble.
-                None => follower.located.store(false, Ordering::SeqCst),
+                Err(causes) => {
+                    follower.located.store(false, Ordering::SeqCst);
+                    if calls {
+                        failure = Err(none_writable(follower, causes));
+                    }
+                }
             }
         }
+        failure
     }
 
     /// Asks every host until one is writable (or the store closes), and moves there.
     async fn search(&self, calls: bool) {
         let (follower, pools) = self.followed(calls);
         let store_open = pools.first().map(|followed| followed.pool.clone());
-        if let Some(found) = self.writable_host(follower, store_open).await {
+        if let Ok(found) = self.writable_host(follower, store_open).await {
             follower.located.store(true, Ordering::SeqCst);
             follower.move_to(found, &pools);
         }
@@ -297,49 +406,89 @@ impl PgStore {
     /// wait, and the first writable one to answer is taken. With `until_closed`, each host is
     /// asked again (every [`SEARCH_RETRY`]) until one is writable or that pool closes, each on
     /// its own: a standby is found as soon as it is promoted, however long a host that is cut
-    /// off takes to time out.
+    /// off takes to time out. Without one, `Err` holds what each host answered, in the URL's
+    /// order.
     async fn writable_host(
         &self,
         follower: &Follower,
         until_closed: Option<PgPool>,
-    ) -> Option<usize> {
-        let mut asking = tokio::task::JoinSet::new();
-        for (index, options) in follower.list.hosts.iter().enumerate() {
-            let options = options
-                .clone()
+    ) -> Result<usize, Vec<String>> {
+        let shape: Shape = Arc::new(|options: PgConnectOptions| {
+            options
                 .application_name("idempotency-coordinator primary search")
-                .disable_statement_logging();
+                .disable_statement_logging()
+        });
+        let mut asking = tokio::task::JoinSet::new();
+        for index in 0..follower.list.hosts.len() {
+            let options = follower.options(index, &shape);
             let attrs = follower.list.attrs;
             let wait = self.budget.connection_wait;
             let until_closed = until_closed.clone();
             asking.spawn(async move {
                 let mut retry = SEARCH_RETRY.0;
                 loop {
-                    if ask_host(&options, attrs, wait).await {
-                        return Some(index);
+                    let asked = ask_host(&options, attrs, wait).await;
+                    if asked.is_ok() {
+                        return (index, asked);
                     }
                     match &until_closed {
                         Some(pool) if !pool.is_closed() => {
                             tokio::time::sleep(retry).await;
                             retry = (retry * 2).min(SEARCH_RETRY.1);
                         }
-                        _ => return None,
+                        _ => return (index, asked),
                     }
                 }
             });
         }
+        let mut causes = vec![String::new(); follower.list.hosts.len()];
         while let Some(asked) = asking.join_next().await {
-            if let Ok(Some(index)) = asked {
-                return Some(index);
+            match asked {
+                Ok((index, Ok(()))) => return Ok(index),
+                Ok((index, Err(error))) => {
+                    causes[index] = match error {
+                        Asked::Failed(error) => follower.describe(index, &error).cause,
+                        Asked::NoAnswer(wait) => format!("no answer within {wait:?}"),
+                    };
+                }
+                Err(_) => {}
             }
         }
-        None
+        Err(causes)
     }
+}
+
+/// No host of `follower`'s URL is writable: each named with what it answered.
+fn none_writable(follower: &Follower, causes: Vec<String>) -> ConnectFailure {
+    let hosts: Vec<String> = follower.list.hosts.iter().map(host_name).collect();
+    let each = hosts
+        .iter()
+        .zip(causes)
+        .map(|(host, cause)| format!("{host}: {cause}"))
+        .collect::<Vec<_>>()
+        .join("; ");
+    ConnectFailure {
+        host: hosts.join(","),
+        cause: format!(
+            "no host is writable (target_session_attrs={}): {each}",
+            follower.attrs()
+        ),
+    }
+}
+
+/// Why a host was not taken.
+enum Asked {
+    Failed(sqlx::Error),
+    NoAnswer(Duration),
 }
 
 /// Whether the host of `options` answers within `wait` with a session that can write as
 /// `attrs` asks.
-async fn ask_host(options: &PgConnectOptions, attrs: SessionAttrs, wait: Duration) -> bool {
+async fn ask_host(
+    options: &PgConnectOptions,
+    attrs: SessionAttrs,
+    wait: Duration,
+) -> Result<(), Asked> {
     let host = host_name(options);
     let asked = tokio::time::timeout(wait, async {
         let mut connection = match PgConnection::connect_with(options).await {
@@ -356,15 +505,15 @@ async fn ask_host(options: &PgConnectOptions, attrs: SessionAttrs, wait: Duratio
     })
     .await;
     match asked {
-        Ok(Ok(())) => true,
+        Ok(Ok(())) => Ok(()),
         Ok(Err(error)) => {
             tracing::debug!(%host, error = %crate::telemetry::error_chain(&error),
                 "not the writable host");
-            false
+            Err(Asked::Failed(error))
         }
         Err(_) => {
             tracing::debug!(%host, ?wait, "no answer while looking for the writable host");
-            false
+            Err(Asked::NoAnswer(wait))
         }
     }
 }
@@ -379,7 +528,7 @@ impl Follower {
         for followed in pools {
             followed
                 .pool
-                .set_connect_options(followed.per_host[index].clone());
+                .set_connect_options(self.options(index, followed.shape));
         }
         *self
             .moved_at

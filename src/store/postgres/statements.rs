@@ -184,19 +184,30 @@ impl PgStore {
     /// while its deadline allows; a failure that a failover would explain sets the store
     /// looking for the writable host.
     pub(super) async fn lend(&self) -> Result<Lent<'_>, sqlx::Error> {
-        let lent = match self.limits {
+        let mut lent = self.lend_once().await;
+        // A refused login may succeed at once with the credentials read again (a rotated
+        // password) or the other kind of session sslmode allows.
+        if let Err(error) = &lent
+            && self.after_refusal(error, true).await
+        {
+            lent = self.lend_once().await;
+        }
+        lent.inspect_err(|error| {
+            if host_suspect(error) {
+                self.suspect_host();
+            }
+        })
+    }
+
+    async fn lend_once(&self) -> Result<Lent<'_>, sqlx::Error> {
+        match self.limits {
             None => self.connections.lend().await,
             Some((deadline, _)) => {
                 tokio::time::timeout_at(deadline.into(), self.connections.lend())
                     .await
                     .unwrap_or(Err(sqlx::Error::PoolTimedOut))
             }
-        };
-        lent.inspect_err(|error| {
-            if host_suspect(error) {
-                self.suspect_host();
-            }
-        })
+        }
     }
 
     /// `answer`, the statement's on `connection`: a connection whose statement the server
@@ -245,7 +256,13 @@ impl PgStore {
     /// settle (the probe's time ran out): the probe's pool has one connection, which a ping
     /// behind a stalled commit would hold.
     pub(super) async fn probe_connection(&self) -> Result<Settling, sqlx::Error> {
-        match self.probe_pool.acquire().await {
+        let mut acquired = self.probe_pool.acquire().await;
+        if let Err(error) = &acquired
+            && self.after_refusal(error, true).await
+        {
+            acquired = self.probe_pool.acquire().await;
+        }
+        match acquired {
             Ok(connection) => Ok(Settling::new(connection)),
             Err(error) => {
                 if host_suspect(&error) {

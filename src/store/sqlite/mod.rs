@@ -55,7 +55,12 @@ use crate::domain::{
 /// How many key events may wait for a slow subscriber before it is told it missed some.
 const EVENTS_QUEUED: usize = 4096;
 
-static MIGRATOR: Migrator = sqlx::migrate!("./migrations/sqlite");
+/// This build's migrations; newer ones (a later release's, after a roll-back) are ignored, as on
+/// PostgreSQL (docs/operations.md, "Upgrades").
+static MIGRATOR: Migrator = Migrator {
+    ignore_missing: true,
+    ..sqlx::migrate!("./migrations/sqlite")
+};
 
 /// Where the embedded store keeps its data when nothing else is configured.
 pub const DEFAULT_PATH: &str = "./data/coordinator.db";
