@@ -228,6 +228,10 @@ async fn store_probe_requires_the_full_schema(backend: Backend) {
         pool_size: 2,
         operation_timeout: Duration::from_secs(5),
         require_synchronous_standby: false,
+        credentials: Default::default(),
+        notify_credentials: Default::default(),
+        migration_lock_timeout:
+            idempotency_coordinator::store::postgres::DEFAULT_MIGRATION_LOCK_TIMEOUT,
     })
     .expect("store");
     assert!(store.probe().await.is_err(), "no schema yet");

@@ -355,28 +355,6 @@ async fn row_locks_delay_only_their_own_writes_behind_pgbouncer() {
     row_locks_delay_only_their_own_writes(Route::PgBouncer).await;
 }
 
-/// Lifecycles (TryStart, then Complete) on fresh keys by `callers` callers, until stopped.
-fn lifecycles(client: &Client, callers: usize, label: &str) -> Callers<tonic::Status> {
-    let (client, label) = (client.clone(), label.to_owned());
-    Callers::start(callers, move |caller, sequence| {
-        let (mut client, key) = (client.clone(), format!("{label}-{caller}-{sequence}"));
-        async move {
-            let outcome = client
-                .try_start(try_start(&key))
-                .await?
-                .into_inner()
-                .outcome;
-            let Some(Outcome::Started(started)) = outcome else {
-                return Err(tonic::Status::internal(format!("not started: {outcome:?}")));
-            };
-            client
-                .complete(complete(&key, started.lease_token, b"done"))
-                .await
-                .map(drop)
-        }
-    })
-}
-
 /// Under steady load, one in-progress key's row locked for 10 s while several callers keep
 /// asking for it: the callers running lifecycles on other keys keep at least 80% of their
 /// throughput, with no error and their p99 within twice the unheld run's. The unheld run is

@@ -24,6 +24,7 @@ mod mark_processed;
 mod metrics;
 mod model;
 mod pgbouncer;
+mod reaching_postgres;
 mod reflection;
 mod release;
 mod replay_cache;

@@ -292,6 +292,11 @@ async fn a_refused_connection_is_reported_as_such_not_as_a_pool_timeout() {
         .lines()
         .find(|line| line.contains("store not ready"))
         .expect("the line");
-    assert!(reported.contains("Connection refused"), "{reported}");
+    assert!(
+        reported.contains(&format!(
+            "cannot connect to PostgreSQL at 127.0.0.1:{port}: connection refused"
+        )),
+        "{reported}"
+    );
     assert!(!reported.contains("pool timed out"), "{reported}");
 }

@@ -6,7 +6,7 @@ mod conformance;
 mod faults;
 mod leases;
 mod run_once;
-mod scenarios;
+pub mod scenarios;
 mod security;
 mod waited;
 

@@ -72,6 +72,10 @@ pub fn postgres_store_with_pool(
         pooler: Default::default(),
         operation_timeout,
         require_synchronous_standby: false,
+        credentials: Default::default(),
+        notify_credentials: Default::default(),
+        migration_lock_timeout:
+            idempotency_coordinator::store::postgres::DEFAULT_MIGRATION_LOCK_TIMEOUT,
     })
     .expect("a valid URL")
 }

@@ -12,7 +12,7 @@ use tokio::process::Command;
 
 use super::eventually;
 
-const BIN: &str = "/usr/lib/postgresql/15/bin";
+pub(super) const BIN: &str = "/usr/lib/postgresql/15/bin";
 
 /// One cluster: its folder and port.
 #[derive(Debug, Clone)]
@@ -39,14 +39,14 @@ pub enum Replication {
     Asynchronous,
 }
 
-fn free_port() -> u16 {
+pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|listener| listener.local_addr())
         .expect("a free port")
         .port()
 }
 
-fn is_root() -> bool {
+pub(super) fn is_root() -> bool {
     std::env::var("USER").is_ok_and(|user| user == "root")
         || std::fs::metadata("/proc/self").is_ok_and(|m| {
             use std::os::unix::fs::MetadataExt;
@@ -55,7 +55,7 @@ fn is_root() -> bool {
 }
 
 /// `program` with `args`, as `postgres` when this process is root; it must succeed.
-async fn run(program: &str, args: &[&str]) -> String {
+pub(super) async fn run(program: &str, args: &[&str]) -> String {
     let path = format!("{BIN}/{program}");
     let mut command = if is_root() {
         let mut command = Command::new("runuser");
@@ -79,7 +79,7 @@ async fn run(program: &str, args: &[&str]) -> String {
 }
 
 /// Gives `path` to `postgres` when this process is root (PostgreSQL wants its folder its own).
-async fn own(path: &Path) {
+pub(super) async fn own(path: &Path) {
     if is_root() {
         let status = Command::new("chown")
             .args(["-R", "postgres:postgres"])

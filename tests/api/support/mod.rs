@@ -9,6 +9,7 @@ pub mod raw;
 pub mod requests;
 pub mod security;
 pub mod steps;
+pub mod tls_cluster;
 
 pub use idempotency_testkit::health::{health_client, is_serving};
 pub use idempotency_testkit::{database, proxy};

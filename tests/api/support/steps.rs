@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use idempotency_coordinator::proto::idempotency::v1::{self as pb, lookup_response::State};
+use idempotency_testkit::load::Callers;
 use tokio::task::JoinHandle;
 
 use super::*;
@@ -265,4 +266,26 @@ pub async fn answer_of<T>(call: Spawned<T>) -> T {
         call.await.expect("the call's task ends"),
         "the spawned call",
     )
+}
+
+/// Lifecycles (TryStart, then Complete) on fresh keys by `callers` callers, until stopped.
+pub fn lifecycles(client: &Client, callers: usize, label: &str) -> Callers<tonic::Status> {
+    let (client, label) = (client.clone(), label.to_owned());
+    Callers::start(callers, move |caller, sequence| {
+        let (mut client, key) = (client.clone(), format!("{label}-{caller}-{sequence}"));
+        async move {
+            let outcome = client
+                .try_start(try_start(&key))
+                .await?
+                .into_inner()
+                .outcome;
+            let Some(pb::try_start_response::Outcome::Started(started)) = outcome else {
+                return Err(tonic::Status::internal(format!("not started: {outcome:?}")));
+            };
+            client
+                .complete(complete(&key, started.lease_token, b"done"))
+                .await
+                .map(drop)
+        }
+    })
 }

@@ -1,0 +1,142 @@
+//! docs/operations.md, "Two roles", run as written: the block the guide marks as run here is
+//! read from the guide itself and each of its commands run by `bash` in order, with the
+//! variables the guide names pointing at a TLS-only cluster of the test's own whose two roles
+//! log in with passwords; `serve` is started as the guide writes it (plus a free port and an
+//! address file) and must serve, encrypted, as a role that owns nothing.
+
+use std::path::Path;
+
+use super::serves_encrypted;
+use crate::support::process::{ServerProcess, coordinator};
+use crate::support::tls_cluster::Cluster;
+
+const GUIDE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/docs/operations.md");
+const MARK: &str = "<!-- run as written by tests/api/reaching_postgres/guide.rs -->";
+
+/// The commands of the `sh` block after [`MARK`]: continued lines joined, a here-document kept
+/// with its command, comments and blank lines left out.
+fn commands_of_the_guide() -> Vec<String> {
+    let guide = std::fs::read_to_string(GUIDE).expect("docs/operations.md");
+    let after = guide.split_once(MARK).expect("the marked block").1;
+    let block = after
+        .split_once("```sh\n")
+        .and_then(|(_, rest)| rest.split_once("\n```"))
+        .expect("a sh block after the mark")
+        .0;
+    let mut commands = Vec::new();
+    let mut lines = block.lines();
+    while let Some(line) = lines.next() {
+        if line.trim().is_empty() || line.trim_start().starts_with('#') {
+            continue;
+        }
+        let mut command = line.to_owned();
+        while command.ends_with('\\') {
+            command.push('\n');
+            command.push_str(lines.next().expect("a continued line"));
+        }
+        if let Some(delimiter) = command
+            .split("<<'")
+            .nth(1)
+            .and_then(|rest| rest.split('\'').next())
+            .map(str::to_owned)
+        {
+            for body in lines.by_ref() {
+                command.push('\n');
+                command.push_str(body);
+                if body == delimiter {
+                    break;
+                }
+            }
+        }
+        commands.push(command);
+    }
+    commands
+}
+
+fn secret(path: &Path, text: &str) {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::write(path, text).expect("a password file");
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+}
+
+#[tokio::test]
+async fn the_two_roles_of_the_operations_guide_work_as_written() {
+    let commands = commands_of_the_guide();
+    assert_eq!(commands.len(), 3, "psql, migrate, serve: {commands:#?}");
+    let cluster = Cluster::tls().await;
+    let migrator_password = cluster.folder().join("migrator-password");
+    let service_password = cluster.folder().join("service-password");
+    secret(&migrator_password, "migrator-pw-4c1d\n");
+    secret(&service_password, "service-pw-9e2b\n");
+    let ca = cluster.certificates.ca.display().to_string();
+    let binary = coordinator();
+    let bin_dir = binary.path().parent().expect("the binary's folder");
+    let path = format!(
+        "{}:{}",
+        bin_dir.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let environment = [
+        (
+            "ADMIN_URL",
+            format!(
+                "postgres://postgres@localhost:{}/postgres?sslmode=verify-full&sslrootcert={ca}",
+                cluster.port
+            ),
+        ),
+        ("DB_HOST", "localhost".to_owned()),
+        ("DB_PORT", cluster.port.to_string()),
+        ("DB_CA_FILE", ca.clone()),
+        (
+            "MIGRATOR_PASSWORD_FILE",
+            migrator_password.display().to_string(),
+        ),
+        (
+            "SERVICE_PASSWORD_FILE",
+            service_password.display().to_string(),
+        ),
+        ("PATH", path),
+    ];
+    let bash = |script: &str| {
+        let mut command = tokio::process::Command::new("bash");
+        command.args(["-c", script, "bash"]);
+        for (name, value) in &environment {
+            command.env(name, value);
+        }
+        command
+    };
+    let (serve, setup) = commands.split_last().expect("commands");
+    assert!(
+        serve.starts_with("idempotency-coordinator serve"),
+        "{serve}"
+    );
+    for command in setup {
+        let output = bash(&format!("set -euo pipefail\n{command}"))
+            .output()
+            .await
+            .expect("bash");
+        assert!(
+            output.status.success(),
+            "{command}\n{}{}",
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+    // As written, with the test's plumbing after it: a free port, the address file.
+    let server = ServerProcess::spawn(bash(&format!("exec {serve} \"$@\"")), &[]).await;
+    serves_encrypted(&server, &cluster, "idempotency").await;
+    let mut connection = cluster.connect("idempotency").await;
+    let (owned,): (i64,) = sqlx::query_as(
+        "SELECT count(*) FROM pg_class c JOIN pg_roles r ON r.oid = c.relowner \
+         WHERE r.rolname = 'idempotency_service'",
+    )
+    .fetch_one(&mut connection)
+    .await
+    .expect("the catalogue");
+    assert_eq!(owned, 0, "the serving role owns nothing");
+    let output = server.output();
+    assert!(
+        !output.contains("service-pw") && !output.contains("lacks rights"),
+        "{output}"
+    );
+}
