@@ -16,7 +16,7 @@ import subprocess
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -42,6 +42,27 @@ def failure(message: str, *logs: str) -> SuiteFailure:
     for log in logs:
         parts.append(f"  the last lines of {log}:\n{tail(log)}")
     return SuiteFailure("\n".join(parts))
+
+
+async def until(condition: Callable[[], bool], within: float, what: str, *logs: str) -> None:
+    """Waits until `condition` holds, checked every 50 ms; a failure naming `logs` past
+    `within` seconds."""
+    deadline = time.monotonic() + within
+    while not condition():
+        if time.monotonic() > deadline:
+            raise failure(f"{what}: not within {within:.0f} s", *logs)
+        await asyncio.sleep(0.05)
+
+
+async def until_async(
+    condition: Callable[[], Awaitable[bool]], within: float, what: str, *logs: str
+) -> None:
+    """The same for a condition that has to ask something (checked every 100 ms)."""
+    deadline = time.monotonic() + within
+    while not await condition():
+        if time.monotonic() > deadline:
+            raise failure(f"{what}: not within {within:.0f} s", *logs)
+        await asyncio.sleep(0.1)
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,6 @@
 """The coordinator processes: the binary under test, with its default settings except what the
-suite needs (the database URL, a free loopback port written to an address file)."""
+suite needs (the database URL, a loopback port written to an address file). The rolling-upgrade
+suite (deploy/upgrade) runs them too, from two binaries, on ports of its choosing."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import signal
 import subprocess
 import time
 from pathlib import Path
+from typing import Protocol
 
 import grpc
 import grpc.aio
@@ -16,6 +18,30 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from cluster import Environment, SuiteFailure, failure
 from probes import SERVICE
+
+
+class Places(Protocol):
+    """Where a suite keeps its coordinators' files (`work`: pid and address files, `logs`), and
+    the binary it runs unless told another; the failover suite's `Environment` is one."""
+
+    @property
+    def work(self) -> str: ...
+
+    @property
+    def logs(self) -> str: ...
+
+    @property
+    def binary(self) -> str: ...
+
+
+def default_settings() -> dict[str, str]:
+    """The environment for the binary: this one without what it reads as a setting, so that it
+    runs with its defaults and the flags it is given."""
+    return {
+        name: value
+        for name, value in os.environ.items()
+        if not name.startswith("IDEMPOTENCY_") and name != "DATABASE_URL"
+    }
 
 
 def haproxy_url(environment: Environment, database: str) -> str:
@@ -28,13 +54,25 @@ def multihost_url(environment: Environment, database: str) -> str:
 
 
 class Coordinator:
+    """One `serve` process: `binary` (else the places' own), listening on `listen` (port 0: a
+    free one), with `extra` flags."""
+
     def __init__(
-        self, environment: Environment, name: str, url: str, extra: tuple[str, ...] = ()
+        self,
+        environment: Places,
+        name: str,
+        url: str,
+        extra: tuple[str, ...] = (),
+        *,
+        binary: str | None = None,
+        listen: str = "127.0.0.1:0",
     ) -> None:
         self.environment = environment
         self.name = name
         self.url = url
         self.extra = extra
+        self.binary = binary or environment.binary
+        self.listen = listen
         self.log = f"{environment.logs}/coordinator-{name}.log"
         self._address_file = f"{environment.work}/coordinator-{name}.address"
         self._pid_file = f"{environment.work}/pids/coordinator-{name}.pid"
@@ -45,16 +83,10 @@ class Coordinator:
         """Starts it and waits until it listens and says SERVING (it migrates the database, and
         creates it, the first time)."""
         Path(self._address_file).unlink(missing_ok=True)
-        # Default settings: nothing from the environment that the binary reads as a setting.
-        environment = {
-            name: value
-            for name, value in os.environ.items()
-            if not name.startswith("IDEMPOTENCY_") and name != "DATABASE_URL"
-        }
         command = [
-            self.environment.binary, "serve",
+            self.binary, "serve",
             "--database-url", self.url,
-            "--listen", "127.0.0.1:0",
+            "--listen", self.listen,
             "--address-file", self._address_file,
             *self.extra,
         ]  # fmt: skip
@@ -64,7 +96,7 @@ class Coordinator:
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
-                env=environment,
+                env=default_settings(),
                 start_new_session=True,
             )
         # test.sh's teardown kills it by this file should the suite die before stopping it; the
@@ -87,6 +119,11 @@ class Coordinator:
                     self.log,
                 )
             await asyncio.sleep(0.1)
+
+    @property
+    def returncode(self) -> int | None:
+        """Its exit status once it has exited (None while it runs, or before it started)."""
+        return None if self._process is None else self._process.returncode
 
     def _check_alive(self) -> None:
         if self._process is not None and self._process.returncode is not None:
@@ -128,3 +165,22 @@ class Coordinator:
             ) from None
         finally:
             Path(self._pid_file).unlink(missing_ok=True)
+
+
+def log_summary(path: str) -> str:
+    """Counts of a coordinator's WARN and ERROR lines, and its distinct ERROR messages (an
+    internal error or a panic during a fault or an upgrade is something to look at, even when
+    every assertion held)."""
+    warnings = errors = 0
+    distinct: list[str] = []
+    with open(path, errors="replace") as log:
+        for line in log:
+            if " WARN " in line:
+                warnings += 1
+            elif " ERROR " in line or "panicked" in line:
+                errors += 1
+                message = line.split(" ERROR ", 1)[-1].strip()[:160]
+                if message not in distinct:
+                    distinct.append(message)
+    summary = f"{warnings} WARN lines, {errors} ERROR lines"
+    return summary + "".join(f"\n      ERROR {m}" for m in distinct[:5])

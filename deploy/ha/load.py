@@ -6,7 +6,9 @@ Each caller takes a fresh key, or a key another caller is asking at the same mom
 one of them waits for the other's Complete, through the other coordinator when there are two),
 or a key asked before (a replay, or a retry after an error, as a client retries later). The
 work records its execution (key, fencing token, instant) and sleeps 20 ms; its result names the
-key, the token and the run, so that two runs never store the same bytes.
+key, the token and the run, so that two runs never store the same bytes. Optionally a share of
+keys fail their first run (the client Releases the key, and the caller asks it again later), so
+that keys run more than once, each run under a new token.
 """
 
 from __future__ import annotations
@@ -17,7 +19,9 @@ import heapq
 import random
 import time
 import uuid
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import grpc.aio
 from google.rpc import error_details_pb2, status_pb2
@@ -65,6 +69,8 @@ class Ack:
     replayed: bool
     at: float
     coordinator: str
+    twin: bool = False
+    """The ask was one of two asks of the key at the same moment (one of them waits)."""
 
 
 @dataclass(frozen=True)
@@ -78,6 +84,7 @@ class Try:
     code: str
     reason: str | None
     outcome: str | None
+    key: str = ""
 
     @property
     def label(self) -> str:
@@ -92,6 +99,7 @@ class Failure:
     at: float
     error: str
     coordinator: str
+    twin: bool = False
 
 
 @dataclass
@@ -102,6 +110,12 @@ class Recorder:
     failures: list[Failure] = field(default_factory=list)
     completed: dict[str, float] = field(default_factory=dict)
     """Key -> when the first Complete of it was acknowledged (its answer arrived)."""
+    twin_asks: int = 0
+    """Asks of a key that two callers asked at the same moment (each of the two counts)."""
+    released: int = 0
+    """Runs of the work that failed on purpose (`Load`'s `release_share`)."""
+    twin_released: int = 0
+    """Of them, those of an ask of a key asked twice at once (its answer was its own failure)."""
 
     def acknowledged(self) -> dict[str, float]:
         """Key -> when its result was first acknowledged to anyone: its Complete's answer, or a
@@ -111,6 +125,23 @@ class Recorder:
             if ack.key not in first or ack.at < first[ack.key]:
                 first[ack.key] = ack.at
         return first
+
+    def twins(self) -> set[str]:
+        """The keys two callers asked at the same moment (one of them waited for the other)."""
+        return {a.key for a in self.acks if a.twin} | {f.key for f in self.failures if f.twin}
+
+
+def expected_responses(
+    acks: Iterable[tuple[str, bytes]],
+) -> tuple[dict[str, bytes], dict[str, str]]:
+    """The response each key must replay (its first acknowledged one), and the keys
+    acknowledged with two different responses."""
+    first: dict[str, bytes] = {}
+    conflicts: dict[str, str] = {}
+    for key, response in acks:
+        if first.setdefault(key, response) != response:
+            conflicts[key] = "acknowledged with two different responses"
+    return first, conflicts
 
 
 def outcome_of(error: CallError) -> str | None:
@@ -136,8 +167,14 @@ class RecordingClient(AsyncIdempotencyClient):
     hook for watching its own retries; `_carry_out` is the one place every try passes (the
     asyncio client's step runner), so the suite wraps it without changing what it does."""
 
-    def __init__(self, target: str, coordinator: str, recorder: Recorder) -> None:
-        super().__init__(target)
+    def __init__(
+        self,
+        target: str,
+        coordinator: str,
+        recorder: Recorder,
+        channel_options: Sequence[tuple[str, Any]] = (),
+    ) -> None:
+        super().__init__(target, channel_options=channel_options)
         self.coordinator = coordinator
         self._recorder = recorder
 
@@ -145,6 +182,7 @@ class RecordingClient(AsyncIdempotencyClient):
         if not isinstance(step, Send):
             return await super()._carry_out(step)
         started = time.monotonic()
+        key = str(getattr(step.request, "key", ""))  # every request but MarkProcessed has one
         try:
             answer = await super()._carry_out(step)
         except CallError as error:
@@ -157,30 +195,42 @@ class RecordingClient(AsyncIdempotencyClient):
                     error.code.name,
                     error.reason,
                     outcome_of(error),
+                    key,
                 )
             )
             raise
         ended = time.monotonic()
         self._recorder.tries.append(
-            Try(self.coordinator, step.method.name, started, ended, "OK", None, None)
+            Try(self.coordinator, step.method.name, started, ended, "OK", None, None, key)
         )
         if step.method is COMPLETE:
-            key = str(getattr(step.request, "key"))  # noqa: B009 (a generated message)
             self._recorder.completed.setdefault(key, ended)
         return answer
 
 
+class WorkFailed(Exception):
+    """The work's failure on purpose: `run_once` Releases the key and raises it again."""
+
+
 class Load:
     """`callers` tasks, split evenly across the clients (one per coordinator), running
-    lifecycles in `namespace` until stopped."""
+    lifecycles in `namespace` until stopped; the first run of `release_share` of the keys
+    fails."""
 
     def __init__(
-        self, namespace: str, clients: list[RecordingClient], callers: int, recorder: Recorder
+        self,
+        namespace: str,
+        clients: list[RecordingClient],
+        callers: int,
+        recorder: Recorder,
+        release_share: float = 0.0,
     ) -> None:
         self.namespace = namespace
         self.clients = clients
         self.recorder = recorder
         self._callers = callers
+        self._release_share = release_share
+        self._failed_once: set[str] = set()
         self._fresh = 0
         self._twins: dict[str, collections.deque[str]] = {
             client.coordinator: collections.deque() for client in clients
@@ -203,6 +253,9 @@ class Load:
         )
         for task in pending:
             task.cancel()
+        if pending:
+            # The cancelled callers end before their clients are closed under them.
+            await asyncio.wait(pending, timeout=5)
         for task in done:
             error = task.exception()
             if error is not None:
@@ -216,13 +269,14 @@ class Load:
                 return task.exception()
         return None
 
-    def _next(self, client: RecordingClient, rng: random.Random) -> str:
+    def _next(self, client: RecordingClient, rng: random.Random) -> tuple[str, bool]:
+        """The key to ask next, and whether another caller asks it at the same moment."""
         twins = self._twins[client.coordinator]
         if twins:
-            return twins.popleft()
+            return twins.popleft(), True
         now = time.monotonic()
         if self._later and self._later[0][0] <= now:
-            return heapq.heappop(self._later)[1]
+            return heapq.heappop(self._later)[1], False
         self._fresh += 1
         key = f"k{self._fresh}"
         if rng.random() < TWIN_SHARE:
@@ -230,7 +284,8 @@ class Load:
             # so that the waiter is woken by a Complete made through another replica.
             others = [c for c in self.clients if c is not client] or [client]
             self._twins[rng.choice(others).coordinator].append(key)
-        return key
+            return key, True
+        return key, False
 
     def _ask_later(self, key: str, rng: random.Random) -> None:
         heapq.heappush(self._later, (time.monotonic() + rng.uniform(1.0, 4.0), key))
@@ -239,22 +294,34 @@ class Load:
         rng = random.Random(index)
         codec = BytesCodec()
         while not self._stop.is_set():
-            key = self._next(client, rng)
+            key, twin = self._next(client, rng)
+            if twin:
+                self.recorder.twin_asks += 1
 
             async def work(lease: AsyncLease, key: str = key) -> bytes:
                 self.recorder.executions.append(
                     Execution(key, lease.token, time.monotonic(), client.coordinator)
                 )
+                fail = key not in self._failed_once and rng.random() < self._release_share
+                if fail:
+                    self._failed_once.add(key)
                 await asyncio.sleep(WORK_SECONDS)
+                if fail:
+                    raise WorkFailed(key)
                 return f"{key} token {lease.token} run {uuid.uuid4().hex}".encode()
 
             try:
                 outcome = await client.run_once(
                     self.namespace, key, work, request={"key": key}, codec=codec, wait=WAIT_SECONDS
                 )
+            except WorkFailed:
+                self.recorder.released += 1
+                self.recorder.twin_released += twin
+                self._ask_later(key, rng)
+                continue
             except IdempotencyError as error:
                 self.recorder.failures.append(
-                    Failure(key, time.monotonic(), _describe(error), client.coordinator)
+                    Failure(key, time.monotonic(), _describe(error), client.coordinator, twin)
                 )
                 # A client retries later what failed, as a service's caller would (a mismatch
                 # cannot happen here: every ask of a key sends the same request).
@@ -268,6 +335,7 @@ class Load:
                     outcome.replayed,
                     time.monotonic(),
                     client.coordinator,
+                    twin,
                 )
             )
             if rng.random() < LATER_SHARE:
@@ -292,6 +360,18 @@ class Verifier:
     def __init__(self, address: str, namespace: str) -> None:
         self.address = address
         self.namespace = namespace
+
+    async def check_the_read_back(self, ack: Ack) -> None:
+        """The read-back has teeth: a key never acknowledged and an acknowledged key (`ack`)
+        expected with other bytes are both reported, and the same key with its own bytes is not."""
+        planted = {"never-acknowledged": b"x", ack.key: ack.response + b"!"}
+        found = await self.mismatches(planted)
+        clean = await self.mismatches({ack.key: ack.response})
+        if set(found) != set(planted) or clean:
+            raise SuiteFailure(
+                f"the read-back does not find what was planted ({found}) or finds a key that "
+                f"replays ({clean})"
+            )
 
     async def mismatches(self, expected: dict[str, bytes], within: float = 60.0) -> dict[str, str]:
         """Key -> what Lookup found instead of the expected response, for every key that does not

@@ -23,8 +23,18 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-from cluster import Cluster, Environment, Node, SuiteFailure, cut_from_dcs, failure, isolated
-from coordinators import Coordinator, haproxy_url, multihost_url
+from cluster import (
+    Cluster,
+    Environment,
+    Node,
+    SuiteFailure,
+    cut_from_dcs,
+    failure,
+    isolated,
+    until,
+    until_async,
+)
+from coordinators import Coordinator, haproxy_url, log_summary, multihost_url
 from figures import (
     FaultFigures,
     FaultRun,
@@ -35,7 +45,7 @@ from figures import (
     table,
     violations,
 )
-from load import Load, Recorder, RecordingClient, Verifier
+from load import Load, Recorder, RecordingClient, Verifier, expected_responses
 from probes import CoordinatorProbe, HealthWatch, NodeWriteProbe
 
 CALLERS = 16
@@ -115,7 +125,7 @@ class Round:
             self.clients.append(RecordingClient(c.address, c.name, self.recorder))
         self.load = Load(f"ha-{self.plan.key}", self.clients, CALLERS, self.recorder)
         self.load.start()
-        await self.suite.until(
+        await until(
             lambda: len(self.recorder.acks) >= WARM_UP_ACKS,
             30,
             f"the load's first {WARM_UP_ACKS} lifecycles",
@@ -123,18 +133,8 @@ class Round:
         )
 
     async def check_the_verifier(self) -> None:
-        """The read-back has teeth: a key never acknowledged and an acknowledged key expected
-        with other bytes are both reported, and the same key with its own bytes is not."""
-        ack = self.recorder.acks[0]
         verifier = Verifier(self.suite.verifier.address, f"ha-{self.plan.key}")
-        planted = {"never-acknowledged": b"x", ack.key: ack.response + b"!"}
-        found = await verifier.mismatches(planted)
-        clean = await verifier.mismatches({ack.key: ack.response})
-        if set(found) != set(planted) or clean:
-            raise SuiteFailure(
-                f"the read-back does not find what was planted ({found}) or finds a key that "
-                f"replays ({clean})"
-            )
+        await verifier.check_the_read_back(self.recorder.acks[0])
 
     async def stop(self, interrupted: bool) -> None:
         """Stops the load (letting each caller finish, unless interrupted), the probes and the
@@ -152,16 +152,6 @@ class Round:
             for c in self.coordinators:
                 await c.stop(within=0 if interrupted else 40)
 
-    def expected(self, acks: list[tuple[str, bytes]]) -> tuple[dict[str, bytes], dict[str, str]]:
-        """The response each key must replay (its first acknowledged one), and the keys
-        acknowledged with two different responses."""
-        first: dict[str, bytes] = {}
-        conflicts: dict[str, str] = {}
-        for key, response in acks:
-            if first.setdefault(key, response) != response:
-                conflicts[key] = "acknowledged with two different responses"
-        return first, conflicts
-
     async def verify_since_last(self, run: FaultRun) -> None:
         """Reads back every result acknowledged since the last check (a failover can only lose
         what its new primary had not received; what was read back before had reached every
@@ -169,9 +159,9 @@ class Round:
         acks = self.recorder.acks[: len(self.recorder.acks)]
         batch = acks[self._verified :]
         self._verified = len(acks)
-        every = self.expected([(a.key, a.response) for a in acks])[0]
+        every = expected_responses((a.key, a.response) for a in acks)[0]
         keys = {a.key for a in batch}
-        _, conflicts = self.expected([(a.key, a.response) for a in acks if a.key in keys])
+        _, conflicts = expected_responses((a.key, a.response) for a in acks if a.key in keys)
         verifier = Verifier(self.suite.verifier.address, f"ha-{self.plan.key}")
         mismatches = await verifier.mismatches({k: every[k] for k in keys})
         mismatches.update(conflicts)
@@ -193,7 +183,7 @@ class Round:
     async def verify_all(self) -> None:
         """At the end of the round: every acknowledged result, byte-identical."""
         acks = [(a.key, a.response, a.at) for a in self.recorder.acks]
-        expected, conflicts = self.expected([(k, r) for k, r, _ in acks])
+        expected, conflicts = expected_responses((k, r) for k, r, _ in acks)
         verifier = Verifier(self.suite.verifier.address, f"ha-{self.plan.key}")
         mismatches = await verifier.mismatches(expected)
         mismatches.update(conflicts)
@@ -255,24 +245,6 @@ class Suite:
         )
         self.figures: list[FaultFigures] = []
         self.problems: list[str] = []
-
-    async def until(
-        self, condition: Callable[[], bool], within: float, what: str, *logs: str
-    ) -> None:
-        deadline = now() + within
-        while not condition():
-            if now() > deadline:
-                raise failure(f"{what}: not within {within:.0f} s", *logs)
-            await asyncio.sleep(0.05)
-
-    async def until_async(
-        self, condition: Callable[[], Awaitable[bool]], within: float, what: str, *logs: str
-    ) -> None:
-        deadline = now() + within
-        while not await condition():
-            if now() > deadline:
-                raise failure(f"{what}: not within {within:.0f} s", *logs)
-            await asyncio.sleep(0.1)
 
     async def run(self) -> int:
         started = now()
@@ -347,7 +319,7 @@ class Suite:
         await current.stop(interrupted=False)
         await current.verify_all()
         for c in current.coordinators:
-            say(f"ha: {plan.key}: {c.name}'s log: {_log_summary(c.log)}")
+            say(f"ha: {plan.key}: {c.name}'s log: {log_summary(c.log)}")
         current.analyse()
         for f in current.figures:
             say(detail(f))
@@ -363,7 +335,7 @@ class Suite:
     async def healthy(self, current: Round, synchronous: bool, why: str) -> Node:
         primary = await self.cluster.wait_healthy(synchronous, 120, why)
         for c in current.coordinators:
-            await self.until_async(
+            await until_async(
                 functools.partial(_is_serving, c), 30, f"coordinator {c.name} SERVING {why}", c.log
             )
         return primary
@@ -471,7 +443,7 @@ class Suite:
         longer partition changes nothing: the cut-off node is a read-only standby that cannot
         reach the DCS, and nothing is routed to it."""
         await self.resolved(current, run, 90)
-        await self.until_async(
+        await until_async(
             lambda: _is_false(self.cluster.says_primary_from_inside(old)),
             60,
             f"{old.name}, cut off, demoting itself",
@@ -522,11 +494,11 @@ class Suite:
                 return False
             return names == ""
 
-        await self.until_async(asynchronous, 30, "synchronous_standby_names emptied", primary.log)
+        await until_async(asynchronous, 30, "synchronous_standby_names emptied", primary.log)
         old = await self.healthy(current, False, "in asynchronous mode")
         current.synchronous_until = now()
         acks = len(current.recorder.acks)
-        await self.until(
+        await until(
             lambda: len(current.recorder.acks) >= acks + WARM_UP_ACKS,
             30,
             "lifecycles in asynchronous mode",
@@ -546,25 +518,6 @@ class Suite:
                 + ("yes" if warned else "NO")
             )
         return run
-
-
-def _log_summary(path: str) -> str:
-    """Counts of a coordinator's WARN and ERROR lines, and its distinct ERROR messages (an
-    internal error or a panic during a failover is something to look at, even when every
-    assertion held)."""
-    warnings = errors = 0
-    distinct: list[str] = []
-    with open(path, errors="replace") as log:
-        for line in log:
-            if " WARN " in line:
-                warnings += 1
-            elif " ERROR " in line or "panicked" in line:
-                errors += 1
-                message = line.split(" ERROR ", 1)[-1].strip()[:160]
-                if message not in distinct:
-                    distinct.append(message)
-    summary = f"{warnings} WARN lines, {errors} ERROR lines"
-    return summary + "".join(f"\n      ERROR {m}" for m in distinct[:5])
 
 
 async def _is_serving(coordinator: Coordinator) -> bool:

@@ -135,16 +135,9 @@ log "venv ready, ruff and mypy --strict clean ($((SECONDS - started_at)) s)"
 # started: its command line is checked), every process in the namespaces, then removes the
 # namespaces, the bridge, the rule and the folders.
 
-# $1 = pid file: kills its process if it still runs the command the file's second line names.
-kill_recorded() {
-  local pid expected
-  pid=$(sed -n 1p "$1" 2>/dev/null) || return 0
-  expected=$(sed -n 2p "$1" 2>/dev/null) || return 0
-  [ -n "$pid" ] && [ -n "$expected" ] || return 0
-  if tr '\0' ' ' 2>/dev/null <"/proc/$pid/cmdline" | grep -qF -- "$expected"; then
-    kill -9 "$pid" 2>/dev/null || true
-  fi
-}
+# kill_recorded: $1 = pid file; kills its process if it still runs the command the file names.
+# shellcheck source=../processes.sh
+source ../processes.sh
 
 # $1 = namespace: SIGKILL to every process in it until none is left (a dying Patroni may still
 # fork), bounded.
