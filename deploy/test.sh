@@ -40,9 +40,46 @@ if period <= grace + 1:
 for flag in ("--no-migrate", "service: idempotency.v1.IdempotencyService"):
     if flag not in text:
         sys.exit(f"the Deployment lacks {flag}")
-if '["migrate"' not in open("kubernetes/migrate-job.yaml").read():
-    sys.exit("the migrate Job does not run `migrate`")
 print(f"deploy: pods get {period}s to drain for {grace}s")
+PY
+
+# The two roles line up: the Job migrates and grants the role the serving URLs log in as, and
+# every file a container's flags name is in the secret volume mounted there.
+.venv/bin/python - <<'PY'
+import sys, urllib.parse, yaml
+def load(name):
+    return yaml.safe_load(open(f"kubernetes/{name}"))
+secret = load("secret.yaml")["stringData"]
+def user(key):
+    return urllib.parse.urlsplit(secret[key]).username
+job = load("migrate-job.yaml")["spec"]["template"]["spec"]
+args = job["containers"][0]["args"]
+if args[0] != "migrate":
+    sys.exit("the migrate Job does not run `migrate`")
+grants = [a.split("=", 1)[1] for a in args if a.startswith("--grant-to=")]
+if grants != [user("database-url")] or user("direct-database-url") != grants[0]:
+    sys.exit(f"the Job grants {grants}, the replicas log in as {user('database-url')}")
+# Each manifest, and the database URLs (secret keys) its container reads.
+uses = {"migrate-job.yaml": ["migrate-database-url"],
+        "deployment.yaml": ["database-url", "direct-database-url"]}
+for name, urls in uses.items():
+    spec = load(name)["spec"]["template"]["spec"]
+    volumes = {v["name"]: v for v in spec.get("volumes", [])}
+    container = spec["containers"][0]
+    mounted = {}
+    for mount in container.get("volumeMounts", []):
+        for item in volumes[mount["name"]]["secret"].get("items", []):
+            if item["key"] not in secret:
+                sys.exit(f"{name}: mounts {item['key']}, which the secret lacks")
+            mounted[f"{mount['mountPath']}/{item['path']}"] = item["key"]
+    named = [a.split("=", 1)[1] for a in container["args"] if a.split("=", 1)[0].endswith("-file")]
+    named += [q.split("=", 1)[1] for key in urls
+              for q in urllib.parse.urlsplit(secret[key]).query.split("&")
+              if q.startswith("sslrootcert=")]
+    for path in named:
+        if path not in mounted:
+            sys.exit(f"{name}: {path} is named but not mounted")
+print("deploy: the migrate Job grants the serving role; every named file is mounted")
 PY
 
 # The Prometheus rules and the Grafana dashboard. promtool is Debian's `prometheus` package, which

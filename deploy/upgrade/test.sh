@@ -68,16 +68,8 @@ flock -n 9 || die "another run of this suite holds $LOCK_FILE"
 # the failover suite's modules it imports.
 
 cd "$here"
-# shellcheck source=../../clients/python/scripts/venv.sh
-source ../../clients/python/scripts/venv.sh
-"${pip[@]}" install -r ../ha/requirements.txt
-"${pip[@]}" install ../../clients/python
-"$venv/bin/ruff" check .
-"$venv/bin/ruff" format --check .
-"$venv/bin/mypy" --strict
-if command -v shellcheck >/dev/null 2>&1; then
-  shellcheck -x test.sh
-fi
+# shellcheck source=../suite_venv.sh
+source ../suite_venv.sh ../ha/requirements.txt
 log "venv ready, ruff and mypy --strict clean ($((SECONDS - started_at)) s)"
 
 # ---------------------------------------------------------------------------------------------

@@ -200,13 +200,8 @@ async fn a_url_file_serves_and_its_new_password_is_taken_up() {
     let file = url_file.display().to_string();
     let mut command = crate::support::process::coordinator().command();
     command
-        .args([
-            "serve",
-            "--database-url-file",
-            &file,
-            "--health-check-interval",
-            "200ms",
-        ])
+        .args(["serve", "--database-url-file", &file])
+        .args(["--health-check-interval", "200ms"])
         .env("RUST_LOG", "info");
     let server = ServerProcess::spawn(command, &[]).await;
     serves_encrypted(&server, &cluster, DB).await;

@@ -19,6 +19,41 @@ use crate::support::process::ServerProcess;
 use crate::support::tls_cluster::{Cluster, SAYS_WITHIN};
 use crate::support::{claim_and_complete, expect_replay, unique_key};
 
+/// Runs the binary with `args` to its end: its exit status and all it printed.
+pub async fn run_to_end(args: &[&str]) -> (Option<i32>, String) {
+    let output = crate::support::process::coordinator()
+        .command()
+        .args(args)
+        .output()
+        .await
+        .expect("run the binary");
+    let said = String::from_utf8_lossy(&output.stdout).into_owned()
+        + &String::from_utf8_lossy(&output.stderr);
+    (output.status.code(), said)
+}
+
+/// `migrate` on `url` with `flags`, which must succeed.
+pub async fn migrate(url: &str, flags: &[&str]) {
+    let args: Vec<&str> = ["migrate", "--database-url", url]
+        .into_iter()
+        .chain(flags.iter().copied())
+        .collect();
+    let (status, said) = run_to_end(&args).await;
+    assert_eq!(status, Some(0), "migrate: {said}");
+}
+
+/// `serve` on `url` with `environment` set (`SSL_CERT_FILE`, say).
+pub async fn serve_with_environment(url: &str, environment: &[(&str, &str)]) -> ServerProcess {
+    let mut command = crate::support::process::coordinator().command();
+    command
+        .args(["serve", "--database-url", url])
+        .env("RUST_LOG", "info");
+    for (name, value) in environment {
+        command.env(name, value);
+    }
+    ServerProcess::spawn(command, &[]).await
+}
+
 /// Waits until the process has said `text`, and answers the line that says it.
 pub async fn says(server: &ServerProcess, text: &str) -> String {
     let deadline = tokio::time::Instant::now() + SAYS_WITHIN;

@@ -8,10 +8,10 @@ use std::time::Duration;
 
 use idempotency_coordinator::proto::idempotency::v1 as pb;
 
-use super::{not_serving, says};
+use super::{migrate, not_serving, says};
 use crate::admin::{erase_key, erase_namespace, force_release};
 use crate::rust_client::scenarios::every_scenario_holds_at;
-use crate::support::process::{ServerProcess, coordinator};
+use crate::support::process::ServerProcess;
 use crate::support::tls_cluster::Cluster;
 use crate::support::*;
 
@@ -34,24 +34,7 @@ async fn migrated_with_two_roles() -> (Cluster, String) {
         cluster.certificates.ca.display()
     );
     let migrator = cluster.url("idempotency_migrator:migrator-pw", "localhost", DB, &verify);
-    let migrated = coordinator()
-        .command()
-        .args([
-            "migrate",
-            "--database-url",
-            &migrator,
-            "--grant-to",
-            "idempotency_service",
-        ])
-        .output()
-        .await
-        .expect("run migrate");
-    assert!(
-        migrated.status.success(),
-        "{}{}",
-        String::from_utf8_lossy(&migrated.stdout),
-        String::from_utf8_lossy(&migrated.stderr)
-    );
+    migrate(&migrator, &["--grant-to", "idempotency_service"]).await;
     let service = cluster.url("idempotency_service:service-pw", "localhost", DB, &verify);
     (cluster, service)
 }

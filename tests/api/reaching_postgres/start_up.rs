@@ -6,9 +6,9 @@
 
 use std::time::{Duration, Instant};
 
-use super::{not_serving, says};
+use super::{migrate, not_serving, run_to_end, says};
 use crate::support::eventually;
-use crate::support::process::{ServerProcess, coordinator};
+use crate::support::process::ServerProcess;
 use crate::support::tls_cluster::Cluster;
 
 const DB: &str = "idempotency";
@@ -117,13 +117,7 @@ async fn without_migrations_at_start_the_cause_is_named_and_serving_follows_the_
             cluster.certificates.ca.display()
         ),
     );
-    let migrated = coordinator()
-        .command()
-        .args(["migrate", "--database-url", &url])
-        .output()
-        .await
-        .expect("migrate");
-    assert!(migrated.status.success());
+    migrate(&url, &[]).await;
     cluster.stop_server().await;
     let began = Instant::now();
     let server = ServerProcess::start(&url, &["--no-migrate"]).await;
@@ -155,15 +149,8 @@ async fn an_unknown_host_is_named_and_migrate_exits_with_the_same_cause() {
         began.elapsed()
     );
     not_serving(&server).await;
-    let migrate = coordinator()
-        .command()
-        .args(["migrate", "--database-url", &url])
-        .output()
-        .await
-        .expect("run migrate");
-    let said = String::from_utf8_lossy(&migrate.stdout).into_owned()
-        + &String::from_utf8_lossy(&migrate.stderr);
-    assert_eq!(migrate.status.code(), Some(1), "{said}");
+    let (status, said) = run_to_end(&["migrate", "--database-url", &url]).await;
+    assert_eq!(status, Some(1), "{said}");
     assert!(said.contains(cause), "{said}");
 }
 

@@ -2,8 +2,8 @@
 //! managed PostgreSQL does: each serves, with every session encrypted, through `--database-url`,
 //! `--notify-database-url`, a multi-host URL and `migrate`.
 
-use super::{not_serving, says, serves_encrypted};
-use crate::support::process::{ServerProcess, coordinator};
+use super::{migrate, not_serving, run_to_end, says, serve_with_environment, serves_encrypted};
+use crate::support::process::ServerProcess;
 use crate::support::tls_cluster::Cluster;
 
 const DB: &str = "idempotency";
@@ -51,21 +51,12 @@ async fn the_operating_systems_roots_are_trusted_with_sslrootcert_system() {
     // rustls-native-certs reads SSL_CERT_FILE in place of the system's store: the test CA
     // stands for a public one here.
     let url = cluster.url("postgres", "localhost", DB, "sslrootcert=system");
-    let mut command = coordinator().command();
-    command
-        .args(["serve", "--database-url", &url])
-        .env("SSL_CERT_FILE", &cluster.certificates.ca)
-        .env("RUST_LOG", "info");
-    let server = ServerProcess::spawn(command, &[]).await;
+    let ca = cluster.certificates.ca.display().to_string();
+    let server = serve_with_environment(&url, &[("SSL_CERT_FILE", &ca)]).await;
     serves_encrypted(&server, &cluster, DB).await;
     // The same roots do not vouch for the name 127.0.0.1: verify-full is what system implies.
     let by_address = cluster.url("postgres", "127.0.0.1", DB, "sslrootcert=system");
-    let mut command = coordinator().command();
-    command
-        .args(["serve", "--database-url", &by_address])
-        .env("SSL_CERT_FILE", &cluster.certificates.ca)
-        .env("RUST_LOG", "info");
-    let refused = ServerProcess::spawn(command, &[]).await;
+    let refused = serve_with_environment(&by_address, &[("SSL_CERT_FILE", &ca)]).await;
     let line = says(&refused, "not valid for the name 127.0.0.1").await;
     assert!(line.contains("it names localhost"), "{line}");
 }
@@ -114,32 +105,15 @@ async fn migrate_connects_over_tls_and_names_what_refuses_it() {
         DB,
         &format!("sslmode=verify-full&sslrootcert={}", certs.ca.display()),
     );
-    let migrated = coordinator()
-        .command()
-        .args(["migrate", "--database-url", &good])
-        .output()
-        .await
-        .expect("run migrate");
-    assert!(
-        migrated.status.success(),
-        "{}",
-        String::from_utf8_lossy(&migrated.stderr)
-    );
+    migrate(&good, &[]).await;
     let wrong = cluster.url(
         "postgres",
         "localhost",
         DB,
         &format!("sslmode=verify-ca&sslrootcert={}", certs.other_ca.display()),
     );
-    let refused = coordinator()
-        .command()
-        .args(["migrate", "--database-url", &wrong])
-        .output()
-        .await
-        .expect("run migrate");
-    let said = String::from_utf8_lossy(&refused.stderr).into_owned()
-        + &String::from_utf8_lossy(&refused.stdout);
-    assert_eq!(refused.status.code(), Some(1), "{said}");
+    let (status, said) = run_to_end(&["migrate", "--database-url", &wrong]).await;
+    assert_eq!(status, Some(1), "{said}");
     assert!(
         said.contains(&format!(
             "cannot connect to PostgreSQL at localhost:{}: the server's certificate is not \

@@ -4,8 +4,8 @@
 //! not PEM, a private key others may read, a client certificate missing or not trusted; and
 //! settings that can never work are refused at start.
 
-use super::{not_serving, says};
-use crate::support::process::{ServerProcess, coordinator};
+use super::{not_serving, run_to_end, says};
+use crate::support::process::ServerProcess;
 use crate::support::tls_cluster::Cluster;
 
 const DB: &str = "idempotency";
@@ -197,16 +197,10 @@ async fn settings_that_can_never_work_are_refused_at_start() {
         ("ssl-mode=require", "not one of libpq's parameters"),
     ] {
         let url = format!("postgres://postgres@localhost:5432/{DB}?{params}");
-        let output = coordinator()
-            .command()
-            .args(["serve", "--listen", "127.0.0.1:0", "--database-url", &url])
-            .output()
-            .await
-            .expect("run the binary");
-        let said = String::from_utf8_lossy(&output.stderr).into_owned()
-            + &String::from_utf8_lossy(&output.stdout);
+        let (status, said) =
+            run_to_end(&["serve", "--listen", "127.0.0.1:0", "--database-url", &url]).await;
         // Before anything starts, like every other setting the service refuses.
-        assert_eq!(output.status.code(), Some(1), "{params}: {said}");
+        assert_eq!(status, Some(1), "{params}: {said}");
         assert!(
             said.contains("--database-url") && said.contains(expected),
             "{params}: {said}"

@@ -12,7 +12,7 @@ use tokio::process::Command;
 
 use super::eventually;
 
-pub(super) const BIN: &str = "/usr/lib/postgresql/15/bin";
+const BIN: &str = "/usr/lib/postgresql/15/bin";
 
 /// One cluster: its folder and port.
 #[derive(Debug, Clone)]
@@ -46,7 +46,7 @@ pub fn free_port() -> u16 {
         .port()
 }
 
-pub(super) fn is_root() -> bool {
+fn is_root() -> bool {
     std::env::var("USER").is_ok_and(|user| user == "root")
         || std::fs::metadata("/proc/self").is_ok_and(|m| {
             use std::os::unix::fs::MetadataExt;
@@ -269,20 +269,26 @@ impl ReplicatedPair {
 impl Drop for ReplicatedPair {
     fn drop(&mut self) {
         for node in &self.nodes {
-            let data = node.data.to_string_lossy().into_owned();
-            let path = format!("{BIN}/pg_ctl");
-            let mut command = if is_root() {
-                let mut command = std::process::Command::new("runuser");
-                command.args(["-u", "postgres", "--", &path]);
-                command
-            } else {
-                std::process::Command::new(&path)
-            };
-            let _ = command
-                .args(["-D", &data, "-m", "immediate", "stop"])
-                .stdout(std::process::Stdio::null())
-                .stderr(std::process::Stdio::null())
-                .status();
+            stop_at_once(&node.data);
         }
     }
+}
+
+/// Stops the cluster in `data` as a crash would, without waiting, ignoring failures: for
+/// `Drop`, where nothing can be awaited or reported.
+pub(super) fn stop_at_once(data: &Path) {
+    let data = data.to_string_lossy().into_owned();
+    let path = format!("{BIN}/pg_ctl");
+    let mut command = if is_root() {
+        let mut command = std::process::Command::new("runuser");
+        command.args(["-u", "postgres", "--", &path]);
+        command
+    } else {
+        std::process::Command::new(&path)
+    };
+    let _ = command
+        .args(["-D", &data, "-m", "immediate", "stop"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status();
 }

@@ -12,7 +12,7 @@ use std::time::Duration;
 use sqlx::{Connection, PgConnection};
 use tokio::process::Command;
 
-use super::cluster::{BIN, free_port, is_root, own, run};
+use super::cluster::{free_port, own, run};
 
 /// The files a test names in its URLs.
 #[derive(Debug, Clone)]
@@ -329,20 +329,7 @@ fn append(path: &Path, text: &str) {
 
 impl Drop for Cluster {
     fn drop(&mut self) {
-        let data = self.data.to_string_lossy().into_owned();
-        let path = format!("{BIN}/pg_ctl");
-        let mut command = if is_root() {
-            let mut command = std::process::Command::new("runuser");
-            command.args(["-u", "postgres", "--", &path]);
-            command
-        } else {
-            std::process::Command::new(&path)
-        };
-        let _ = command
-            .args(["-D", &data, "-m", "immediate", "stop"])
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
-            .status();
+        super::cluster::stop_at_once(&self.data);
     }
 }
 
