@@ -76,6 +76,17 @@ async def answered_calls(metrics_port: int) -> int:
     return int(total)
 
 
+BIND_ATTEMPTS = 3
+"""How often a slot's first coordinator is started on fresh ports when its ports were taken."""
+
+
+def _read(path: str) -> str:
+    try:
+        return Path(path).read_text(errors="replace")
+    except OSError:
+        return ""
+
+
 @dataclass(frozen=True)
 class Release:
     name: str
@@ -118,6 +129,21 @@ class Slot:
         self.history.append(coordinator)
         self.release = release.name
         await coordinator.start()
+
+    async def first_start(self, release: Release) -> None:
+        """The slot's first coordinator: a port found free a moment ago may have been taken
+        since by a process of the machine's (seen once in CI), so on "Address already in use"
+        the slot moves to other free ports, a few times. Later starts keep the slot's ports."""
+        for attempt in range(1, BIND_ATTEMPTS + 1):
+            try:
+                await self.start(release)
+                return
+            except SuiteFailure:
+                log = self.current.log if self.current else ""
+                if attempt == BIND_ATTEMPTS or "Address already in use" not in _read(log):
+                    raise
+                self.port, self.metrics_port = free_ports(2)
+                self.history.clear()
 
     async def replace(self, release: Release) -> Replacement:
         """SIGTERM to the replica here, then the same release's successor `release` on the same

@@ -178,18 +178,19 @@ class Scenario:
         return pending[0]
 
     async def serve_the_previous_release(self) -> None:
-        grpc_ports, metrics_ports = free_ports(2), free_ports(2)
+        # One draw for every port, so that no two of them are the same.
+        ports = free_ports(4)
         for index in range(2):
             self.slots.append(
                 Slot(
                     self.setup,
                     f"r{index + 1}",
                     self.setup.url,
-                    grpc_ports[index],
-                    metrics_ports[index],
+                    ports[index],
+                    ports[2 + index],
                 )
             )
-        await asyncio.gather(*(slot.start(self.previous) for slot in self.slots))
+        await asyncio.gather(*(slot.first_start(self.previous) for slot in self.slots))
         target = "ipv4:" + ",".join(slot.address for slot in self.slots)
         # Two clients on the same two replicas: the load asks a waiter's key through the other
         # client than its first caller's, so waiter and holder are as often on two replicas as
@@ -294,7 +295,7 @@ class Scenario:
             f"`migrate` of the previous release on the new schema exited {status}"
             + (f": {said[0].split('ERROR', 1)[1].strip()}" if said else "")
         )
-        port, metrics = free_ports(1)[0], free_ports(1)[0]
+        port, metrics = free_ports(2)
         probe = Slot(self.setup, "without-no-migrate", self.setup.url, port, metrics)
         started = now()
         try:
