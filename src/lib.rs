@@ -6,6 +6,7 @@
 #![forbid(unsafe_code)]
 
 pub mod auth;
+pub mod cli;
 pub mod config;
 pub mod domain;
 pub mod grpc;

@@ -1,13 +1,13 @@
-//! `idempotency-coordinator [serve]`, `migrate`, `token`, `healthcheck` and `gateway`.
+//! `idempotency-coordinator [serve]`, `migrate`, `token`, `healthcheck`, `admin` and `gateway`:
+//! the command line parsed, logging set up, and each command handed to its place (`serve` to
+//! `startup`, the others to `cli`, `gateway` to the gateway crate).
 
 use std::process::ExitCode;
 
 use anyhow::Context;
 use clap::Parser;
-use idempotency_coordinator::auth;
-use idempotency_coordinator::config::{AdminArg, Cli, Command, HealthcheckArgs, TokenCommand};
-use idempotency_coordinator::store::{AnyStore, Store};
-use idempotency_coordinator::{Application, shutdown, telemetry};
+use idempotency_coordinator::config::{Cli, Command, TokenCommand};
+use idempotency_coordinator::{Application, cli, shutdown, telemetry};
 use tokio_util::sync::CancellationToken;
 
 /// mimalloc (Microsoft's allocator, kept by its authors; the `mimalloc` crate builds it from
@@ -24,7 +24,7 @@ async fn main() -> ExitCode {
     let command = Cli::parse().into_command();
     if let Command::Admin(args) = command {
         // A client: no logging, the answer on standard output, a failure on standard error.
-        return idempotency_coordinator::grpc::admin_cli::run(*args).await;
+        return cli::admin::run(*args).await;
     }
     let log_format = match &command {
         Command::Serve(args) => args.database.log_format,
@@ -36,7 +36,7 @@ async fn main() -> ExitCode {
     };
     if let Command::Healthcheck(args) = &command {
         // No logging: the answer is the exit status (and one line on failure).
-        return match healthcheck(args).await {
+        return match cli::healthcheck::check(args).await {
             Ok(()) => ExitCode::SUCCESS,
             Err(problem) => {
                 eprintln!("unhealthy: {problem}");
@@ -113,15 +113,7 @@ async fn run(command: Command) -> anyhow::Result<()> {
             }
             app.run_until_stopped(shutdown).await?;
         }
-        Command::Migrate(args) => {
-            let store = AnyStore::open_lazy_for_tool(&args.store_settings()?)?;
-            store
-                .migrate_granting(args.grant_to.as_deref())
-                .await
-                .context("migrating")?;
-            tracing::info!("schema migrations applied");
-            store.close().await;
-        }
+        Command::Migrate(args) => cli::migrate::run(&args).await?,
         Command::Healthcheck(_) | Command::Admin(_) => {}
         Command::Gateway(args) => {
             let shutdown = CancellationToken::new();
@@ -133,48 +125,9 @@ async fn run(command: Command) -> anyhow::Result<()> {
             name,
             scopes,
             admin,
-        }) => {
-            let admin = match admin {
-                None => auth::AdminRight::None,
-                Some(AdminArg::Read) => auth::AdminRight::Read,
-                Some(AdminArg::Write) => auth::AdminRight::Write,
-            };
-            let (token, line) =
-                auth::new_token(&name, &scopes, admin).map_err(anyhow::Error::msg)?;
-            println!("# The token, for the caller only (it is not stored anywhere):");
-            println!("{token}");
-            println!("# The line to add to the tokens file:");
-            println!("{line}");
-        }
+        }) => cli::token::new(&name, &scopes, admin).map_err(anyhow::Error::msg)?,
     }
     Ok(())
-}
-
-/// Asks the service at `args.addr` for the health of the API, within `args.timeout` in all.
-async fn healthcheck(args: &HealthcheckArgs) -> Result<(), String> {
-    use tonic_health::pb::HealthCheckRequest;
-    use tonic_health::pb::health_check_response::ServingStatus;
-    use tonic_health::pb::health_client::HealthClient;
-    let check = async {
-        let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", args.addr))
-            .map_err(|error| error.to_string())?
-            .connect()
-            .await
-            .map_err(|error| format!("cannot connect to {}: {error}", args.addr))?;
-        let answer = HealthClient::new(channel)
-            .check(HealthCheckRequest {
-                service: "idempotency.v1.IdempotencyService".into(),
-            })
-            .await
-            .map_err(|status| format!("health check failed: {}", status.code()))?;
-        match answer.into_inner().status() {
-            ServingStatus::Serving => Ok(()),
-            other => Err(format!("status {}", other.as_str_name())),
-        }
-    };
-    tokio::time::timeout(args.timeout, check)
-        .await
-        .unwrap_or_else(|_| Err(format!("no answer within {:?}", args.timeout)))
 }
 
 /// Writes `address` to `path` through a file beside it and a rename, so that whoever polls the

@@ -6,9 +6,22 @@ use std::time::Duration;
 use clap::Args;
 use idempotency_settings::{Bounds, SettingError, parse_duration};
 
-use crate::grpc::connections::ConnectionSettings;
-
 const MIB: u64 = 1024 * 1024;
+
+/// The limits on connections, checked from the flags below, which the gRPC edge's connections
+/// enforce (`grpc::connections`).
+#[derive(Debug, Clone)]
+pub struct ConnectionSettings {
+    pub handshake_timeout: Duration,
+    pub idle_timeout: Duration,
+    /// `None`: no cap.
+    pub max_connections: Option<u32>,
+    pub response_send_timeout: Duration,
+    pub max_pending_response_bytes: u64,
+    pub max_connection_pending_response_bytes: u64,
+    /// Health Watch streams open at once, server-wide.
+    pub max_health_watchers: u32,
+}
 
 const HANDSHAKE_TIMEOUT: Bounds =
     Bounds::new(Duration::from_millis(100), Duration::from_secs(5 * 60));

@@ -22,7 +22,7 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand};
 use idempotency_settings::{Bounds, parse_duration};
 
-pub use connections::ConnectionArgs;
+pub use connections::{ConnectionArgs, ConnectionSettings};
 pub use idempotency_settings::SettingError;
 pub use security::{SecurityArgs, SecuritySettings, TlsFiles};
 pub use serve::{ServeArgs, Settings};

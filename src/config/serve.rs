@@ -8,10 +8,10 @@ use std::time::Duration;
 use clap::Args;
 use idempotency_settings::{Bounds, SettingError, parse_duration};
 
+use super::ConnectionSettings;
 use super::store::MIGRATE_THROUGH_POOLER;
 use super::{ConnectionArgs, DatabaseArgs, SecurityArgs, SecuritySettings, TelemetryArgs};
 use crate::domain::{EventRetention, KeyRetention, LeaseTtl, Limits};
-use crate::grpc::connections::ConnectionSettings;
 use crate::readiness::ReadinessSettings;
 use crate::reaper::ReaperSettings;
 use crate::store::{Pooler, StoreSettings};

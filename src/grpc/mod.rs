@@ -4,7 +4,6 @@
 //! that grpcurl decodes error details).
 
 mod admin;
-pub mod admin_cli;
 mod auth_layer;
 pub mod codec;
 pub mod connections;

@@ -60,19 +60,7 @@ const ACCEPT_BACKOFF_MAX: Duration = Duration::from_secs(1);
 /// At most one log line per this interval about failing accepts.
 const ACCEPT_LOG_INTERVAL: Duration = Duration::from_secs(1);
 
-/// The limits on connections (flags of `serve`; see `config`).
-#[derive(Debug, Clone)]
-pub struct ConnectionSettings {
-    pub handshake_timeout: Duration,
-    pub idle_timeout: Duration,
-    /// `None`: no cap.
-    pub max_connections: Option<u32>,
-    pub response_send_timeout: Duration,
-    pub max_pending_response_bytes: u64,
-    pub max_connection_pending_response_bytes: u64,
-    /// Health Watch streams open at once, server-wide.
-    pub max_health_watchers: u32,
-}
+pub use crate::config::ConnectionSettings;
 
 /// What a connection's I/O and the calls on it share.
 #[derive(Debug)]

@@ -1,0 +1,308 @@
+//! `idempotency-coordinator admin …`: the operator's CLI, a client of the admin API over gRPC
+//! (the generated client, the flags of `config::admin`). Here the connection and each command's
+//! call; `print` how an answer is shown (a table for people or, with `--output json`, one JSON
+//! document for scripts), `progress` an erasure's progress on standard error. Exit status: 0
+//! done, 1 the call failed (its status on standard error), 2 bad flags.
+
+mod print;
+mod progress;
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use tonic::metadata::{Ascii, MetadataValue};
+use tonic::service::Interceptor;
+use tonic::service::interceptor::InterceptedService;
+use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
+use tonic::{Request, Status};
+
+use crate::config::admin::{AdminArgs, AdminCommand, AdminConnection, KeysCommand, StateArg};
+use crate::proto::idempotency::v1 as pb;
+use crate::proto::idempotency::v1::admin_service_client::AdminServiceClient;
+
+use self::print::*;
+use self::progress::Progress;
+
+/// Adds the bearer token, when there is one, to every call.
+#[derive(Clone)]
+struct Bearer(Option<MetadataValue<Ascii>>);
+
+impl Interceptor for Bearer {
+    fn call(&mut self, mut request: Request<()>) -> Result<Request<()>, Status> {
+        if let Some(value) = &self.0 {
+            request
+                .metadata_mut()
+                .insert("authorization", value.clone());
+        }
+        Ok(request)
+    }
+}
+
+type Client = AdminServiceClient<InterceptedService<Channel, Bearer>>;
+
+/// Why a command failed.
+enum Failure {
+    /// Flags that make no sense (exit 2).
+    Usage(String),
+    /// The call failed (exit 1).
+    Call(String),
+}
+
+impl From<Status> for Failure {
+    fn from(status: Status) -> Self {
+        Self::Call(format!(
+            "{}: {}",
+            status.code().description(),
+            status.message()
+        ))
+    }
+}
+
+pub async fn run(args: AdminArgs) -> ExitCode {
+    let connection = match args.connection.settings() {
+        Ok(connection) => connection,
+        Err(error) => {
+            eprintln!("error: {error}");
+            return ExitCode::from(2);
+        }
+    };
+    match execute(&connection, args.command).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(Failure::Usage(problem)) => {
+            eprintln!("error: {problem}");
+            ExitCode::from(2)
+        }
+        Err(Failure::Call(problem)) => {
+            eprintln!("error: {problem}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn connect(connection: &AdminConnection) -> Result<Client, Failure> {
+    let mut endpoint = Endpoint::from_shared(connection.coordinator.clone())
+        .map_err(|error| Failure::Usage(format!("--coordinator: {error}")))?
+        .connect_timeout(Duration::from_secs(5));
+    if let Some(ca) = &connection.ca {
+        let mut tls = ClientTlsConfig::new().ca_certificate(Certificate::from_pem(ca));
+        if let Some((certificate, key)) = &connection.identity {
+            tls = tls.identity(Identity::from_pem(certificate, key));
+        }
+        endpoint = endpoint
+            .tls_config(tls)
+            .map_err(|error| Failure::Usage(format!("--coordinator-ca: {error}")))?;
+    }
+    let channel = endpoint.connect().await.map_err(|error| {
+        Failure::Call(format!(
+            "cannot connect to {}: {error}",
+            connection.coordinator
+        ))
+    })?;
+    let bearer = match &connection.token {
+        Some(token) => Some(
+            format!("Bearer {token}")
+                .parse()
+                .map_err(|_| Failure::Usage("--token-file: not a valid token".into()))?,
+        ),
+        None => None,
+    };
+    Ok(AdminServiceClient::with_interceptor(
+        channel,
+        Bearer(bearer),
+    ))
+}
+
+/// `message` with the call's deadline.
+fn request<T>(connection: &AdminConnection, message: T) -> Request<T> {
+    let mut request = Request::new(message);
+    request.set_timeout(connection.timeout);
+    request
+}
+
+async fn execute(connection: &AdminConnection, command: AdminCommand) -> Result<(), Failure> {
+    let mut client = connect(connection).await?;
+    let output = connection.output;
+    match command {
+        AdminCommand::Keys(KeysCommand::List {
+            namespace,
+            state,
+            prefix,
+            completed_after,
+            completed_before,
+            claimed_after,
+            claimed_before,
+            limit,
+            page_token,
+        }) => {
+            let state = match state {
+                None => pb::AdminKeyState::Unspecified,
+                Some(StateArg::InProgress) => pb::AdminKeyState::InProgress,
+                Some(StateArg::Stuck) => pb::AdminKeyState::Stuck,
+                Some(StateArg::Completed) => pb::AdminKeyState::Completed,
+            };
+            let answer = client
+                .list_keys(request(
+                    connection,
+                    pb::ListKeysRequest {
+                        namespace,
+                        state: state.into(),
+                        key_prefix: prefix,
+                        completed_after: instant_flag("completed-after", completed_after)?,
+                        completed_before: instant_flag("completed-before", completed_before)?,
+                        claimed_after: instant_flag("claimed-after", claimed_after)?,
+                        claimed_before: instant_flag("claimed-before", claimed_before)?,
+                        page_size: limit,
+                        page_token,
+                    },
+                ))
+                .await?
+                .into_inner();
+            print_keys(output, &answer);
+        }
+        AdminCommand::Keys(KeysCommand::Show { namespace, key }) => {
+            let answer = client
+                .get_key(request(connection, pb::GetKeyRequest { namespace, key }))
+                .await?
+                .into_inner();
+            print_record(output, &answer);
+        }
+        AdminCommand::Keys(KeysCommand::Release {
+            namespace,
+            key,
+            reason,
+        }) => {
+            let answer = client
+                .force_release(request(
+                    connection,
+                    pb::ForceReleaseRequest {
+                        namespace,
+                        key,
+                        reason,
+                    },
+                ))
+                .await?
+                .into_inner();
+            let before = answer.released.as_ref().map(entry_json);
+            print_change(
+                output,
+                "released",
+                answer.audit_event_id,
+                before,
+                answer.released.as_ref(),
+            );
+        }
+        AdminCommand::Keys(KeysCommand::Erase {
+            namespace,
+            key: Some(key),
+            reason,
+            ..
+        }) => {
+            let answer = client
+                .erase_key(request(
+                    connection,
+                    pb::EraseKeyRequest {
+                        namespace,
+                        key,
+                        reason,
+                    },
+                ))
+                .await?
+                .into_inner();
+            let before = answer.erased.as_ref().map(entry_json);
+            print_change(
+                output,
+                "erased",
+                answer.audit_event_id,
+                before,
+                answer.erased.as_ref(),
+            );
+        }
+        AdminCommand::Keys(KeysCommand::Erase {
+            namespace,
+            key: None,
+            reason,
+            batch_size,
+            ..
+        }) => {
+            // A stream that lasts as long as the erasure: no deadline on it.
+            let mut stream = client
+                .erase_namespace(pb::EraseNamespaceRequest {
+                    namespace: namespace.clone(),
+                    reason,
+                    batch_size,
+                })
+                .await?
+                .into_inner();
+            let mut progress = Progress::new(output);
+            let mut last = None;
+            while let Some(message) = stream.message().await? {
+                progress.show(&namespace, &message);
+                let done = message.done;
+                last = Some(message);
+                if done {
+                    break;
+                }
+            }
+            progress.finish();
+            let last = last.ok_or_else(|| Failure::Call("the erasure reported nothing".into()))?;
+            if !last.done {
+                return Err(Failure::Call(format!(
+                    "the stream ended before the erasure did (audit event {}); it goes on in \
+                     the coordinator: see `admin audit --namespace {namespace}`",
+                    last.audit_event_id
+                )));
+            }
+            print_erasure(output, &namespace, &last);
+        }
+        AdminCommand::Stats { namespace } => {
+            let answer = client
+                .namespace_stats(request(
+                    connection,
+                    pb::NamespaceStatsRequest {
+                        namespace: namespace.clone(),
+                    },
+                ))
+                .await?
+                .into_inner();
+            print_stats(output, &namespace, &answer);
+        }
+        AdminCommand::Audit {
+            namespace,
+            limit,
+            page_token,
+        } => {
+            let answer = client
+                .list_audit_events(request(
+                    connection,
+                    pb::ListAuditEventsRequest {
+                        namespace,
+                        page_size: limit,
+                        page_token,
+                    },
+                ))
+                .await?
+                .into_inner();
+            print_audit(output, &answer);
+        }
+    }
+    Ok(())
+}
+
+fn instant_flag(
+    flag: &str,
+    value: Option<String>,
+) -> Result<Option<prost_types::Timestamp>, Failure> {
+    let Some(value) = value else {
+        return Ok(None);
+    };
+    let parsed = chrono::DateTime::parse_from_rfc3339(&value).map_err(|error| {
+        Failure::Usage(format!(
+            "--{flag}: {value:?} is not an RFC 3339 instant: {error}"
+        ))
+    })?;
+    let at = parsed.to_utc();
+    Ok(Some(prost_types::Timestamp {
+        seconds: at.timestamp(),
+        nanos: i32::try_from(at.timestamp_subsec_nanos()).unwrap_or(0),
+    }))
+}

@@ -1,0 +1,307 @@
+//! How the admin CLI shows an answer: a table for people, or one JSON document for scripts
+//! (`--output json`), on standard output.
+
+use serde_json::{Value, json};
+
+use crate::config::admin::OutputFormat;
+use crate::proto::idempotency::v1 as pb;
+
+pub(super) fn time_text(timestamp: Option<&prost_types::Timestamp>) -> String {
+    timestamp
+        .and_then(|t| chrono::DateTime::from_timestamp(t.seconds, u32::try_from(t.nanos).ok()?))
+        .map(|at| at.to_rfc3339_opts(chrono::SecondsFormat::Millis, true))
+        .unwrap_or_default()
+}
+
+pub(super) fn state_text(state: i32) -> &'static str {
+    match pb::AdminKeyState::try_from(state) {
+        Ok(pb::AdminKeyState::InProgress) => "in_progress",
+        Ok(pb::AdminKeyState::Stuck) => "stuck",
+        Ok(pb::AdminKeyState::Completed) => "completed",
+        _ => "unknown",
+    }
+}
+
+pub(super) fn entry_json(entry: &pb::AdminKeyEntry) -> Value {
+    json!({
+        "key": entry.key,
+        "state": state_text(entry.state),
+        "attempt": entry.attempt,
+        "lease_token": entry.lease_token,
+        "attempt_id": entry.attempt_id,
+        "lease_expires_at": time_text(entry.lease_expires_at.as_ref()),
+        "completed_at": entry.completed_at.as_ref().map(|t| time_text(Some(t))),
+        "expires_at": time_text(entry.expires_at.as_ref()),
+        "retention_seconds": entry.retention.as_ref().map(|d| d.seconds),
+        "fingerprint_hex": entry.fingerprint_hex,
+        "response_bytes": entry.response_bytes,
+        "checkpoint_bytes": entry.checkpoint_bytes,
+        "claimed_at": entry.claimed_at.as_ref().map(|t| time_text(Some(t))),
+        "holder": entry.holder,
+    })
+}
+
+/// Rows of cells as a table with a header, columns padded to their widest cell.
+pub(super) fn table(header: &[&str], rows: &[Vec<String>]) -> String {
+    let mut widths: Vec<usize> = header.iter().map(|h| h.chars().count()).collect();
+    for row in rows {
+        for (width, cell) in widths.iter_mut().zip(row) {
+            *width = (*width).max(cell.chars().count());
+        }
+    }
+    let line = |cells: Vec<String>| {
+        let padded: Vec<String> = cells
+            .iter()
+            .zip(&widths)
+            .map(|(cell, width)| format!("{cell:<width$}"))
+            .collect();
+        padded.join("  ").trim_end().to_owned() + "\n"
+    };
+    let mut text = line(header.iter().map(|h| (*h).to_owned()).collect());
+    for row in rows {
+        text.push_str(&line(row.clone()));
+    }
+    text
+}
+
+pub(super) fn print_json(value: &Value) {
+    println!(
+        "{}",
+        serde_json::to_string_pretty(value).unwrap_or_else(|_| value.to_string())
+    );
+}
+
+pub(super) fn print_keys(output: OutputFormat, answer: &pb::ListKeysResponse) {
+    match output {
+        OutputFormat::Json => print_json(&json!({
+            "keys": answer.keys.iter().map(entry_json).collect::<Vec<_>>(),
+            "next_page_token": answer.next_page_token,
+        })),
+        OutputFormat::Table => {
+            let rows: Vec<Vec<String>> = answer
+                .keys
+                .iter()
+                .map(|k| {
+                    vec![
+                        k.key.clone(),
+                        state_text(k.state).to_owned(),
+                        k.attempt.to_string(),
+                        k.lease_token.to_string(),
+                        time_text(k.claimed_at.as_ref()),
+                        k.holder.clone(),
+                        time_text(k.lease_expires_at.as_ref()),
+                        time_text(k.completed_at.as_ref()),
+                        time_text(k.expires_at.as_ref()),
+                        k.response_bytes.to_string(),
+                    ]
+                })
+                .collect();
+            print!(
+                "{}",
+                table(
+                    &[
+                        "KEY",
+                        "STATE",
+                        "ATTEMPT",
+                        "TOKEN",
+                        "CLAIMED",
+                        "HOLDER",
+                        "LEASE EXPIRES",
+                        "COMPLETED",
+                        "EXPIRES",
+                        "RESPONSE BYTES",
+                    ],
+                    &rows,
+                )
+            );
+            println!("{} keys", answer.keys.len());
+            if !answer.next_page_token.is_empty() {
+                println!("next page: --page-token {}", answer.next_page_token);
+            }
+        }
+    }
+}
+
+/// Bytes as text when they are UTF-8 without control characters, else hex.
+pub(super) fn bytes_text(bytes: &[u8]) -> String {
+    match std::str::from_utf8(bytes) {
+        Ok(text) if !text.chars().any(|c| c.is_control() && c != '\n') => text.to_owned(),
+        _ => format!("hex:{}", hex::encode(bytes)),
+    }
+}
+
+pub(super) fn print_record(output: OutputFormat, answer: &pb::GetKeyResponse) {
+    let entry = answer.key.as_ref().map(entry_json).unwrap_or(Value::Null);
+    match output {
+        OutputFormat::Json => {
+            let mut record = entry;
+            if let Value::Object(fields) = &mut record {
+                fields.insert("response_hex".into(), hex::encode(&answer.response).into());
+                fields.insert(
+                    "checkpoint_hex".into(),
+                    answer.checkpoint.as_ref().map(hex::encode).into(),
+                );
+            }
+            print_json(&record);
+        }
+        OutputFormat::Table => {
+            if let Value::Object(fields) = entry {
+                for (name, value) in fields {
+                    let text = match value {
+                        Value::String(text) => text,
+                        Value::Null => String::new(),
+                        other => other.to_string(),
+                    };
+                    println!("{name:<18} {text}");
+                }
+            }
+            println!("{:<18} {}", "response", bytes_text(&answer.response));
+            if let Some(checkpoint) = &answer.checkpoint {
+                println!("{:<18} {}", "checkpoint", bytes_text(checkpoint));
+            }
+        }
+    }
+}
+
+pub(super) fn print_change(
+    output: OutputFormat,
+    what: &str,
+    audit_id: u64,
+    before: Option<Value>,
+    entry: Option<&pb::AdminKeyEntry>,
+) {
+    match output {
+        OutputFormat::Json => print_json(&json!({
+            what: before.is_some(),
+            "audit_event_id": audit_id,
+            "before": before,
+        })),
+        OutputFormat::Table => match entry {
+            Some(entry) => println!(
+                "{what} {} (was {}, attempt {}, token {}); audit event {audit_id}",
+                entry.key,
+                state_text(entry.state),
+                entry.attempt,
+                entry.lease_token
+            ),
+            None => println!("nothing to do: the key was absent; audit event {audit_id}"),
+        },
+    }
+}
+
+pub(super) fn print_erasure(
+    output: OutputFormat,
+    namespace: &str,
+    last: &pb::EraseNamespaceResponse,
+) {
+    match output {
+        OutputFormat::Json => print_json(&json!({
+            "namespace": namespace,
+            "keys_erased": last.keys_erased,
+            "events_erased": last.events_erased,
+            "audit_event_id": last.audit_event_id,
+        })),
+        OutputFormat::Table => println!(
+            "erased namespace {namespace}: {} keys, {} processed events; audit event {}",
+            last.keys_erased, last.events_erased, last.audit_event_id
+        ),
+    }
+}
+
+pub(super) fn print_stats(
+    output: OutputFormat,
+    namespace: &str,
+    stats: &pb::NamespaceStatsResponse,
+) {
+    match output {
+        OutputFormat::Json => print_json(&json!({
+            "namespace": namespace,
+            "in_progress_keys": stats.in_progress_keys,
+            "stuck_keys": stats.stuck_keys,
+            "completed_keys": stats.completed_keys,
+            "processed_events": stats.processed_events,
+            "oldest_stuck_key": stats.oldest_stuck_key,
+            "oldest_stuck_lease_expired_at":
+                stats.oldest_stuck_lease_expired_at.as_ref().map(|t| time_text(Some(t))),
+            "stored_bytes": stats.stored_bytes,
+            "read_at": time_text(stats.read_at.as_ref()),
+        })),
+        OutputFormat::Table => {
+            let rows = vec![
+                vec!["in progress".into(), stats.in_progress_keys.to_string()],
+                vec!["stuck".into(), stats.stuck_keys.to_string()],
+                vec!["completed".into(), stats.completed_keys.to_string()],
+                vec![
+                    "processed events".into(),
+                    stats.processed_events.to_string(),
+                ],
+                vec![
+                    "oldest stuck key".into(),
+                    if stats.oldest_stuck_key.is_empty() {
+                        "-".into()
+                    } else {
+                        format!(
+                            "{} (lease ran out {})",
+                            stats.oldest_stuck_key,
+                            time_text(stats.oldest_stuck_lease_expired_at.as_ref())
+                        )
+                    },
+                ],
+                vec!["stored bytes".into(), stats.stored_bytes.to_string()],
+                vec!["read at".into(), time_text(stats.read_at.as_ref())],
+            ];
+            print!("{}", table(&["NAMESPACE", namespace], &rows));
+        }
+    }
+}
+
+pub(super) fn print_audit(output: OutputFormat, answer: &pb::ListAuditEventsResponse) {
+    match output {
+        OutputFormat::Json => {
+            let events: Vec<Value> = answer
+                .events
+                .iter()
+                .map(|e| {
+                    json!({
+                        "id": e.id,
+                        "at": time_text(e.at.as_ref()),
+                        "actor": e.actor,
+                        "action": e.action,
+                        "namespace": e.namespace,
+                        "key": e.key,
+                        "reason": e.reason,
+                        "record_before": serde_json::from_str::<Value>(&e.record_before_json).ok(),
+                        "outcome": serde_json::from_str::<Value>(&e.outcome_json).ok(),
+                    })
+                })
+                .collect();
+            print_json(&json!({
+                "events": events,
+                "next_page_token": answer.next_page_token,
+            }));
+        }
+        OutputFormat::Table => {
+            let rows: Vec<Vec<String>> = answer
+                .events
+                .iter()
+                .map(|e| {
+                    vec![
+                        e.id.to_string(),
+                        time_text(e.at.as_ref()),
+                        e.actor.clone(),
+                        e.action.clone(),
+                        e.key.clone(),
+                        e.reason.clone(),
+                    ]
+                })
+                .collect();
+            print!(
+                "{}",
+                table(&["ID", "AT", "ACTOR", "ACTION", "KEY", "REASON"], &rows)
+            );
+            if !answer.next_page_token.is_empty() {
+                println!("next page: --page-token {}", answer.next_page_token);
+            }
+        }
+    }
+}

@@ -1,0 +1,20 @@
+//! `idempotency-coordinator token new`: a new caller's token, printed once for the caller, and
+//! the line for the tokens file (the token's SHA-256, never the token).
+
+use crate::auth;
+use crate::config::AdminArg;
+
+/// Prints a new token named `name` for `scopes` with the admin right `admin`, and its line.
+pub fn new(name: &str, scopes: &str, admin: Option<AdminArg>) -> Result<(), String> {
+    let admin = match admin {
+        None => auth::AdminRight::None,
+        Some(AdminArg::Read) => auth::AdminRight::Read,
+        Some(AdminArg::Write) => auth::AdminRight::Write,
+    };
+    let (token, line) = auth::new_token(name, scopes, admin)?;
+    println!("# The token, for the caller only (it is not stored anywhere):");
+    println!("{token}");
+    println!("# The line to add to the tokens file:");
+    println!("{line}");
+    Ok(())
+}
