@@ -22,3 +22,14 @@ func lookup(t *testing.T, c *idempotency.Client, namespace, key string) idempote
 	}
 	return state
 }
+
+// charge and order are the result and the request the RunOnce tests run with.
+type charge struct {
+	ID     string `json:"id"`
+	Amount int    `json:"amount"`
+}
+
+type order struct {
+	Order  string `json:"order"`
+	Amount int    `json:"amount"`
+}
