@@ -112,13 +112,7 @@ impl Node {
     }
 
     pub async fn start(&self) {
-        let data = self.data.to_string_lossy().into_owned();
-        let log = self.log.to_string_lossy().into_owned();
-        run(
-            "pg_ctl",
-            &["-D", &data, "-l", &log, "-w", "-t", "60", "start"],
-        )
-        .await;
+        start_cluster(&self.data, &self.log).await;
     }
 
     /// Stops at once, as a crash would (`immediate`): no shutdown checkpoint.
@@ -272,6 +266,17 @@ impl Drop for ReplicatedPair {
             stop_at_once(&node.data);
         }
     }
+}
+
+/// Starts the cluster in `data`, logging to `log`, and waits until it accepts connections.
+pub(super) async fn start_cluster(data: &Path, log: &Path) {
+    let data = data.to_string_lossy().into_owned();
+    let log = log.to_string_lossy().into_owned();
+    run(
+        "pg_ctl",
+        &["-D", &data, "-l", &log, "-w", "-t", "60", "start"],
+    )
+    .await;
 }
 
 /// Stops the cluster in `data` as a crash would, without waiting, ignoring failures: for

@@ -242,13 +242,7 @@ impl Cluster {
 
     /// Starts the stopped server.
     pub async fn start_server(&self) {
-        let data = self.data.to_string_lossy().into_owned();
-        let log = self.log.to_string_lossy().into_owned();
-        run(
-            "pg_ctl",
-            &["-D", &data, "-l", &log, "-w", "-t", "60", "start"],
-        )
-        .await;
+        super::cluster::start_cluster(&self.data, &self.log).await;
     }
 
     /// Stops the server (fast: sessions are ended).
