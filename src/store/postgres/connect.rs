@@ -166,6 +166,7 @@ impl PgStore {
             require_synchronous_standby: settings.require_synchronous_standby,
             migration_lock_timeout: settings.migration_lock_timeout,
             rights_checked: Arc::default(),
+            refusals: Arc::default(),
         })
     }
 

@@ -2,8 +2,9 @@
 //! holds the whole URL (`--database-url-file`), a file that holds the password
 //! (`--database-password-file`: a Kubernetes secret, an RDS IAM token a sidecar rewrites every
 //! few minutes, a Vault agent's template), or libpq's password file (`passfile=` in the URL,
-//! else `PGPASSFILE`, else `~/.pgpass`), in libpq's order: a password in the URL wins, then the
-//! password file, then the passfile's first matching line.
+//! else `PGPASSFILE`, else `~/.pgpass`), in libpq's order with the password file where the
+//! operator put it: a password in the URL wins, then the password file, then `PGPASSWORD`, then
+//! the passfile's first matching line.
 //!
 //! The files are read again whenever the store checks its health (every
 //! `--health-check-interval`, more often while it is not ready) and at once when PostgreSQL
@@ -55,8 +56,8 @@ impl std::fmt::Debug for Login {
     }
 }
 
-/// The logins of every host of one URL, as last read.
-#[derive(Debug)]
+/// The logins of every host of one URL, as last read. Its `Debug` prints the files and hosts,
+/// never a login's password or the URL file's text.
 pub struct Credentials {
     files: CredentialFiles,
     /// libpq's password file, when one applies.
@@ -64,6 +65,8 @@ pub struct Credentials {
     hosts: Vec<HostKey>,
     /// The URL's user and password as the store was started with them.
     started_with: Login,
+    /// `PGPASSWORD`, below the password file.
+    env_password: Option<String>,
     /// What the URL file said besides its login, at start: a later change of it is reported
     /// once, since it takes a restart.
     url_file_rest: Option<String>,
@@ -90,7 +93,7 @@ impl Credentials {
         files: CredentialFiles,
         passfile: Option<PathBuf>,
         hosts: Vec<HostKey>,
-        started_with: Login,
+        (started_with, env_password): (Login, Option<String>),
         url_file_rest: Option<String>,
     ) -> Self {
         let passfile = passfile.or_else(default_passfile);
@@ -100,6 +103,7 @@ impl Credentials {
             passfile,
             hosts,
             started_with,
+            env_password,
             url_file_rest,
             current: Mutex::new(Current {
                 logins,
@@ -220,6 +224,9 @@ impl Credentials {
         {
             base.password = Some(read_secret(path, "--database-password-file")?);
         }
+        if base.password.is_none() {
+            base.password = self.env_password.clone();
+        }
         let mut logins = Vec::with_capacity(self.hosts.len());
         for host in &self.hosts {
             let mut login = base.clone();
@@ -231,6 +238,16 @@ impl Credentials {
             logins.push(login);
         }
         Ok((logins, rest))
+    }
+}
+
+impl std::fmt::Debug for Credentials {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Credentials")
+            .field("files", &self.files)
+            .field("passfile", &self.passfile)
+            .field("hosts", &self.hosts)
+            .finish_non_exhaustive()
     }
 }
 
@@ -451,7 +468,7 @@ mod tests {
                 },
                 Some(passfile.clone()),
                 hosts.clone(),
-                started,
+                (started, None),
                 None,
             )
         };
@@ -495,10 +512,13 @@ mod tests {
             },
             None,
             vec![host("h", 5432, "db")],
-            Login {
-                user: "app".into(),
-                password: None,
-            },
+            (
+                Login {
+                    user: "app".into(),
+                    password: None,
+                },
+                None,
+            ),
             None,
         );
         std::fs::write(&password_file, "").expect("empty it");

@@ -3,7 +3,7 @@
 //!
 //! The driver (sqlx) connects to one host only and refuses such a URL ("invalid port number"),
 //! so the URL is split here into one single-host URL per host, each parsed by the driver with
-//! every other parameter it carries, and the store chooses among them (`primary.rs`).
+//! every other parameter it carries, and the store chooses among them (`primary/`).
 //!
 //! What is accepted differs from libpq in one way, on purpose: several hosts need
 //! `target_session_attrs=read-write` or `primary`. libpq's default (`any`) takes the first host
@@ -69,8 +69,10 @@ pub struct HostList {
     pub tls: TlsSettings,
     /// libpq's `passfile=`, when the URL names one.
     pub passfile: Option<PathBuf>,
-    /// The URL's user (or libpq's default) and password (or `PGPASSWORD`).
+    /// The URL's user (or libpq's default) and password (in its authority, or `password=`).
     pub login: Login,
+    /// libpq's `PGPASSWORD`, which a password file (`--database-password-file`) outranks.
+    pub env_password: Option<String>,
 }
 
 impl fmt::Debug for HostList {
@@ -129,13 +131,13 @@ impl HostList {
             attrs,
             tls,
             passfile,
+            password,
             kept: query,
         } = parameters(query)?;
         let tls = TlsSettings::from_params(tls.with_environment()).map_err(problem)?;
         let (mut login, _) = login_of_url(url).map_err(problem)?;
-        if login.password.is_none() {
-            login.password = std::env::var("PGPASSWORD").ok().filter(|p| !p.is_empty());
-        }
+        login.password = login.password.or(password);
+        let env_password = std::env::var("PGPASSWORD").ok().filter(|p| !p.is_empty());
         let host_specs: Vec<&str> = host_list.split(',').collect();
         if host_specs.len() > MAX_HOSTS {
             return Err(problem(format!(
@@ -167,6 +169,7 @@ impl HostList {
                 tls,
                 passfile,
                 login,
+                env_password,
             });
         }
         let mut hosts = Vec::with_capacity(host_specs.len());
@@ -188,6 +191,7 @@ impl HostList {
             tls,
             passfile,
             login,
+            env_password,
         })
     }
 
@@ -255,6 +259,8 @@ struct Parameters {
     attrs: SessionAttrs,
     tls: TlsParams,
     passfile: Option<PathBuf>,
+    /// `password=`: libpq takes the password from the query too.
+    password: Option<String>,
     /// The rest of the query, for the driver.
     kept: Option<String>,
 }
@@ -267,6 +273,7 @@ fn parameters(query: Option<&str>) -> Result<Parameters, UrlProblem> {
         attrs: SessionAttrs::Any,
         tls: TlsParams::default(),
         passfile: None,
+        password: None,
         kept: None,
     };
     let Some(query) = query else {
@@ -306,6 +313,7 @@ fn parameters(query: Option<&str>) -> Result<Parameters, UrlProblem> {
                 });
             }
             "passfile" if !decoded.is_empty() => found.passfile = Some(PathBuf::from(decoded)),
+            "password" => found.password = Some(decoded),
             "host" | "hostaddr" | "port" if value.contains(',') || value.contains("%2C") => {
                 return Err(problem(format!(
                     "lists several values in `{key}=`; name several hosts in the URL itself: \

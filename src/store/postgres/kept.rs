@@ -20,7 +20,7 @@
 //! statement was in flight: a commit waiting for a synchronous standby, a host cut off) is
 //! closed rather than given back: the driver's ping on its return would wait behind the
 //! statement, holding one of the pool's places for as long as the statement (or the TCP
-//! keepalives) take. When the store moves to another host (`primary.rs`), the connections it
+//! keepalives) take. When the store moves to another host (`primary/`), the connections it
 //! kept from before the move are closed too.
 
 use std::ops::{Deref, DerefMut};

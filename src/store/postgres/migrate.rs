@@ -11,7 +11,10 @@
 //!   behind the `ALTER`: one transaction left open would stall every call. So the migrating
 //!   session waits at most `--migration-lock-timeout` for a lock; a migration that waited
 //!   longer is rolled back whole, the sessions that held it up are logged, and it is tried
-//!   again after a growing pause, until it is applied.
+//!   again after a growing pause, until it is applied. Every migration must therefore run in
+//!   its transaction: a `-- no-transaction` one (`CREATE INDEX CONCURRENTLY`) cut short by the
+//!   lock timeout would leave its work half done (an invalid index) and be recorded as applied
+//!   by the next try. None is; a new one needs its own retry written for it.
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -170,6 +170,9 @@ pub struct PgStore {
     /// Whether the role was found to hold every right the service needs (checked by the health
     /// probe until it does).
     rights_checked: Arc<std::sync::atomic::AtomicBool>,
+    /// Held while a refused connection is looked into (`opening.rs::after_refusal`): one at a
+    /// time, so that a burst of refusals makes one round of login attempts, not one each.
+    refusals: Arc<tokio::sync::Mutex<()>>,
 }
 
 impl std::fmt::Debug for PgStore {

@@ -12,79 +12,84 @@ use super::refusal::ConnectFailure;
 use crate::store::StoreError;
 
 impl PgStore {
-    /// Reads the credential files of both URLs again and points the pools at the logins they
-    /// give now: `true` when a login changed. A file that cannot be read is logged once and
-    /// its last login kept.
+    /// Reads the credential files of both URLs again, and looks at their TLS files, and points
+    /// the pools at what they give now: `true` when a login changed. A credential file that
+    /// cannot be read is logged once and its last login kept; a TLS file replaced in place (a
+    /// CA bundle, a renewed client certificate) is read by the connections opened next.
     pub(super) fn refresh_credentials(&self) -> bool {
         let mut changed = false;
         for calls in [true, false] {
             let (follower, pools) = self.followed(calls);
-            if !follower.credentials().rotates() {
-                continue;
-            }
-            match follower.credentials().refresh() {
-                Ok(true) => {
-                    tracing::info!(
-                        host = %follower.host(),
-                        "the database credentials changed; new connections use them"
-                    );
-                    for followed in &pools {
-                        followed
-                            .pool
-                            .set_connect_options(follower.current_options(followed.shape));
+            let mut repoint = follower.tls_files_changed();
+            if follower.credentials().rotates() {
+                match follower.credentials().refresh() {
+                    Ok(true) => {
+                        tracing::info!(
+                            host = %follower.host(),
+                            "the database credentials changed; new connections use them"
+                        );
+                        repoint = true;
+                        changed = true;
                     }
-                    changed = true;
+                    Ok(false) | Err(None) => {}
+                    Err(Some(problem)) => {
+                        tracing::warn!(%problem, "cannot read the database credentials; keeping the last ones");
+                    }
                 }
-                Ok(false) | Err(None) => {}
-                Err(Some(problem)) => {
-                    tracing::warn!(%problem, "cannot read the database credentials; keeping the last ones");
-                }
+            }
+            if repoint {
+                follower.repoint(&pools);
             }
         }
         changed
     }
 
     /// After a connection of the calls' pools (`calls`) or of the listener failed to open with
-    /// `error`: whether trying again may succeed now, because the password was refused and the
-    /// credentials changed since, or because the host accepts the other kind of session that
-    /// `sslmode=allow` or `prefer` permits (tried once here, directly; the host keeps that kind
-    /// from then on, as the pools are told).
+    /// `error`: whether trying again may succeed now, because the credentials were refused and
+    /// others are accepted (read again, or the login before the last change), or because the
+    /// host accepts the other kind of session that `sslmode=allow` or `prefer` permits (tried
+    /// once here, directly; the host keeps that kind from then on, as the pools are told).
+    ///
+    /// One refusal is handled at a time: the connections refused at the same moment wait for
+    /// it, and try again at once if it pointed the pools anew, without logging in themselves.
     pub(super) async fn after_refusal(&self, error: &sqlx::Error, calls: bool) -> bool {
-        let password_refused = matches!(error, sqlx::Error::Database(db)
-            if db.code().as_deref() == Some("28P01"));
+        let credentials = super::refusal::credentials_refused(error);
         let (follower, pools) = self.followed(calls);
-        if password_refused {
-            // The file may hold a newer password than the one refused; and a rotation changes
-            // the file and the database a moment apart, so the login before the last change
-            // may be the one the database accepts still. Each is tried once, directly.
-            self.refresh_credentials();
+        let index = follower.index();
+        if !credentials && !follower.may_fall_back(index, error) {
+            return false;
+        }
+        let seen = follower.generation();
+        let _one = self.refusals.lock().await;
+        if follower.generation() != seen {
+            return true;
+        }
+        let Some(first) = pools.first() else {
+            return false;
+        };
+        if credentials {
+            // The file may hold a newer login than the one refused; and a rotation changes the
+            // file and the database a moment apart, so the login before the last change may be
+            // the one the database accepts still. Each is tried once, directly.
+            if self.refresh_credentials() {
+                return true;
+            }
             let index = follower.index();
             let (latest, previous) = follower.credentials().candidates(index);
-            let Some(first) = pools.first() else {
+            // Nothing changed, and no login before it: the refused one is all there is.
+            let Some(previous) = previous else {
                 return false;
             };
-            for (login, is_previous) in [(Some(latest), false), (previous, true)] {
-                let Some(login) = login else { continue };
+            for (login, is_previous) in [(latest, false), (previous, true)] {
                 let options = follower.options_as(index, first.shape, &login);
                 if self.opens(options).await {
                     follower.credentials().use_previous(is_previous);
-                    for followed in &pools {
-                        followed
-                            .pool
-                            .set_connect_options(follower.current_options(followed.shape));
-                    }
+                    follower.repoint(&pools);
                     return true;
                 }
             }
             return false;
         }
-        let index = follower.index();
-        if !follower.may_fall_back(index, error) {
-            return false;
-        }
-        let Some(first) = pools.first() else {
-            return false;
-        };
         if !self
             .opens(follower.fallback_options(index, first.shape))
             .await
@@ -94,11 +99,7 @@ impl PgStore {
         follower.fall_back(index);
         tracing::info!(host = %follower.host(), "the host refused the first kind of session \
             sslmode allows and accepted the other; its connections use that from now on");
-        for followed in &pools {
-            followed
-                .pool
-                .set_connect_options(follower.current_options(followed.shape));
-        }
+        follower.repoint(&pools);
         true
     }
 

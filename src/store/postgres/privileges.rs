@@ -122,8 +122,8 @@ pub(super) fn unfit(user: &str, missing: &[String]) -> StoreError {
 
 /// Grants `role` every right of [`SERVICE_RIGHTS`] (as the objects' owner: the migrating
 /// role). Idempotent: run after every migration, so that what a new migration adds is granted.
-pub(super) async fn grant(connection: &mut PgConnection, role: &str) -> Result<(), StoreError> {
-    let role = quote_identifier(role);
+pub(super) async fn grant(connection: &mut PgConnection, name: &str) -> Result<(), StoreError> {
+    let role = quote_identifier(name);
     let mut statements = Vec::new();
     for right in SERVICE_RIGHTS {
         let privileges = right.privileges.join(", ");
@@ -150,6 +150,27 @@ pub(super) async fn grant(connection: &mut PgConnection, role: &str) -> Result<(
                 }));
             }
         }
+    }
+    // The schema's USAGE too, when the role lacks it (PUBLIC has it on `public` by default;
+    // another schema's owner must grant it).
+    let (schema, usable): (String, bool) = sqlx::query_as(
+        "SELECT current_schema(), has_schema_privilege($1, current_schema(), 'USAGE')",
+    )
+    .bind(name)
+    .fetch_one(&mut *connection)
+    .await
+    .map_err(|error| match &error {
+        sqlx::Error::Database(db) => StoreError::Unready(format!(
+            "granting the service's rights to {role} failed: {} (does the role exist?)",
+            db.message()
+        )),
+        _ => super::error::classify(error),
+    })?;
+    if !usable {
+        statements.push(format!(
+            "GRANT USAGE ON SCHEMA {} TO {role}",
+            quote_identifier(&schema)
+        ));
     }
     let script = statements.join(";\n");
     sqlx::raw_sql(AssertSqlSafe(script))

@@ -239,6 +239,29 @@ impl Attempt<'_> {
     }
 }
 
+/// Whether `error` is a failed TLS handshake (reported by the driver as a TLS error, or as an
+/// I/O error carrying rustls's).
+pub(super) fn handshake_failed(error: &sqlx::Error) -> bool {
+    match error {
+        sqlx::Error::Tls(_) => true,
+        sqlx::Error::Io(io) => io
+            .get_ref()
+            .is_some_and(|inner| inner.downcast_ref::<rustls::Error>().is_some()),
+        _ => false,
+    }
+}
+
+/// Whether `error` is PostgreSQL refusing the login's credentials: a password (28P01), or an
+/// authentication method that checks them elsewhere (PAM, LDAP, RADIUS: RDS IAM tokens go
+/// through PAM) and answers 28000 "… authentication failed".
+pub(super) fn credentials_refused(error: &sqlx::Error) -> bool {
+    matches!(error, sqlx::Error::Database(db) if match db.code().as_deref() {
+        Some("28P01") => true,
+        Some("28000") => db.message().contains("authentication failed"),
+        _ => false,
+    })
+}
+
 /// A name a certificate presents, as rustls writes it (`DnsName("db.example")`), without the
 /// wrapping.
 fn presented_name(name: &str) -> &str {

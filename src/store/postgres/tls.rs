@@ -12,9 +12,11 @@
 //!   unchecked. `require`: TLS, unchecked, unless a root certificate is named, which makes it
 //!   `verify-ca`, as in libpq. `verify-ca`: the server's chain must lead to a root of
 //!   `sslrootcert`. `verify-full`: that, and the certificate must name the host.
-//! - The roots are exactly those named: `sslrootcert`'s file (read again at every connection,
-//!   so a CA bundle can be replaced in place), or with `system` the operating system's (read
-//!   once, at start). The driver would add the public web's roots to any file it is given; the
+//! - The roots are exactly those named: `sslrootcert`'s file, or with `system` the operating
+//!   system's (read once, at start). The driver keeps what it read of the files in a pool's
+//!   settings; they are made again when a file changes (checked at every health check,
+//!   `Follower::tls_files_changed`), so a CA bundle or a client certificate replaced in place
+//!   is used by the connections opened next. The driver would add the public web's roots to any file it is given; the
 //!   workspace patches its source of them to an empty list (`patches/webpki-roots`), because
 //!   under `verify-ca`, which does not check the host name, any public certificate would pass.
 //! - Unlike libpq, nothing is looked for in `~/.postgresql/`: a mode that verifies needs
@@ -126,6 +128,15 @@ impl TlsParams {
             "sslrootcert" => &mut self.sslrootcert,
             "sslcert" => &mut self.sslcert,
             "sslkey" => &mut self.sslkey,
+            // A passphrase would sit in the URL, and the driver would log it as a parameter it
+            // does not know: an encrypted key is refused.
+            "sslpassword" => {
+                return Err(
+                    "has sslpassword: an encrypted private key is not supported; give \
+                            sslkey a key without a passphrase, readable by the service only"
+                        .into(),
+                );
+            }
             "ssl-mode" | "ssl-root-cert" | "ssl-ca" | "ssl-cert" | "ssl-key" => {
                 return Err(format!(
                     "has `{key}`, which is not one of libpq's parameters; use sslmode, \
@@ -239,9 +250,37 @@ impl TlsSettings {
             None => {}
         }
         if let Some((cert, key)) = &self.client {
-            options = options.ssl_client_cert(cert).ssl_client_key(key);
+            options = options.ssl_client_cert(cert);
+            // libpq's rule for the key's permissions, which the driver does not apply: a key
+            // others may read is not offered (the connection then fails, and the failure names
+            // the key and its permissions: `check_files`).
+            options = match check_key_mode(key) {
+                Ok(()) => options.ssl_client_key(key),
+                Err(_) => options.ssl_client_key_from_pem(Vec::new()),
+            };
         }
         options
+    }
+
+    /// What the files these settings name are now (modified, length, inode; `None`: cannot be
+    /// read), to notice one replaced in place.
+    pub fn files_stamp(&self) -> Vec<Option<(std::time::SystemTime, u64, u64)>> {
+        use std::os::unix::fs::MetadataExt;
+        let mut files: Vec<&Path> = Vec::new();
+        if let Some(Roots::File(path)) = &self.roots {
+            files.push(path);
+        }
+        if let Some((cert, key)) = &self.client {
+            files.push(cert);
+            files.push(key);
+        }
+        files
+            .into_iter()
+            .map(|path| {
+                let metadata = std::fs::metadata(path).ok()?;
+                Some((metadata.modified().ok()?, metadata.len(), metadata.ino()))
+            })
+            .collect()
     }
 
     /// The first problem with the files these settings name, for a connection that failed:

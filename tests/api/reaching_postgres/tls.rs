@@ -124,3 +124,40 @@ async fn migrate_connects_over_tls_and_names_what_refuses_it() {
         "{said}"
     );
 }
+
+/// A CA bundle replaced in place (a provider's CA rotation): the service, refused while the
+/// file names another CA, serves once the file holds the right one, without a restart (the
+/// driver keeps what it read of the file in its settings, which are made again when it changes).
+#[tokio::test]
+async fn a_ca_bundle_replaced_in_place_is_used_without_a_restart() {
+    let cluster = Cluster::tls().await;
+    let bundle = cluster.folder().join("bundle.pem");
+    std::fs::copy(&cluster.certificates.other_ca, &bundle).expect("the wrong CA first");
+    let url = cluster.url(
+        "postgres",
+        "localhost",
+        DB,
+        &format!("sslmode=verify-full&sslrootcert={}", bundle.display()),
+    );
+    // Migrated beforehand, so that the service's own pools are what meet the wrong CA (a
+    // migration connects anew each time, and would read the file anew anyway).
+    let ca = cluster.certificates.ca.display().to_string();
+    migrate(
+        &cluster.url(
+            "postgres",
+            "localhost",
+            DB,
+            &format!("sslmode=verify-full&sslrootcert={ca}"),
+        ),
+        &[],
+    )
+    .await;
+    let server = ServerProcess::start(&url, &["--no-migrate"]).await;
+    says(&server, "not signed by a CA in sslrootcert").await;
+    not_serving(&server).await;
+    // Written aside and renamed into place, as a secret volume or a sidecar does.
+    let aside = cluster.folder().join("bundle.pem.new");
+    std::fs::copy(&cluster.certificates.ca, &aside).expect("the right CA");
+    std::fs::rename(&aside, &bundle).expect("rename into place");
+    serves_encrypted(&server, &cluster, DB).await;
+}

@@ -195,6 +195,10 @@ async fn settings_that_can_never_work_are_refused_at_start() {
         ),
         ("sslcert=/tmp/c.pem", "has sslcert without sslkey"),
         ("ssl-mode=require", "not one of libpq's parameters"),
+        (
+            "sslpassword=secret",
+            "an encrypted private key is not supported",
+        ),
     ] {
         let url = format!("postgres://postgres@localhost:5432/{DB}?{params}");
         let (status, said) =

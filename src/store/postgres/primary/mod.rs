@@ -22,10 +22,12 @@ use sqlx::postgres::PgConnectOptions;
 use sqlx::{ConnectOptions, Connection, PgConnection, PgPool};
 use tokio::sync::watch;
 
+mod settings;
+
 use super::PgStore;
 use super::credentials::{CredentialFiles, Credentials};
 use super::hosts::{HostList, SessionAttrs, host_name};
-use super::refusal::{Attempt, ConnectFailure};
+use super::refusal::ConnectFailure;
 use super::sql::SESSION_WRITABLE;
 
 /// What a pool adds to a host's settings (its startup options, its application name).
@@ -46,6 +48,16 @@ pub(super) struct Follower {
     /// Per host: whether a host refused the session `sslmode=allow` (plain) or `prefer` (TLS)
     /// tries first, and the other kind was accepted: its connections are of that kind since.
     fallback: Vec<AtomicBool>,
+    /// Held while the pools are pointed at a host with settings (a move, a new login, TLS files
+    /// changed, a host's other kind of session): one at a time, so that none puts back a host
+    /// or a login another has just replaced.
+    repointing: Mutex<()>,
+    /// Counts the times the pools were pointed anew, so that a caller that waited can tell
+    /// whether the settings changed meanwhile.
+    generation: std::sync::atomic::AtomicU64,
+    /// What the TLS files (`sslrootcert`, `sslcert`, `sslkey`) were when the pools' settings
+    /// were last made (the driver keeps what it read of them in the settings).
+    tls_stamp: Mutex<Vec<Option<(std::time::SystemTime, u64, u64)>>>,
     /// The index in `list.hosts` of the host new connections go to.
     current: AtomicUsize,
     /// When the store last moved to another host: a connection made before it may be to the
@@ -82,11 +94,14 @@ impl Follower {
             files,
             list.passfile.clone(),
             list.host_keys(),
-            list.login.clone(),
+            (list.login.clone(), list.env_password.clone()),
             url_file_rest,
         );
         Self {
             fallback: list.hosts.iter().map(|_| AtomicBool::new(false)).collect(),
+            repointing: Mutex::new(()),
+            generation: std::sync::atomic::AtomicU64::new(0),
+            tls_stamp: Mutex::new(list.tls.files_stamp()),
             credentials,
             list,
             current: AtomicUsize::new(0),
@@ -110,97 +125,6 @@ impl Follower {
     /// The index in the URL's hosts of the one new connections go to now.
     pub(super) fn index(&self) -> usize {
         self.current.load(Ordering::SeqCst)
-    }
-
-    /// `host:port` of the host new connections go to now.
-    pub(super) fn host(&self) -> String {
-        host_name(&self.list.hosts[self.index()])
-    }
-
-    /// Host `index`'s settings as a pool that adds `shape` connects to it: with TLS as the URL
-    /// says (and as the host negotiated), logging in as the credentials last read say.
-    pub(super) fn options(&self, index: usize, shape: &Shape) -> PgConnectOptions {
-        self.options_as(index, shape, &self.credentials.login(index))
-    }
-
-    /// [`Self::options`] logging in as `login`.
-    pub(super) fn options_as(
-        &self,
-        index: usize,
-        shape: &Shape,
-        login: &super::credentials::Login,
-    ) -> PgConnectOptions {
-        let fallback = self.fallback[index].load(Ordering::SeqCst);
-        let options = self
-            .list
-            .tls
-            .apply(shape(self.list.hosts[index].clone()), fallback);
-        let options = options.username(&login.user);
-        match &login.password {
-            Some(password) => options.password(password),
-            None => options,
-        }
-    }
-
-    /// [`Self::options`] of the host new connections go to now.
-    pub(super) fn current_options(&self, shape: &Shape) -> PgConnectOptions {
-        self.options(self.index(), shape)
-    }
-
-    /// The credentials the connections log in with.
-    pub(super) fn credentials(&self) -> &Credentials {
-        &self.credentials
-    }
-
-    /// A problem with the certificate or key files the URL names, as a failure to connect to
-    /// the current host: checked before the store connects, since the driver itself does not
-    /// hold a private key to libpq's rule (no access for others).
-    pub(super) fn files_problem(&self) -> Option<ConnectFailure> {
-        self.list.tls.check_files().map(|cause| ConnectFailure {
-            host: self.host(),
-            cause,
-        })
-    }
-
-    /// How a failure to connect to host `index` reads for an operator.
-    pub(super) fn describe(&self, index: usize, error: &sqlx::Error) -> ConnectFailure {
-        let options = &self.list.hosts[index];
-        let login = self.credentials.login(index);
-        Attempt {
-            host: &host_name(options),
-            host_name: options.get_host(),
-            user: &login.user,
-            database: options.get_database().unwrap_or_default(),
-            tls: &self.list.tls,
-            credentials_problem: self.credentials.problem(),
-        }
-        .failure(error)
-    }
-
-    /// Whether host `index` may still change between plain and TLS after a refusal, and
-    /// `error` is one that the other kind of session may not meet: `allow` tried plain and
-    /// was refused at authentication; `prefer` tried TLS and was refused at authentication or
-    /// failed its handshake.
-    pub(super) fn may_fall_back(&self, index: usize, error: &sqlx::Error) -> bool {
-        if !self.list.tls.negotiates() || self.fallback[index].load(Ordering::SeqCst) {
-            return false;
-        }
-        let refused_at_login = matches!(error, sqlx::Error::Database(db)
-            if db.code().is_some_and(|code| code.starts_with("28")));
-        match self.list.tls.mode {
-            super::tls::SslMode::Allow => refused_at_login,
-            _ => refused_at_login || matches!(error, sqlx::Error::Tls(_)),
-        }
-    }
-
-    /// Host `index`'s connections use the other kind of session from now on.
-    pub(super) fn fall_back(&self, index: usize) {
-        self.fallback[index].store(true, Ordering::SeqCst);
-    }
-
-    /// [`Self::options`] of host `index` as they would be after [`Self::fall_back`].
-    pub(super) fn fallback_options(&self, index: usize, shape: &Shape) -> PgConnectOptions {
-        self.list.tls.apply(self.options(index, shape), true)
     }
 
     /// Whether a connection that has existed for `age` was made before the last move (and may
@@ -335,7 +259,7 @@ impl PgStore {
 
     /// The follower of the calls' URL (`calls`) or of the listener's, and the pools that follow
     /// it.
-    pub(super) fn followed(&self, calls: bool) -> (&Follower, Vec<Followed<'_>>) {
+    pub(super) fn followed(&self, calls: bool) -> (&Arc<Follower>, Vec<Followed<'_>>) {
         let follower: &std::sync::Arc<Follower> = if calls {
             &self.follower
         } else {
@@ -410,7 +334,7 @@ impl PgStore {
     /// order.
     async fn writable_host(
         &self,
-        follower: &Follower,
+        follower: &Arc<Follower>,
         until_closed: Option<PgPool>,
     ) -> Result<usize, Vec<String>> {
         let shape: Shape = Arc::new(|options: PgConnectOptions| {
@@ -420,13 +344,15 @@ impl PgStore {
         });
         let mut asking = tokio::task::JoinSet::new();
         for index in 0..follower.list.hosts.len() {
-            let options = follower.options(index, &shape);
+            let (follower, shape) = (follower.clone(), shape.clone());
             let attrs = follower.list.attrs;
             let wait = self.budget.connection_wait;
             let until_closed = until_closed.clone();
             asking.spawn(async move {
                 let mut retry = SEARCH_RETRY.0;
                 loop {
+                    // Made again at each try: a long failover may outlast a rotated login.
+                    let options = follower.options(index, &shape);
                     let asked = ask_host(&options, attrs, wait).await;
                     if asked.is_ok() {
                         return (index, asked);
@@ -459,7 +385,7 @@ impl PgStore {
 }
 
 /// No host of `follower`'s URL is writable: each named with what it answered.
-fn none_writable(follower: &Follower, causes: Vec<String>) -> ConnectFailure {
+fn none_writable(follower: &Arc<Follower>, causes: Vec<String>) -> ConnectFailure {
     let hosts: Vec<String> = follower.list.hosts.iter().map(host_name).collect();
     let each = hosts
         .iter()
@@ -521,6 +447,10 @@ async fn ask_host(
 impl Follower {
     /// Points `pools` at host `index`, if it is not the current one already.
     fn move_to(&self, index: usize, pools: &[Followed<'_>]) {
+        let _one = self
+            .repointing
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         let before = self.current.swap(index, Ordering::SeqCst);
         if before == index {
             return;
@@ -530,6 +460,7 @@ impl Follower {
                 .pool
                 .set_connect_options(self.options(index, followed.shape));
         }
+        self.generation.fetch_add(1, Ordering::SeqCst);
         *self
             .moved_at
             .lock()
