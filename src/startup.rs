@@ -216,8 +216,13 @@ impl Application {
                 ),
             );
         }
+        let held_keys = HeldKeys::for_capacity(
+            settings.store.concurrent_statements,
+            settings.operation_timeout,
+        );
         let admin = crate::service::admin::Admin::new(
-            store.clone(),
+            (store.clone(), held_keys.clone()),
+            settings.operation_timeout,
             replays.clone(),
             settings.audit_retention,
             store_work.clone(),
@@ -231,7 +236,7 @@ impl Application {
             settings.coalescing,
             waiting,
             replays,
-            HeldKeys::for_pool(settings.store.pool_size, settings.operation_timeout),
+            held_keys,
             &Lifecycle {
                 supervisor: supervisor.clone(),
                 shutdown: shutdown.clone(),

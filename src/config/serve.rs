@@ -170,6 +170,35 @@ pub(super) const AUDIT_RETENTION: Bounds = Bounds::new(
     Duration::from_secs(3650 * 24 * 3600),
 );
 
+/// The fewest statements PostgreSQL must run at once for this replica for a held key to delay
+/// only its own callers: one for the held keys' lane, one for the calls of failed shared
+/// statements run again alone, and two for everyone else (docs/reliability.md §11).
+pub const FEWEST_CONCURRENT_STATEMENTS: u32 = 4;
+
+/// Refuses a PostgreSQL store that cannot run [`FEWEST_CONCURRENT_STATEMENTS`] at once, naming
+/// the flag that limits it.
+fn check_room_for_held_keys(store: &crate::store::StoreSettings) -> Result<(), SettingError> {
+    let postgres = matches!(store.location, crate::store::StoreLocation::Postgres { .. });
+    if !postgres || store.concurrent_statements >= FEWEST_CONCURRENT_STATEMENTS {
+        return Ok(());
+    }
+    let limited_by_pooler = store.concurrent_statements < store.pool_size;
+    let (flag, what) = if limited_by_pooler {
+        ("pooler-server-connections", "server connections")
+    } else {
+        ("pool-size", "connections")
+    };
+    Err(SettingError::new(
+        flag,
+        format!(
+            "{} {what} leave no room for held keys: a key another transaction holds keeps a \
+             connection while its callers wait, and the other calls need theirs; PostgreSQL \
+             needs at least {FEWEST_CONCURRENT_STATEMENTS} (docs/reliability.md §11)",
+            store.concurrent_statements
+        ),
+    ))
+}
+
 impl ServeArgs {
     /// Every setting checked, alone and together.
     pub fn settings(&self) -> Result<Settings, SettingError> {
@@ -180,6 +209,7 @@ impl ServeArgs {
         if store.pooler == Pooler::Transaction && !self.no_migrate {
             return Err(SettingError::new("pooler", MIGRATE_THROUGH_POOLER));
         }
+        check_room_for_held_keys(&store)?;
         let operation_timeout = store.operation_timeout;
         let limits = Limits {
             default_lease_ttl: LeaseTtl::parse(self.default_lease_ttl)

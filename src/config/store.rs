@@ -103,7 +103,20 @@ pub struct DatabaseArgs {
     /// Needs --notify-database-url and --no-migrate (migrate through a direct URL).
     #[arg(long, env = "IDEMPOTENCY_POOLER", value_enum, default_value_t = Pooler::None)]
     pub pooler: Pooler,
+
+    /// With --pooler transaction: the server connections the pooler gives this replica (its
+    /// pool for this database and user, e.g. PgBouncer's default_pool_size, divided among the
+    /// replicas that share it). A statement waiting for a held key keeps one of them, so the
+    /// held-key lane is sized from the smaller of this and --pool-size (1-10000; by default 20,
+    /// PgBouncer's own default_pool_size).
+    #[arg(long, env = "IDEMPOTENCY_POOLER_SERVER_CONNECTIONS",
+          value_parser = clap::value_parser!(u32).range(1..=10_000))]
+    pub pooler_server_connections: Option<u32>,
 }
+
+/// The server connections assumed behind a pooler in transaction mode when
+/// --pooler-server-connections is not given: PgBouncer's own default_pool_size.
+pub const DEFAULT_POOLER_SERVER_CONNECTIONS: u32 = 20;
 
 #[derive(Debug, Clone, Args)]
 pub struct MigrateArgs {
@@ -211,6 +224,14 @@ impl DatabaseArgs {
                 });
             }
         }
+        if self.pooler != Pooler::Transaction && self.pooler_server_connections.is_some() {
+            return Err(SettingError {
+                flag: "pooler-server-connections",
+                problem: "applies with --pooler transaction only: without a pooler, the \
+                          statements run at once are --pool-size's"
+                    .into(),
+            });
+        }
         let postgres = matches!(location, StoreLocation::Postgres { .. });
         let credentials = credential_files(
             postgres,
@@ -237,6 +258,13 @@ impl DatabaseArgs {
             migration_lock_timeout: MIGRATION_LOCK_TIMEOUT
                 .check_setting("migration-lock-timeout", self.migration_lock_timeout)?,
             pool_size: self.pool_size,
+            concurrent_statements: match self.pooler {
+                Pooler::None => self.pool_size,
+                Pooler::Transaction => self.pool_size.min(
+                    self.pooler_server_connections
+                        .unwrap_or(DEFAULT_POOLER_SERVER_CONNECTIONS),
+                ),
+            },
             operation_timeout: OPERATION_TIMEOUT
                 .check_setting("operation-timeout", self.operation_timeout)?,
             notify_url,

@@ -418,3 +418,54 @@ fn require_synchronous_standby_is_for_postgresql_only() {
         "{refused}"
     );
 }
+
+#[test]
+fn postgresql_needs_room_for_held_keys_in_the_pool_and_behind_the_pooler() {
+    let settings = serve_settings(&["--pool-size", "4"]).expect("the smallest pool");
+    assert_eq!(settings.store.concurrent_statements, 4);
+    for small in ["1", "3"] {
+        let error = serve_settings(&["--pool-size", small]).expect_err(small);
+        assert!(
+            error.contains("--pool-size") && error.contains("at least 4"),
+            "{small}: {error}"
+        );
+    }
+    // SQLite's pool is its readers: one is enough.
+    let sqlite = Cli::try_parse_from(["x", "--pool-size", "1"]).expect("parses");
+    let Command::Serve(sqlite) = sqlite.into_command() else {
+        panic!("expected serve");
+    };
+    sqlite.settings().expect("SQLite with one reader");
+
+    let pooled = ["--pooler", "transaction", "--no-migrate"];
+    let direct = ["--notify-database-url", "postgres://direct/y"];
+    let by_default = serve_settings(&[&pooled[..], &direct].concat()).expect("pooled");
+    assert_eq!(
+        by_default.store.concurrent_statements, 16,
+        "the pool (16), under PgBouncer's default_pool_size (20)"
+    );
+    let four =
+        serve_settings(&[&pooled[..], &direct, &["--pooler-server-connections", "4"]].concat())
+            .expect("four server connections");
+    assert_eq!(four.store.concurrent_statements, 4);
+    let three =
+        serve_settings(&[&pooled[..], &direct, &["--pooler-server-connections", "3"]].concat())
+            .expect_err("three server connections");
+    assert!(
+        three.contains("--pooler-server-connections") && three.contains("at least 4"),
+        "{three}"
+    );
+    let without_pooler = serve_settings(&["--pooler-server-connections", "8"])
+        .expect_err("without --pooler transaction");
+    assert!(
+        without_pooler.contains("--pooler-server-connections")
+            && without_pooler.contains("--pooler transaction"),
+        "{without_pooler}"
+    );
+    for out_of_range in ["0", "10001"] {
+        assert!(
+            parse(&["--pooler-server-connections", out_of_range]).is_err(),
+            "{out_of_range}"
+        );
+    }
+}

@@ -15,6 +15,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use super::ReplayCache;
+use super::held_keys::{EraseKey, ForceRelease, HeldKeys, RunsAlone};
 use crate::domain::admin::{
     AdminAction, AuditEntry, AuditEvent, EraseBatch, ForceReleased, FullKey, KeyFilter, KeySummary,
     NamespaceStats, PageCursor, PageSize, Reason,
@@ -63,6 +64,10 @@ pub struct EraseProgress {
 #[derive(Clone)]
 pub struct Admin {
     store: AnyStore,
+    /// Held keys: a ForceRelease or EraseKey of a key another transaction holds waits for it
+    /// in the held-key lane, in its key's turn, like the key's calls (`held_keys`).
+    held: HeldKeys,
+    operation_timeout: Duration,
     replays: Option<ReplayCache>,
     audit_retention: Duration,
     tasks: TaskTracker,
@@ -78,7 +83,8 @@ pub struct Actor {
 
 impl Admin {
     pub fn new(
-        store: AnyStore,
+        (store, held): (AnyStore, HeldKeys),
+        operation_timeout: Duration,
         replays: Option<ReplayCache>,
         audit_retention: Duration,
         tasks: TaskTracker,
@@ -86,11 +92,23 @@ impl Admin {
     ) -> Self {
         Self {
             store,
+            held,
+            operation_timeout,
             replays,
             audit_retention,
             tasks,
             shutdown,
         }
+    }
+
+    /// `command`, a change to one key, under the held-key rule, by the operation's deadline
+    /// (less the share left for the answer, as for every call).
+    async fn on_held_key<C: RunsAlone>(&self, command: &C) -> Result<C::Answer, StoreError> {
+        let deadline =
+            tokio::time::Instant::now() + self.operation_timeout - self.operation_timeout / 20;
+        // Awaited in the caller's own task: a caller that goes drops every wait with it.
+        let stays = CancellationToken::new();
+        self.held.run(&self.store, command, deadline, &stays).await
     }
 
     fn audit(
@@ -148,7 +166,11 @@ impl Admin {
         key: &Key,
     ) -> Result<ForceReleased, StoreError> {
         let audit = self.audit(actor, AdminAction::ForceRelease, namespace, Some(key));
-        let released = self.store.force_release(&audit, key).await?;
+        let release = ForceRelease {
+            audit,
+            key: key.clone(),
+        };
+        let released = self.on_held_key(&release).await?;
         if let ForceReleased::Released { audit_id, .. } = &released {
             tracing::warn!(
                 actor = actor.name,
@@ -167,7 +189,11 @@ impl Admin {
         key: &Key,
     ) -> Result<(Option<KeySummary>, i64), StoreError> {
         let audit = self.audit(actor, AdminAction::EraseKey, namespace, Some(key));
-        let erased = self.store.erase_key(&audit, key).await?;
+        let erase = EraseKey {
+            audit,
+            key: key.clone(),
+        };
+        let erased = self.on_held_key(&erase).await?;
         if let Some(replays) = &self.replays {
             replays.forget_key(namespace.as_str(), key.as_str());
         }

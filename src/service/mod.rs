@@ -23,6 +23,7 @@ use std::time::Duration;
 
 use tracing::{Instrument, Span};
 
+use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 pub mod admin;
@@ -34,8 +35,8 @@ mod wait_for_holder;
 pub mod waiting;
 
 use coalesce::{
-    AloneFuture, Backlog, Coalescer, CoalescerSettings, Executors, FollowsEarlier, Isolate,
-    RoundFuture, WhyAlone,
+    AloneFuture, Backlog, Coalescer, CoalescerSettings, Executors, FindHeldFuture, FollowsEarlier,
+    Isolate, RoundFuture, WhyAlone,
 };
 use held_keys::{HeldKeys, RunsAlone, Watch};
 pub use in_flight::InFlight;
@@ -178,20 +179,33 @@ impl<C: RunsAlone> Isolate<C, C::Answer> for Isolation {
         self.held.any_held(command)
     }
 
+    fn find_held<'a>(
+        &'a self,
+        commands: Vec<&'a C>,
+        answer_by: tokio::time::Instant,
+    ) -> FindHeldFuture<'a> {
+        let deadline = self.store_deadline(answer_by);
+        Box::pin(async move {
+            self.held.find_held(&self.store, &commands, deadline).await;
+        })
+    }
+
     fn alone(
         &self,
         command: C,
         answer_by: tokio::time::Instant,
         why: WhyAlone,
+        gone: CancellationToken,
     ) -> AloneFuture<C::Answer> {
         let (held, store, timeout) = (self.held.clone(), self.store.clone(), self.timeout);
         let deadline = self.store_deadline(answer_by);
         Box::pin(async move {
             let alone = async {
                 match why {
-                    WhyAlone::KnownHeld => held.in_lane(&store, &command, deadline).await,
+                    WhyAlone::KnownHeld => held.in_lane(&store, &command, deadline, &gone).await,
                     WhyAlone::MetHeld { shared } => {
-                        held.after_held(&store, &command, shared, deadline).await
+                        held.after_held(&store, &command, shared, deadline, &gone)
+                            .await
                     }
                 }
             };
@@ -207,7 +221,7 @@ impl<C: RunsAlone> Isolate<C, C::Answer> for Isolation {
 /// takes.
 fn queue_of<C, R>(name: &'static str, coalescer: &Coalescer<C, R>) -> (&'static str, usize, usize)
 where
-    C: Batchable + FollowsEarlier<R> + Clone + Send + 'static,
+    C: Batchable + FollowsEarlier<R> + Clone + Send + Sync + 'static,
     R: Send + 'static,
 {
     (name, coalescer.queued(), coalescer.capacity())
@@ -516,17 +530,12 @@ impl Coordinator {
         let deadline = self
             .isolation
             .store_deadline(tokio::time::Instant::now() + self.operation_timeout);
+        // Cancelled when this call stops waiting (its caller gone): a run waiting for a place
+        // in the held-key lane then leaves its queue.
+        let gone = CancellationToken::new();
+        let _gone_when_dropped = gone.clone().drop_guard();
         self.run(name, move |store| async move {
-            if held.any_held(&command) {
-                return held.in_lane(&store, &command, deadline).await;
-            }
-            match command.run_alone(&store).await {
-                Err(error) => match error.key_held() {
-                    Some(shared) => held.after_held(&store, &command, shared, deadline).await,
-                    None => Err(error),
-                },
-                answered => answered,
-            }
+            held.run(&store, &command, deadline, &gone).await
         })
         .await
     }

@@ -4,6 +4,7 @@
 pub mod admin;
 mod error;
 pub mod postgres;
+mod row;
 mod schema;
 pub mod sqlite;
 
@@ -24,6 +25,7 @@ use crate::domain::{
 pub use admin::{AdminStore, EraseCursor, Erased, Erasure};
 pub use error::StoreError;
 pub use postgres::PgStore;
+pub use row::Row;
 pub use sqlite::SqliteStore;
 
 /// The age of the oldest expired row still stored, per table (see [`Store::expired_backlog`]).
@@ -157,6 +159,14 @@ pub trait Store: Clone + Send + Sync + 'static {
     /// [`KeyEvent::Missed`] each time). A store whose only writer is this process sends its
     /// events as it commits and has nothing to watch.
     fn watch_keys(&self, shutdown: CancellationToken) -> impl Future<Output = ()> + Send;
+
+    /// For each of `rows`, whether another transaction holds it now (never waiting): asked when
+    /// a shared statement met a held row, to say whose. A store without row locks (SQLite's one
+    /// writer) answers none.
+    fn rows_held(
+        &self,
+        rows: &[Row<'_>],
+    ) -> impl Future<Output = Result<Vec<bool>, StoreError>> + Send;
 }
 
 /// How long a [`Store::limited`] statement waits for a row lock another transaction holds.
@@ -198,6 +208,9 @@ pub struct StoreSettings {
     pub location: StoreLocation,
     /// Connections in the pool (SQLite: readers; its writer is always one).
     pub pool_size: u32,
+    /// How many statements the database runs for this replica at once: the pool, or behind a
+    /// pooler in transaction mode the server connections it gives, if fewer.
+    pub concurrent_statements: u32,
     /// The budget of one store operation.
     pub operation_timeout: Duration,
     /// PostgreSQL only: where to `LISTEN` for other replicas' changes, when not the database
@@ -432,5 +445,9 @@ impl Store for AnyStore {
 
     async fn watch_keys(&self, shutdown: CancellationToken) {
         delegate!(self, store => store.watch_keys(shutdown))
+    }
+
+    async fn rows_held(&self, rows: &[Row<'_>]) -> Result<Vec<bool>, StoreError> {
+        delegate!(self, store => store.rows_held(rows))
     }
 }

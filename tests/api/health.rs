@@ -226,6 +226,7 @@ async fn store_probe_requires_the_full_schema(backend: Backend) {
         pooler: Default::default(),
         location,
         pool_size: 2,
+        concurrent_statements: 2,
         operation_timeout: Duration::from_secs(5),
         require_synchronous_standby: false,
         credentials: Default::default(),
@@ -263,10 +264,18 @@ async fn watching_an_unknown_service_answers_service_unknown_until_shutdown(back
 }
 
 async fn a_busy_pool_does_not_make_the_service_look_unhealthy(backend: Backend) {
-    // One pooled connection, held by calls waiting on a row lock: the health probe has a
-    // connection of its own, so health stays SERVING.
-    let (app, mut client) =
-        app_and_client_with(backend, &["--pool-size", "1", "--operation-timeout", "4s"]).await;
+    // The smallest pool each store accepts (PostgreSQL's leaves room for held keys: 4), its
+    // calls waiting on a row lock: the health probe has a connection of its own, so health
+    // stays SERVING.
+    let pool_size = match backend {
+        Backend::Postgres => "4",
+        Backend::Sqlite => "1",
+    };
+    let (app, mut client) = app_and_client_with(
+        backend,
+        &["--pool-size", pool_size, "--operation-timeout", "4s"],
+    )
+    .await;
     let (lock, calls) =
         completes_behind_a_held_row(&app, &mut client, &unique_key("busy"), 3).await;
     app.wait_for_blocked(1).await;

@@ -271,7 +271,7 @@ async fn at_the_descriptor_limit_silent_sockets_are_closed_and_new_clients_serve
     let (mut child, addr, _dir) = start(
         command,
         &database.url,
-        &["--pool-size", "2", "--connection-handshake-timeout", "2s"],
+        &["--pool-size", "4", "--connection-handshake-timeout", "2s"],
     )
     .await;
     let mut log = tokio::io::BufReader::new(child.stdout.take().expect("stdout")).lines();

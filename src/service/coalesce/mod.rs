@@ -58,6 +58,7 @@ use std::time::Duration;
 
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 pub use answer::FollowsEarlier;
@@ -73,6 +74,9 @@ use queue::Pending;
 /// A round's statement, as the store runs it: it borrows the round, whose commands the batch
 /// keeps (a call whose key was held runs again alone with its own).
 pub type RoundFuture<'a, R> = Pin<Box<dyn Future<Output = Vec<Result<R, StoreError>>> + Send + 'a>>;
+
+/// [`Isolate::find_held`]'s work.
+pub type FindHeldFuture<'a> = Pin<Box<dyn Future<Output = ()> + Send + 'a>>;
 
 /// A call's answer from a run of its own (see [`Isolate`]).
 pub type AloneFuture<R> = Pin<Box<dyn Future<Output = Result<R, CoordinatorError>> + Send>>;
@@ -95,8 +99,19 @@ pub trait Isolate<C, R>: Send + Sync {
 
     /// `command` on its own, answered by `answer_by`: once more briefly when its shared
     /// statement met a held key (maybe another call's), and patiently, in the held-key lane,
-    /// when its own key is held.
-    fn alone(&self, command: C, answer_by: Instant, why: WhyAlone) -> AloneFuture<R>;
+    /// when its own key is held. Once `gone` is cancelled (its caller stopped waiting), it
+    /// leaves any queue it waits in and starts no statement.
+    /// Learns which of `commands`' keys are held, their shared statement having met a held key
+    /// without saying whose (before each runs on its own), by `answer_by`.
+    fn find_held<'a>(&'a self, commands: Vec<&'a C>, answer_by: Instant) -> FindHeldFuture<'a>;
+
+    fn alone(
+        &self,
+        command: C,
+        answer_by: Instant,
+        why: WhyAlone,
+        gone: CancellationToken,
+    ) -> AloneFuture<R>;
 }
 
 /// A formed batch's run, which holds an executor's permit until it is done. Boxed: it is built
@@ -173,7 +188,7 @@ pub struct CoalescerSettings {
 
 impl<C, R> Coalescer<C, R>
 where
-    C: Batchable + FollowsEarlier<R> + Clone + Send + 'static,
+    C: Batchable + FollowsEarlier<R> + Clone + Send + Sync + 'static,
     R: Send + 'static,
 {
     /// Starts the dispatcher, an essential task named `name` of `lifecycle` (it ends only once

@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, oneshot};
 use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
 use tracing::Span;
 
 use super::in_place::InPlace;
@@ -137,9 +138,16 @@ impl<C: Batchable, R> Coalescer<C, R> {
         // for it, and every call queued behind that statement with it.
         if self.isolation.is_held(&command) {
             let in_flight = self.in_flight.enter();
-            let alone =
-                self.isolation
-                    .alone(command, Instant::now() + self.timeout, WhyAlone::KnownHeld);
+            // Cancelled when this call stops waiting (its caller gone): the run leaves its
+            // queue for a place in the lane then.
+            let gone = CancellationToken::new();
+            let _gone_when_dropped = gone.clone().drop_guard();
+            let alone = self.isolation.alone(
+                command,
+                Instant::now() + self.timeout,
+                WhyAlone::KnownHeld,
+                gone,
+            );
             return match self
                 .tasks
                 .spawn(async move {

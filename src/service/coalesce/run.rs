@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{Instrument, Span};
 
@@ -32,15 +33,52 @@ impl<C, R> Clone for Alone<C, R> {
     }
 }
 
-impl<C, R: Send + 'static> Alone<C, R> {
-    fn send(&self, waiter: Waiter<C, R>, command: C, shared: bool) {
-        let run = self
-            .isolation
-            .alone(command, waiter.answer_by, WhyAlone::MetHeld { shared });
+impl<C: Send + Sync + 'static, R: Send + 'static> Alone<C, R> {
+    /// Sends each of a round's calls that met a held key to a run of its own. When the round
+    /// carried other calls too (`shared`), the store is first asked which keys are held, in one
+    /// statement, so that only their calls wait for them, and the others run again at once.
+    fn send_all(&self, left: Vec<(Waiter<C, R>, C, bool)>) {
+        if !left.iter().any(|(_, _, shared)| *shared) {
+            for (waiter, command, shared) in left {
+                self.send(waiter, command, shared);
+            }
+            return;
+        }
+        let alone = self.clone();
         self.tasks.spawn(async move {
-            let answer = run.await;
-            let _ = waiter.reply.send(answer);
-            drop(waiter.held);
+            let answer_by = left.iter().map(|(waiter, _, _)| waiter.answer_by).min();
+            if let Some(answer_by) = answer_by {
+                let commands = left.iter().map(|(_, command, _)| command).collect();
+                alone.isolation.find_held(commands, answer_by).await;
+            }
+            for (waiter, command, shared) in left {
+                alone.send(waiter, command, shared);
+            }
+        });
+    }
+
+    fn send(&self, waiter: Waiter<C, R>, command: C, shared: bool) {
+        let gone = CancellationToken::new();
+        let run = self.isolation.alone(
+            command,
+            waiter.answer_by,
+            WhyAlone::MetHeld { shared },
+            gone.clone(),
+        );
+        let (mut reply, held) = (waiter.reply, waiter.held);
+        self.tasks.spawn(async move {
+            tokio::pin!(run);
+            let answer = tokio::select! {
+                answer = &mut run => answer,
+                // Its caller stopped waiting: the run leaves any queue it is in, and a
+                // statement it started ends as it would have.
+                () = reply.closed() => {
+                    gone.cancel();
+                    run.await
+                }
+            };
+            let _ = reply.send(answer);
+            drop(held);
         });
     }
 }
@@ -55,7 +93,7 @@ pub(super) async fn run_batch<C, R, F>(
     timeout: Duration,
     (label, db_system): (&'static str, &'static str),
 ) where
-    C: Batchable + FollowsEarlier<R> + Clone,
+    C: Batchable + FollowsEarlier<R> + Clone + Send + Sync + 'static,
     R: Send + 'static,
     F: for<'a> Fn(&'a Round<C>) -> RoundFuture<'a, R>,
 {
@@ -128,7 +166,7 @@ pub(super) async fn run_batch<C, R, F>(
 /// whose key was held (its statement wrote nothing) leaves for a run of its own, with its
 /// command, and is answered from there.
 #[allow(clippy::type_complexity)]
-fn leave_if_held<C, R: Send + 'static>(
+fn leave_if_held<C: Send + Sync + 'static, R: Send + 'static>(
     waiters: Vec<Waiter<C, R>>,
     round: Round<C>,
     results: Vec<Result<R, StoreError>>,
@@ -136,18 +174,22 @@ fn leave_if_held<C, R: Send + 'static>(
 ) -> (Vec<Waiter<C, R>>, Vec<Result<R, CoordinatorError>>) {
     let mut kept = Vec::with_capacity(waiters.len());
     let mut answers = Vec::with_capacity(waiters.len());
+    let mut left = Vec::new();
     let mut results = results.into_iter();
     for (waiter, command) in waiters.into_iter().zip(round) {
         let result = results.next().unwrap_or(Err(StoreError::Inconsistent(
             "a batch answered fewer results than it had commands",
         )));
         match result.as_ref().err().and_then(StoreError::key_held) {
-            Some(shared) => alone.send(waiter, command, shared),
+            Some(shared) => left.push((waiter, command, shared)),
             None => {
                 kept.push(waiter);
                 answers.push(result.map_err(CoordinatorError::Store));
             }
         }
+    }
+    if !left.is_empty() {
+        alone.send_all(left);
     }
     (kept, answers)
 }

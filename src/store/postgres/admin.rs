@@ -19,7 +19,7 @@ use crate::domain::admin::{
 };
 use crate::domain::{Instant, Key, LeaseToken, Scope};
 use crate::store::schema::{attempt_number, stored_duration};
-use crate::store::{AdminStore, EraseCursor, Erased, Erasure, StoreError};
+use crate::store::{AdminStore, EraseCursor, Erased, Erasure, LockWait, StoreError};
 
 /// Greater than every key (at most 255 bytes of UTF-8): 64 times the greatest character.
 fn beyond_every_key() -> String {
@@ -146,17 +146,29 @@ macro_rules! record_audit {
 
 impl PgStore {
     /// A transaction of its own on a connection of the calls' pool, with a statement's timeout
-    /// and the lock budget (a forced release waits for a claim's statement that holds the row).
+    /// and, as every call's statement, a brief wait for a row lock: a key another transaction
+    /// holds is the held-key lane's to wait for (`service::held_keys`), where a limited store
+    /// runs it with what is left of its deadline and the lock budget.
     async fn admin_transaction<T>(
         &self,
         work: impl AsyncFnOnce(&mut sqlx::PgConnection) -> Result<T, sqlx::Error>,
     ) -> Result<T, StoreError> {
-        let mut connection = self.connections.lend().await.map_err(classify)?;
-        let begin = begin_statement(
-            self.budget.statement.as_millis(),
-            self.budget.lock,
-            self.begin.is_some(),
-        );
+        let (statement, lock) = match self.limits {
+            None => (self.budget.statement, self.budget.brief_lock),
+            Some((deadline, lock_wait)) => {
+                let left = deadline.saturating_duration_since(std::time::Instant::now());
+                if left < super::statements::MIN_STATEMENT_TIME {
+                    return Err(classify(super::statements::not_sent()));
+                }
+                let lock = match lock_wait {
+                    LockWait::Brief => self.budget.brief_lock,
+                    LockWait::Patient => self.budget.lock,
+                };
+                (left.min(self.budget.statement), lock)
+            }
+        };
+        let mut connection = self.lend().await.map_err(classify)?;
+        let begin = begin_statement(statement.as_millis(), lock, self.begin.is_some());
         let mut transaction = connection.begin_with(begin).await.map_err(classify)?;
         let answer = work(&mut transaction).await.map_err(classify)?;
         transaction.commit().await.map_err(classify)?;

@@ -17,6 +17,7 @@ pub(super) fn classify(error: sqlx::Error) -> StoreError {
         // before answering the TLS request that sslmode's negotiation sends first: the driver
         // reads the missing answer as a byte it does not expect.
         sqlx::Error::Protocol(_) if tls_request_unanswered(&error) => true,
+        sqlx::Error::Configuration(_) if super::statements::is_not_sent(&error) => true,
         sqlx::Error::Io(_)
         | sqlx::Error::Tls(_)
         | sqlx::Error::PoolTimedOut

@@ -21,6 +21,7 @@ mod connect;
 pub mod credentials;
 mod durability;
 mod error;
+mod held;
 pub mod hosts;
 mod kept;
 mod listen;
@@ -504,6 +505,10 @@ impl Store for PgStore {
 
     async fn watch_keys(&self, shutdown: CancellationToken) {
         self.listen_with_retries(shutdown).await;
+    }
+
+    async fn rows_held(&self, rows: &[crate::store::Row<'_>]) -> Result<Vec<bool>, StoreError> {
+        self.held_rows_now(rows).await
     }
 }
 

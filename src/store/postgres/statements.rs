@@ -20,25 +20,41 @@ use crate::domain::{GuardedKey, LeaseToken, Rejection, classify_refusal};
 use crate::store::LockWait;
 use crate::store::StoreError;
 
+/// A statement this service did not send because the operation's own deadline left too little
+/// time for it (a local decision, not the host's doing): the connection is as healthy as it
+/// was, and is kept; the call is answered UNAVAILABLE, nothing written.
+#[derive(Debug, thiserror::Error)]
+#[error("not sent: too little of the operation's time was left for the statement")]
+pub(super) struct NotSent;
+
+pub(super) fn not_sent() -> sqlx::Error {
+    sqlx::Error::Configuration(Box::new(NotSent))
+}
+
+/// Whether `error` is [`NotSent`].
+pub(super) fn is_not_sent(error: &sqlx::Error) -> bool {
+    matches!(error, sqlx::Error::Configuration(inner) if inner.is::<NotSent>())
+}
+
 /// A query of the store, answered by rows of type `O`.
 pub(super) type Statement<'q, O> = QueryAs<'q, Postgres, O, PgArguments>;
 
 /// The least time worth giving a statement: below it, a call is answered "timed out" at once.
-const MIN_STATEMENT_TIME: Duration = Duration::from_millis(10);
+pub(super) const MIN_STATEMENT_TIME: Duration = Duration::from_millis(10);
 
 impl PgStore {
     /// The statement that opens the transaction `query` runs in, if it needs one: behind a
     /// pooler in transaction mode, the one that sets what a direct connection's startup packet
     /// does; for a limited store, one that ends the statement by the store's deadline and waits
-    /// for row locks as the store was told. Refused (as a wait for a connection that ran out:
-    /// nothing was sent) when less than [`MIN_STATEMENT_TIME`] is left before the deadline.
+    /// for row locks as the store was told. Refused ([`NotSent`]: the connection stays as it
+    /// was) when less than [`MIN_STATEMENT_TIME`] is left before the deadline.
     fn transaction_for_statement(&self) -> Result<Option<SqlStr>, sqlx::Error> {
         let Some((deadline, lock_wait)) = self.limits else {
             return Ok(self.begin.clone());
         };
         let left = deadline.saturating_duration_since(std::time::Instant::now());
         if left < MIN_STATEMENT_TIME {
-            return Err(sqlx::Error::PoolTimedOut);
+            return Err(not_sent());
         }
         let lock = match lock_wait {
             LockWait::Brief => self.budget.brief_lock,
@@ -205,7 +221,7 @@ impl PgStore {
             Some((deadline, _)) => {
                 tokio::time::timeout_at(deadline.into(), self.connections.lend())
                     .await
-                    .unwrap_or(Err(sqlx::Error::PoolTimedOut))
+                    .unwrap_or_else(|_| Err(not_sent()))
             }
         }
     }

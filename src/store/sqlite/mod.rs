@@ -481,4 +481,9 @@ impl Store for SqliteStore {
     async fn watch_keys(&self, shutdown: CancellationToken) {
         shutdown.cancelled().await;
     }
+
+    /// SQLite has one writer and no row locks: no row is ever another transaction's.
+    async fn rows_held(&self, rows: &[crate::store::Row<'_>]) -> Result<Vec<bool>, StoreError> {
+        Ok(vec![false; rows.len()])
+    }
 }

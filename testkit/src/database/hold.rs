@@ -49,6 +49,34 @@ impl TestDatabase {
         }
     }
 
+    /// PostgreSQL only: holds processed events (by id, in any consumer) from outside the
+    /// service, in one transaction, so that a MarkProcessed of any of them waits.
+    pub async fn hold_events(&self, ids: &[&str]) -> KeyHold {
+        let Place::Postgres { .. } = &self.place else {
+            panic!("only PostgreSQL holds one event's row");
+        };
+        let mut connection = PgConnection::connect(&self.url).await.expect("connect");
+        sqlx::query("BEGIN")
+            .execute(&mut connection)
+            .await
+            .expect("begin");
+        let ids: Vec<String> = ids.iter().map(|id| id.to_string()).collect();
+        sqlx::query("SELECT 1 FROM processed_events WHERE event_id = ANY($1) FOR UPDATE")
+            .bind(&ids)
+            .execute(&mut connection)
+            .await
+            .expect("lock the events");
+        KeyHold::Postgres(connection)
+    }
+
+    /// PostgreSQL only: how many sessions have been opened on this database so far.
+    pub async fn sessions_opened(&self) -> i64 {
+        self.postgres_count(
+            "SELECT sessions FROM pg_stat_database WHERE datname = current_database()",
+        )
+        .await
+    }
+
     /// PostgreSQL only: the process id of a backend of the service's that has waited for a lock
     /// in this database for a while (100 ms: longer than the service's first, brief wait for a
     /// row, so that it is the statement that waits for the lock on its own, and will still be

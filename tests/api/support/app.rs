@@ -22,11 +22,15 @@ use super::database::{Backend, TestDatabase};
 
 pub type Client = IdempotencyServiceClient<Channel>;
 
+/// The pool of every test server unless a test says otherwise.
+pub const TEST_POOL_SIZE: u32 = 8;
+const TEST_POOL_SIZE_FLAG: &str = "8";
+
 /// Settings every test server gets unless a test overrides them: a small pool, quick health
 /// checks, and a reaper that stays out of the way (tests that need it set an interval).
 const TEST_DEFAULTS: &[&str] = &[
     "--pool-size",
-    "8",
+    TEST_POOL_SIZE_FLAG,
     "--health-check-interval",
     "100ms",
     "--reaper-interval",

@@ -78,11 +78,20 @@ impl Isolate<Command, u32> for TestIsolation {
         command.key.is_some_and(|key| key >= 950)
     }
 
+    fn find_held<'a>(
+        &'a self,
+        _commands: Vec<&'a Command>,
+        _answer_by: tokio::time::Instant,
+    ) -> super::FindHeldFuture<'a> {
+        Box::pin(async {})
+    }
+
     fn alone(
         &self,
         command: Command,
         _answer_by: tokio::time::Instant,
         why: WhyAlone,
+        _gone: tokio_util::sync::CancellationToken,
     ) -> AloneFuture<u32> {
         self.sent.lock().expect("sent alone").push((command, why));
         Box::pin(async move { Ok(command.value * 3) })

@@ -200,10 +200,9 @@ async fn check_writable(
 /// (a demoted primary), or the server is shutting down.
 pub(super) fn host_suspect(error: &sqlx::Error) -> bool {
     match error {
-        sqlx::Error::Io(_)
-        | sqlx::Error::Tls(_)
-        | sqlx::Error::PoolTimedOut
-        | sqlx::Error::Configuration(_) => true,
+        sqlx::Error::Io(_) | sqlx::Error::Tls(_) | sqlx::Error::PoolTimedOut => true,
+        // A statement not sent for want of time says nothing of its host.
+        sqlx::Error::Configuration(_) => !super::statements::is_not_sent(error),
         sqlx::Error::Protocol(_) => super::error::tls_request_unanswered(error),
         sqlx::Error::Database(db) => {
             let code = db.code().unwrap_or_default();

@@ -430,4 +430,6 @@ pub(super) const SESSION_WRITABLE: &str =
     "SELECT pg_is_in_recovery(), current_setting('transaction_read_only')";
 
 mod admin;
+mod held;
 pub(super) use admin::*;
+pub(super) use held::HELD_ROWS;

@@ -16,6 +16,9 @@ use tonic::Code;
 use crate::pgbouncer::PgBouncer;
 use crate::support::*;
 
+mod edges;
+mod others;
+
 /// What another call may wait for a held key at most (the bound): a shared statement's
 /// first wait for a row lock is 20 ms, and a call that met the held key in a shared statement
 /// runs once more alone.
@@ -28,7 +31,7 @@ const STATEMENT_BUDGET: Duration = Duration::from_millis(2500);
 
 /// How the service reaches PostgreSQL.
 #[derive(Clone, Copy, Debug)]
-enum Route {
+pub(super) enum Route {
     Direct,
     PgBouncer,
 }
@@ -38,7 +41,11 @@ enum Route {
 /// served traffic has its pool's connections open, and a test of how long calls wait should
 /// not time the opening of a connection for the first of them.
 async fn service(route: Route) -> (TestApp, Option<PgBouncer>) {
-    let (app, bouncer) = started(route).await;
+    service_with(route, &[]).await
+}
+
+/// Opens the pool's connections with a few rounds of lookups.
+async fn warm_up(app: &TestApp) {
     let client = app.client().await;
     for _ in 0..3 {
         let mut lookups = JoinSet::new();
@@ -52,12 +59,22 @@ async fn service(route: Route) -> (TestApp, Option<PgBouncer>) {
                 .expect("a warm-up lookup");
         }
     }
-    (app, bouncer)
 }
 
 async fn started(route: Route) -> (TestApp, Option<PgBouncer>) {
+    started_with(route, &[]).await
+}
+
+/// [`service`] with `flags` besides.
+pub(super) async fn service_with(route: Route, flags: &[&str]) -> (TestApp, Option<PgBouncer>) {
+    let (app, bouncer) = started_with(route, flags).await;
+    warm_up(&app).await;
+    (app, bouncer)
+}
+
+async fn started_with(route: Route, extra: &[&str]) -> (TestApp, Option<PgBouncer>) {
     match route {
-        Route::Direct => (TestApp::spawn(Backend::Postgres).await, None),
+        Route::Direct => (TestApp::spawn_with(Backend::Postgres, extra).await, None),
         Route::PgBouncer => {
             let bouncer = PgBouncer::start().await;
             let database = TestDatabase::create(Backend::Postgres).await;
@@ -65,12 +82,16 @@ async fn started(route: Route) -> (TestApp, Option<PgBouncer>) {
             crate::pgbouncer::migrate_directly(&direct).await;
             let pooled = bouncer.url(&direct);
             let flags = [
-                "--pooler",
-                "transaction",
-                "--no-migrate",
-                "--notify-database-url",
-                direct.as_str(),
-            ];
+                &[
+                    "--pooler",
+                    "transaction",
+                    "--no-migrate",
+                    "--notify-database-url",
+                    direct.as_str(),
+                ][..],
+                extra,
+            ]
+            .concat();
             let app = TestApp::start_on(database, Some(&pooled), &flags).await;
             app.wait_for_status(tonic_health::pb::health_check_response::ServingStatus::Serving)
                 .await;
