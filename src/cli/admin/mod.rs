@@ -49,9 +49,16 @@ enum Failure {
 }
 
 impl From<Status> for Failure {
+    /// The status as the API gave it: its code, its ErrorInfo reason (the one scripts and
+    /// operators tell causes apart by, e.g. `ADMIN_WRITE_REQUIRED`) and its message.
     fn from(status: Status) -> Self {
+        use tonic_types::StatusExt;
+        let reason = status
+            .get_details_error_info()
+            .map(|info| format!(" [{}]", info.reason))
+            .unwrap_or_default();
         Self::Call(format!(
-            "{}: {}",
+            "{}{reason}: {}",
             status.code().description(),
             status.message()
         ))
