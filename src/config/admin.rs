@@ -164,12 +164,20 @@ pub enum KeysCommand {
         /// Erase the whole namespace.
         #[arg(long)]
         all: bool,
-        /// Why, for the audit trail (required).
-        #[arg(long)]
-        reason: String,
+        /// Why, for the audit trail (required, unless --dry-run).
+        #[arg(long, required_unless_present = "dry_run")]
+        reason: Option<String>,
         /// Rows deleted per statement of a namespace's erasure (1-10000; 0: the server's 1000).
         #[arg(long, default_value_t = 0)]
         batch_size: u32,
+        /// With --all: erase without asking for the namespace to be typed again (for scripts;
+        /// without a terminal, --all needs it).
+        #[arg(long)]
+        yes: bool,
+        /// Print what would be erased (the key, or the namespace's keys and processed events),
+        /// and erase nothing.
+        #[arg(long)]
+        dry_run: bool,
     },
 }
 

@@ -1,9 +1,11 @@
 //! `idempotency-coordinator admin …`: the operator's CLI, a client of the admin API over gRPC
 //! (the generated client, the flags of `config::admin`). Here the connection and each command's
 //! call; `print` how an answer is shown (a table for people or, with `--output json`, one JSON
-//! document for scripts), `progress` an erasure's progress on standard error. Exit status: 0
-//! done, 1 the call failed (its status on standard error), 2 bad flags.
+//! document for scripts), `erase` the guarded erasures, `progress` an erasure's progress on
+//! standard error. Exit status: 0 done, 1 the call failed (its status on standard error), 2 bad
+//! flags.
 
+mod erase;
 mod print;
 mod progress;
 
@@ -20,8 +22,8 @@ use crate::config::admin::{AdminArgs, AdminCommand, AdminConnection, KeysCommand
 use crate::proto::idempotency::v1 as pb;
 use crate::proto::idempotency::v1::admin_service_client::AdminServiceClient;
 
+use self::erase::{Erase, erase};
 use self::print::*;
-use self::progress::Progress;
 
 /// Adds the bearer token, when there is one, to every call.
 #[derive(Clone)]
@@ -200,66 +202,22 @@ async fn execute(connection: &AdminConnection, command: AdminCommand) -> Result<
         }
         AdminCommand::Keys(KeysCommand::Erase {
             namespace,
-            key: Some(key),
-            reason,
-            ..
-        }) => {
-            let answer = client
-                .erase_key(request(
-                    connection,
-                    pb::EraseKeyRequest {
-                        namespace,
-                        key,
-                        reason,
-                    },
-                ))
-                .await?
-                .into_inner();
-            let before = answer.erased.as_ref().map(entry_json);
-            print_change(
-                output,
-                "erased",
-                answer.audit_event_id,
-                before,
-                answer.erased.as_ref(),
-            );
-        }
-        AdminCommand::Keys(KeysCommand::Erase {
-            namespace,
-            key: None,
+            key,
+            all: _,
             reason,
             batch_size,
-            ..
+            yes,
+            dry_run,
         }) => {
-            // A stream that lasts as long as the erasure: no deadline on it.
-            let mut stream = client
-                .erase_namespace(pb::EraseNamespaceRequest {
-                    namespace: namespace.clone(),
-                    reason,
-                    batch_size,
-                })
-                .await?
-                .into_inner();
-            let mut progress = Progress::new(output);
-            let mut last = None;
-            while let Some(message) = stream.message().await? {
-                progress.show(&namespace, &message);
-                let done = message.done;
-                last = Some(message);
-                if done {
-                    break;
-                }
-            }
-            progress.finish();
-            let last = last.ok_or_else(|| Failure::Call("the erasure reported nothing".into()))?;
-            if !last.done {
-                return Err(Failure::Call(format!(
-                    "the stream ended before the erasure did (audit event {}); it goes on in \
-                     the coordinator: see `admin audit --namespace {namespace}`",
-                    last.audit_event_id
-                )));
-            }
-            print_erasure(output, &namespace, &last);
+            let what = Erase {
+                namespace,
+                key,
+                reason,
+                batch_size,
+                yes,
+                dry_run,
+            };
+            erase(&mut client, connection, what).await?;
         }
         AdminCommand::Stats { namespace } => {
             let answer = client

@@ -13,25 +13,25 @@ use super::*;
 use crate::support::security::*;
 
 /// The binary's answer: exit status, standard output, standard error.
-struct Run {
-    status: Option<i32>,
-    stdout: String,
-    stderr: String,
+pub(super) struct Run {
+    pub(super) status: Option<i32>,
+    pub(super) stdout: String,
+    pub(super) stderr: String,
 }
 
 impl Run {
-    fn json(&self) -> Value {
+    pub(super) fn json(&self) -> Value {
         assert_eq!(self.status, Some(0), "failed: {}", self.stderr);
         serde_json::from_str(&self.stdout)
             .unwrap_or_else(|error| panic!("not JSON ({error}): {}", self.stdout))
     }
 }
 
-async fn admin(app: &TestApp, args: &[&str]) -> Run {
+pub(super) async fn admin(app: &TestApp, args: &[&str]) -> Run {
     admin_with(&app.endpoint(), &[], args).await
 }
 
-async fn admin_with(endpoint: &str, connection: &[&str], args: &[&str]) -> Run {
+pub(super) async fn admin_with(endpoint: &str, connection: &[&str], args: &[&str]) -> Run {
     let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_idempotency-coordinator"))
         .arg("admin")
         .args(["--coordinator", endpoint])
@@ -215,6 +215,7 @@ async fn a_namespace_is_erased_from_the_cli_while_traffic_keeps_flowing(backend:
             "tenant left",
             "--batch-size",
             "50",
+            "--yes",
         ],
     )
     .await;
