@@ -58,8 +58,10 @@ dcs_setting() { sed -n "s/^    $1: \([0-9]*\)\$/\1/p" "$here/reference/patroni.y
 PATRONI_TTL=$(dcs_setting ttl)
 PATRONI_LOOP_WAIT=$(dcs_setting loop_wait)
 PATRONI_RETRY_TIMEOUT=$(dcs_setting retry_timeout)
-[ -n "$PATRONI_TTL" ] && [ -n "$PATRONI_LOOP_WAIT" ] && [ -n "$PATRONI_RETRY_TIMEOUT" ] \
-  || { echo "ha: reference/patroni.yml lacks bootstrap.dcs ttl, loop_wait or retry_timeout" >&2; exit 1; }
+if [ -z "$PATRONI_TTL" ] || [ -z "$PATRONI_LOOP_WAIT" ] || [ -z "$PATRONI_RETRY_TIMEOUT" ]; then
+  echo "ha: reference/patroni.yml lacks bootstrap.dcs ttl, loop_wait or retry_timeout" >&2
+  exit 1
+fi
 
 log() { echo "ha: $*" >&2; }
 die() { log "$*"; exit 1; }
@@ -370,8 +372,11 @@ frontend stats
     stats enable
     stats uri /stats
 CFG
-export HAPROXY_BIND=$HAPROXY_ADDRESS
-export PATRONI_NODE_1=$(ip_of pg1):5432 PATRONI_NODE_2=$(ip_of pg2):5432 PATRONI_NODE_3=$(ip_of pg3):5432
+HAPROXY_BIND=$HAPROXY_ADDRESS
+PATRONI_NODE_1=$(ip_of pg1):5432
+PATRONI_NODE_2=$(ip_of pg2):5432
+PATRONI_NODE_3=$(ip_of pg3):5432
+export HAPROXY_BIND PATRONI_NODE_1 PATRONI_NODE_2 PATRONI_NODE_3
 haproxy -c -q -f "$work/haproxy.cfg" -f "$work/haproxy-stats.cfg" >"$LOG_DIR/haproxy-check.log" 2>&1 \
   || fail_with_log "HAProxy refused its configuration" "$LOG_DIR/haproxy-check.log"
 setsid haproxy -db -f "$work/haproxy.cfg" -f "$work/haproxy-stats.cfg" >"$LOG_DIR/haproxy.log" 2>&1 </dev/null 9>&- &
