@@ -1,13 +1,15 @@
 //! `idempotency-coordinator admin …`: the operator's CLI, a client of the admin API over gRPC
 //! (the generated client, the flags of `config::admin`). Here the connection and each command's
-//! call; `print` how an answer is shown (a table for people or, with `--output json`, one JSON
-//! document for scripts), `erase` the guarded erasures, `progress` an erasure's progress on
-//! standard error. Exit status: 0 done, 1 the call failed (its status on standard error), 2 bad
-//! flags.
+//! call; `checks` the filters' checks before any call, `print` how an answer is shown (a table
+//! for people or, with `--output json`, one JSON document for scripts), `erase` the guarded
+//! erasures, `progress` an erasure's progress on standard error. Exit status: 0 done, 1 the
+//! call failed (its status on standard error), 2 bad flags.
 
+mod checks;
 mod erase;
 mod print;
 mod progress;
+mod transport;
 
 use std::process::ExitCode;
 use std::time::Duration;
@@ -22,6 +24,7 @@ use crate::config::admin::{AdminArgs, AdminCommand, AdminConnection, KeysCommand
 use crate::proto::idempotency::v1 as pb;
 use crate::proto::idempotency::v1::admin_service_client::AdminServiceClient;
 
+use self::checks::{TimeFilters, check_filters, instant_flag};
 use self::erase::{Erase, erase};
 use self::print::*;
 
@@ -48,6 +51,8 @@ enum Failure {
     Usage(String),
     /// The call failed (exit 1).
     Call(String),
+    /// The coordinator could not be reached, for this cause (exit 1).
+    Transport(String),
 }
 
 impl From<Status> for Failure {
@@ -55,6 +60,17 @@ impl From<Status> for Failure {
     /// operators tell causes apart by, e.g. `ADMIN_WRITE_REQUIRED`) and its message.
     fn from(status: Status) -> Self {
         use tonic_types::StatusExt;
+        if matches!(
+            status.code(),
+            tonic::Code::Unavailable
+                | tonic::Code::Unknown
+                | tonic::Code::Cancelled
+                | tonic::Code::Internal
+        ) && let Some(cause) =
+            std::error::Error::source(&status).and_then(transport::transport_cause)
+        {
+            return Self::Transport(cause);
+        }
         let reason = status
             .get_details_error_info()
             .map(|info| format!(" [{}]", info.reason))
@@ -85,6 +101,10 @@ pub async fn run(args: AdminArgs) -> ExitCode {
             eprintln!("error: {problem}");
             ExitCode::FAILURE
         }
+        Err(Failure::Transport(cause)) => {
+            eprintln!("error: cannot reach {}: {cause}", connection.coordinator);
+            ExitCode::FAILURE
+        }
     }
 }
 
@@ -102,10 +122,7 @@ async fn connect(connection: &AdminConnection) -> Result<Client, Failure> {
             .map_err(|error| Failure::Usage(format!("--coordinator-ca: {error}")))?;
     }
     let channel = endpoint.connect().await.map_err(|error| {
-        Failure::Call(format!(
-            "cannot connect to {}: {error}",
-            connection.coordinator
-        ))
+        Failure::Transport(transport::transport_cause(&error).unwrap_or_else(|| error.to_string()))
     })?;
     let bearer = match &connection.token {
         Some(token) => Some(
@@ -129,6 +146,24 @@ fn request<T>(connection: &AdminConnection, message: T) -> Request<T> {
 }
 
 async fn execute(connection: &AdminConnection, command: AdminCommand) -> Result<(), Failure> {
+    // Flags that contradict each other are refused before any connection is made.
+    if let AdminCommand::Keys(KeysCommand::List {
+        state,
+        completed_after,
+        completed_before,
+        claimed_after,
+        claimed_before,
+        ..
+    }) = &command
+    {
+        check_filters(&TimeFilters {
+            state: *state,
+            completed_after,
+            completed_before,
+            claimed_after,
+            claimed_before,
+        })?;
+    }
     let mut client = connect(connection).await?;
     let output = connection.output;
     match command {
@@ -251,23 +286,4 @@ async fn execute(connection: &AdminConnection, command: AdminCommand) -> Result<
         }
     }
     Ok(())
-}
-
-fn instant_flag(
-    flag: &str,
-    value: Option<String>,
-) -> Result<Option<prost_types::Timestamp>, Failure> {
-    let Some(value) = value else {
-        return Ok(None);
-    };
-    let parsed = chrono::DateTime::parse_from_rfc3339(&value).map_err(|error| {
-        Failure::Usage(format!(
-            "--{flag}: {value:?} is not an RFC 3339 instant: {error}"
-        ))
-    })?;
-    let at = parsed.to_utc();
-    Ok(Some(prost_types::Timestamp {
-        seconds: at.timestamp(),
-        nanos: i32::try_from(at.timestamp_subsec_nanos()).unwrap_or(0),
-    }))
 }

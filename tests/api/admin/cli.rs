@@ -357,15 +357,19 @@ async fn the_cli_uses_a_token_file_and_refuses_bad_flags(backend: Backend) {
             run.stderr
         );
     }
-    // A bound the server checks: exit 1 with the field named.
+    // A documented bound is the CLI's own: exit 2 naming the flag, before any call.
     let too_many = admin_with(
         &app.endpoint(),
         &["--token-file", &operator_file],
         &["keys", "list", "--namespace", NAMESPACE, "--limit", "1001"],
     )
     .await;
-    assert_eq!(too_many.status, Some(1));
-    assert!(too_many.stderr.contains("page_size"), "{}", too_many.stderr);
+    assert_eq!(too_many.status, Some(2));
+    assert!(
+        too_many.stderr.contains("'--limit <LIMIT>'"),
+        "{}",
+        too_many.stderr
+    );
 }
 
 /// Under mutual TLS the CLI shows the operator's client certificate (`--client-cert`), and the
