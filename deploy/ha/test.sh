@@ -52,17 +52,16 @@ WORK_PREFIX=idempotency-ha.
 # The mark on the one host firewall rule this may add, so that it and only it is removed.
 RULE_COMMENT=idempotency-ha-suite
 
-# Patroni's timing, its dynamic configuration (bootstrap.dcs). Patroni 3.0.2 checks none of
-# them against a minimum; the bounds that matter are its own rule loop_wait + 2 * retry_timeout
-# <= ttl (the leader key outlives a loop that retried the DCS for the whole retry_timeout
-# twice) and etcd's shortest lease (1.5 election timeouts: 2 s with etcd's defaults). With a
-# ttl of 10 s the leader key of a dead primary expires within 10 s (writes commit again ~15 s
-# after its death, once the third node streams from the new primary as its synchronous
-# standby); retry_timeout 4 s lets etcd requests survive this shared 2-core machine's stalls
-# without demoting a healthy primary.
-PATRONI_TTL=10
-PATRONI_LOOP_WAIT=1
-PATRONI_RETRY_TIMEOUT=4
+# Patroni's timing, its dynamic configuration (bootstrap.dcs), as the reference configuration
+# sets it (reference/patroni.yml says why), read from there for the suite's own waits.
+dcs_setting() { sed -n "s/^    $1: \([0-9]*\)\$/\1/p" "$here/reference/patroni.yml"; }
+PATRONI_TTL=$(dcs_setting ttl)
+PATRONI_LOOP_WAIT=$(dcs_setting loop_wait)
+PATRONI_RETRY_TIMEOUT=$(dcs_setting retry_timeout)
+if [ -z "$PATRONI_TTL" ] || [ -z "$PATRONI_LOOP_WAIT" ] || [ -z "$PATRONI_RETRY_TIMEOUT" ]; then
+  echo "ha: reference/patroni.yml lacks bootstrap.dcs ttl, loop_wait or retry_timeout" >&2
+  exit 1
+fi
 
 log() { echo "ha: $*" >&2; }
 die() { log "$*"; exit 1; }
@@ -299,87 +298,17 @@ for node in "${NODES[@]}"; do
   mkdir -p "$dir/run" "$LOG_DIR/$node"
   chown -R postgres:postgres "$dir" "$LOG_DIR/$node"
   chmod 700 "$dir"
-  cat >"$dir/patroni.yml" <<YAML
-# Written by deploy/ha/test.sh: a test set-up (trust on the private bridge), never a production one.
-scope: idempotency-ha
-namespace: /idempotency-ha/
-name: $node
-log:
-  level: INFO
-restapi:
-  listen: $ip:8008
-  connect_address: $ip:8008
-etcd3:
-  hosts: $HOST_IP:2379
-watchdog:
-  mode: "off"
-bootstrap:
-  dcs:
-    ttl: $PATRONI_TTL
-    loop_wait: $PATRONI_LOOP_WAIT
-    retry_timeout: $PATRONI_RETRY_TIMEOUT
-    maximum_lag_on_failover: 1048576
-    # docs/operations.md, "Highly available PostgreSQL": a commit waits for a synchronous
-    # standby, and with none it waits rather than goes ahead alone.
-    synchronous_mode: true
-    synchronous_mode_strict: true
-    synchronous_node_count: 1
-    postgresql:
-      use_pg_rewind: true
-      use_slots: true
-      parameters:
-        synchronous_commit: "on"
-        # A standby cut off is noticed in 5 s rather than 60 (either side), so that the primary
-        # drops it from pg_stat_replication and Patroni can choose another synchronous standby,
-        # and a standby whose connection died during a partition reconnects soon after it heals.
-        wal_sender_timeout: 5s
-        wal_receiver_timeout: 5s
-        wal_receiver_status_interval: 1s
-        max_connections: 200
-        max_wal_senders: 10
-        max_replication_slots: 10
-        wal_keep_size: 256MB
-        hot_standby: "on"
-        # Dynamic shared memory as files in the data folder, not in /dev/shm, where a killed
-        # PostgreSQL would leave them behind.
-        dynamic_shared_memory_type: mmap
-  initdb:
-    - encoding: UTF8
-    - locale: C.UTF-8
-    - data-checksums
-  pg_hba:
-    - local all all trust
-    - host all all 127.0.0.1/32 trust
-    - host all all $SUBNET.0/24 trust
-    - host replication all 127.0.0.1/32 trust
-    - host replication all $SUBNET.0/24 trust
-postgresql:
-  listen: $ip:5432
-  connect_address: $ip:5432
-  use_unix_socket: true
-  data_dir: $dir/data
-  bin_dir: $PG_BIN
-  pgpass: $dir/pgpass
-  authentication:
-    superuser:
-      username: postgres
-    replication:
-      username: postgres
-    rewind:
-      username: postgres
-  parameters:
-    unix_socket_directories: $dir/run
-    shared_buffers: 32MB
-    logging_collector: "on"
-    log_directory: $LOG_DIR/$node
-    log_filename: postgresql.log
-    log_line_prefix: "%m [%p] %q%u@%d "
-  remove_data_directory_on_rewind_failure: true
-  remove_data_directory_on_diverged_timelines: true
-  basebackup:
-    - checkpoint: fast
-YAML
+  # The reference configuration an operator copies (reference/patroni.yml), rendered with this
+  # node's values, and the suite's few changes for a cluster on one machine merged over it
+  # (suite-patroni.yml): what runs here is what the reference sets.
+  NODE_NAME=$node NODE_ADDRESS=$ip ETCD_HOSTS=$HOST_IP:2379 CLUSTER_NETWORK=$SUBNET.0/24 \
+    DATA_DIR=$dir/data PG_BIN_DIR=$PG_BIN SUPERUSER_PASSWORD=suite-superuser \
+    REPLICATION_PASSWORD=suite-replication REWIND_PASSWORD=suite-rewind \
+    WORK_DIR=$dir NODE_LOG_DIR=$LOG_DIR/$node \
+    /usr/bin/python3 "$here/render_patroni.py" "$here/reference/patroni.yml" "$here/suite-patroni.yml" \
+    >"$dir/patroni.yml"
   chown postgres:postgres "$dir/patroni.yml"
+  chmod 600 "$dir/patroni.yml"
   cat >"$dir/start" <<SCRIPT
 #!/bin/sh
 # Starts Patroni for $node in namespace $(ns_of "$node") as postgres, in a session of its own,
@@ -430,34 +359,12 @@ log "Patroni cluster up in $((SECONDS - setup_started)) s: primary $primary, $(r
 # ---------------------------------------------------------------------------------------------
 # HAProxy on the bridge, to whichever node Patroni's REST API calls the primary.
 
-{
-  cat <<CFG
-# Written by deploy/ha/test.sh. Routes to the node whose Patroni answers /primary with 200; cuts
-# the sessions to a node as soon as its check fails (docs/operations.md). The check asks
-# OPTIONS /primary, which Patroni answers exactly as GET but with the status line only (its
-# own HAProxy template does so): HAProxy closes the connection once it has the status, and a
-# GET's body written into the closed connection makes Patroni log a traceback at every check.
-global
-    log stdout format raw local0 info
-    maxconn 2000
-defaults
-    mode tcp
-    log global
-    timeout connect 1s
-    timeout client 1h
-    timeout server 1h
-    timeout check 1s
-listen postgres
-    bind $HAPROXY_ADDRESS
-    option httpchk OPTIONS /primary
-    http-check expect status 200
-    default-server inter 250ms fastinter 250ms downinter 500ms rise 1 fall 2 on-marked-down shutdown-sessions
-CFG
-  for node in "${NODES[@]}"; do
-    echo "    server $node $(ip_of "$node"):5432 check port 8008"
-  done
-  cat <<CFG
-# Each server's state, as CSV, for the suite (which one HAProxy routes to).
+# The reference configuration an operator copies (reference/haproxy.cfg), as it is, its
+# addresses from the environment; beside it, for the suite only, a stats page that says which
+# server HAProxy routes to.
+cp "$here/reference/haproxy.cfg" "$work/haproxy.cfg"
+cat >"$work/haproxy-stats.cfg" <<CFG
+# Written by deploy/ha/test.sh: each server's state, as CSV, for the suite.
 frontend stats
     mode http
     bind $HAPROXY_STATS
@@ -465,10 +372,14 @@ frontend stats
     stats enable
     stats uri /stats
 CFG
-} >"$work/haproxy.cfg"
-haproxy -c -q -f "$work/haproxy.cfg" >"$LOG_DIR/haproxy-check.log" 2>&1 \
+HAPROXY_BIND=$HAPROXY_ADDRESS
+PATRONI_NODE_1=$(ip_of pg1):5432
+PATRONI_NODE_2=$(ip_of pg2):5432
+PATRONI_NODE_3=$(ip_of pg3):5432
+export HAPROXY_BIND PATRONI_NODE_1 PATRONI_NODE_2 PATRONI_NODE_3
+haproxy -c -q -f "$work/haproxy.cfg" -f "$work/haproxy-stats.cfg" >"$LOG_DIR/haproxy-check.log" 2>&1 \
   || fail_with_log "HAProxy refused its configuration" "$LOG_DIR/haproxy-check.log"
-setsid haproxy -db -f "$work/haproxy.cfg" >"$LOG_DIR/haproxy.log" 2>&1 </dev/null 9>&- &
+setsid haproxy -db -f "$work/haproxy.cfg" -f "$work/haproxy-stats.cfg" >"$LOG_DIR/haproxy.log" 2>&1 </dev/null 9>&- &
 record_pid haproxy $! "$work/haproxy.cfg"
 disown
 # HAProxy takes every server for UP until its first checks: ready once only the primary is.

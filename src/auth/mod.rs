@@ -28,20 +28,35 @@ use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use rate::RateLimiter;
-pub use tokens::{AdminRight, Caller, TOKEN_PREFIX, TokenSet, TokensFileError, new_token};
+pub use tokens::{
+    AdminRight, Caller, TOKEN_PREFIX, TokenSet, TokensFileError, bare_names_left_out, new_token,
+};
 
 /// Why a call was turned away at the door.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Refusal {
     /// No token, a malformed one, or one the file does not know.
     Unauthenticated,
-    /// A known caller asking for a scope it was not given.
-    PermissionDenied { caller: String },
+    /// A known caller asking for what it was not given: why, in `denial`.
+    PermissionDenied { caller: String, denial: Denial },
     /// A known caller over its request rate, who may call again after `retry_after`.
     RateLimited {
         caller: String,
         retry_after: Duration,
     },
+}
+
+/// What a known caller lacks for the call it made: each a reason of its own, so that an operator
+/// knows which of the token's grants to change. None names anything but the caller's own token
+/// and the scope it asked for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Denial {
+    /// The token's scopes do not cover this namespace or consumer.
+    Scope { scope: String },
+    /// An admin call from a token without an admin right.
+    NoAdminRight,
+    /// A change through the admin API (`method`) from a token whose admin right is `read`.
+    ReadOnly { method: String },
 }
 
 /// Why a reload left the tokens in force.
@@ -158,19 +173,32 @@ impl Authenticator {
 
     /// Whether `caller` may make an admin call that needs `needed` in `scope`: it must have
     /// been given the scope and at least that admin right.
+    /// `method` names the call in a refusal for want of `write`. Judged in this order: an admin
+    /// right at all, the scope, then `write` for a change, so that the first refusal names the
+    /// first thing to fix.
     pub fn authorize_admin(
         &self,
         caller: &Caller,
         scope: &str,
         needed: AdminRight,
+        method: &str,
     ) -> Result<(), Refusal> {
-        if caller.admin >= needed && needed != AdminRight::None {
-            self.authorize(caller, scope)
-        } else {
+        let denied = |denial| {
             Err(Refusal::PermissionDenied {
                 caller: caller.name.clone(),
+                denial,
             })
+        };
+        if caller.admin == AdminRight::None || needed == AdminRight::None {
+            return denied(Denial::NoAdminRight);
         }
+        self.authorize(caller, scope)?;
+        if caller.admin < needed {
+            return denied(Denial::ReadOnly {
+                method: method.to_owned(),
+            });
+        }
+        Ok(())
     }
 
     /// Whether `caller` was given `scope`.
@@ -180,6 +208,9 @@ impl Authenticator {
         } else {
             Err(Refusal::PermissionDenied {
                 caller: caller.name.clone(),
+                denial: Denial::Scope {
+                    scope: scope.to_owned(),
+                },
             })
         }
     }

@@ -244,30 +244,68 @@ fn an_admin_call_needs_the_right_and_the_scope() {
             .expect("known")
     };
     let (reader, plain) = (caller(&reader), caller(&plain));
-    assert!(
-        authenticator
-            .authorize_admin(&reader, "team-a1", AdminRight::Read)
-            .is_ok()
+    let denial = |result: Result<(), Refusal>| match result {
+        Err(Refusal::PermissionDenied { denial, .. }) => Some(denial),
+        Ok(()) => None,
+        Err(other) => panic!("not a denial: {other:?}"),
+    };
+    let admin = |caller, scope, right| {
+        denial(authenticator.authorize_admin(caller, scope, right, "ForceRelease"))
+    };
+    assert_eq!(admin(&reader, "team-a1", AdminRight::Read), None);
+    assert_eq!(
+        admin(&reader, "team-b", AdminRight::Read),
+        Some(Denial::Scope {
+            scope: "team-b".into()
+        })
     );
-    assert!(
-        authenticator
-            .authorize_admin(&reader, "team-b", AdminRight::Read)
-            .is_err()
+    assert_eq!(
+        admin(&reader, "team-a1", AdminRight::Write),
+        Some(Denial::ReadOnly {
+            method: "ForceRelease".into()
+        })
     );
-    assert!(
-        authenticator
-            .authorize_admin(&reader, "team-a1", AdminRight::Write)
-            .is_err()
+    // The scope is judged before the right to write: the first thing to fix comes first.
+    assert_eq!(
+        admin(&reader, "team-b", AdminRight::Write),
+        Some(Denial::Scope {
+            scope: "team-b".into()
+        })
     );
-    assert!(
-        authenticator
-            .authorize_admin(&plain, "anything", AdminRight::Read)
-            .is_err()
+    assert_eq!(
+        admin(&plain, "anything", AdminRight::Read),
+        Some(Denial::NoAdminRight)
     );
-    assert!(
-        authenticator
-            .authorize_admin(&plain, "anything", AdminRight::None)
-            .is_err()
+    assert_eq!(
+        admin(&plain, "anything", AdminRight::None),
+        Some(Denial::NoAdminRight)
     );
     let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn a_prefix_that_leaves_out_its_bare_name_is_told() {
+    let left_out = |scopes: &str| bare_names_left_out(scopes).expect("valid scopes");
+    assert_eq!(
+        left_out("payments-*"),
+        [("payments-*".to_owned(), "payments".to_owned())]
+    );
+    assert_eq!(
+        left_out("billing,team_*,eu.*"),
+        [
+            ("team_*".to_owned(), "team".to_owned()),
+            ("eu.*".to_owned(), "eu".to_owned())
+        ]
+    );
+    for covered in [
+        "payments,payments-*",
+        "payments-*,payments",
+        "pay*,payments-*",
+        "*",
+    ] {
+        assert!(left_out(covered).is_empty(), "{covered}");
+    }
+    // A prefix without a separator covers its bare name itself.
+    assert!(left_out("payments*").is_empty());
+    assert!(bare_names_left_out("pay ments-*").is_err());
 }

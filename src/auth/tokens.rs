@@ -313,6 +313,25 @@ fn parse_scopes(scopes: &str) -> Result<Vec<ScopePattern>, String> {
     scopes.split(',').map(ScopePattern::parse).collect()
 }
 
+/// The bare names `scopes` leaves out although a pattern seems to mean them: for each prefix
+/// pattern whose stem ends in a separator (`payments-*`), the name without it (`payments`),
+/// when no other pattern covers it. `payments-*` matches `payments-eu` but not `payments`, and
+/// an operator who grants it for the namespace `payments` is refused at every call.
+pub fn bare_names_left_out(scopes: &str) -> Result<Vec<(String, String)>, String> {
+    let patterns = parse_scopes(scopes)?;
+    Ok(patterns
+        .iter()
+        .filter_map(|pattern| match pattern {
+            ScopePattern::Prefix(stem) => {
+                let bare = stem.strip_suffix(['-', '_', '.', ':', '/'])?;
+                let covered = bare.is_empty() || patterns.iter().any(|other| other.matches(bare));
+                (!covered).then(|| (format!("{stem}*"), bare.to_owned()))
+            }
+            _ => None,
+        })
+        .collect())
+}
+
 /// A new token and the line that grants it `scopes` under `name`, with `admin` over the admin
 /// API within those scopes.
 pub fn new_token(name: &str, scopes: &str, admin: AdminRight) -> Result<(String, String), String> {

@@ -12,6 +12,14 @@ pub fn new(name: &str, scopes: &str, admin: Option<AdminArg>) -> Result<(), Stri
         Some(AdminArg::Write) => auth::AdminRight::Write,
     };
     let (token, line) = auth::new_token(name, scopes, admin)?;
+    // Said, not refused: a token for `payments-*` alone may be what was meant.
+    for (pattern, bare) in auth::bare_names_left_out(scopes)? {
+        eprintln!(
+            "note: --scopes {pattern} does not cover {bare:?} itself, only names that start \
+             with {:?}; to cover both: --scopes '{bare},{pattern}'",
+            pattern.trim_end_matches('*')
+        );
+    }
     println!("# The token, for the caller only (it is not stored anywhere):");
     println!("{token}");
     println!("# The line to add to the tokens file:");

@@ -90,7 +90,7 @@ pub enum AdminCommand {
         #[arg(long)]
         namespace: String,
         /// Events per page (1-1000).
-        #[arg(long, default_value_t = 100)]
+        #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..=1000))]
         limit: u32,
         /// Start at this page (the `next page` of a previous answer).
         #[arg(long, default_value = "")]
@@ -131,7 +131,7 @@ pub enum KeysCommand {
         #[arg(long)]
         claimed_before: Option<String>,
         /// Keys per page (1-1000).
-        #[arg(long, default_value_t = 100)]
+        #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..=1000))]
         limit: u32,
         /// Start at this page (the `next page` of a previous answer).
         #[arg(long, default_value = "")]
@@ -156,20 +156,31 @@ pub enum KeysCommand {
     },
     /// Erase one key (--key) or every key and processed event of the namespace (--all),
     /// recorded with the reason; an erasure of the namespace shows its progress.
+    #[command(group = clap::ArgGroup::new("what").required(true).multiple(false))]
     Erase {
         #[arg(long)]
         namespace: String,
-        #[arg(long, required_unless_present = "all", conflicts_with = "all")]
+        /// The key to erase (or --all).
+        #[arg(long, group = "what")]
         key: Option<String>,
-        /// Erase the whole namespace.
-        #[arg(long)]
+        /// Erase the whole namespace (or --key).
+        #[arg(long, group = "what")]
         all: bool,
-        /// Why, for the audit trail (required).
-        #[arg(long)]
-        reason: String,
-        /// Rows deleted per statement of a namespace's erasure (1-10000; 0: the server's 1000).
-        #[arg(long, default_value_t = 0)]
+        /// Why, for the audit trail (required, unless --dry-run).
+        #[arg(long, required_unless_present = "dry_run")]
+        reason: Option<String>,
+        /// Rows deleted per statement of a namespace's erasure (1-10000).
+        #[arg(long, default_value_t = 1000,
+              value_parser = clap::value_parser!(u32).range(1..=10_000))]
         batch_size: u32,
+        /// With --all: erase without asking for the namespace to be typed again (for scripts;
+        /// without a terminal, --all needs it).
+        #[arg(long)]
+        yes: bool,
+        /// Print what would be erased (the key, or the namespace's keys and processed events),
+        /// and erase nothing.
+        #[arg(long)]
+        dry_run: bool,
     },
 }
 
@@ -232,6 +243,15 @@ impl AdminConnectionArgs {
             None => Ok(None),
         };
         let ca = read("coordinator-ca", &self.coordinator_ca)?;
+        // A file that is no PEM certificate would only fail later, as "not trusted".
+        if let (Some(ca), Some(path)) = (&ca, &self.coordinator_ca)
+            && !String::from_utf8_lossy(ca).contains("-----BEGIN CERTIFICATE-----")
+        {
+            return Err(invalid(
+                "coordinator-ca",
+                format!("{} holds no PEM certificate", path.display()),
+            ));
+        }
         let identity =
             read("client-cert", &self.client_cert)?.zip(read("client-key", &self.client_key)?);
         let token = match &self.token_file {

@@ -238,9 +238,12 @@ where
                 }
             };
             let admitted = match &admin_method {
-                Some(method) => {
-                    authenticator.authorize_admin(&caller, &scope, admin_right_needed(method))
-                }
+                Some(method) => authenticator.authorize_admin(
+                    &caller,
+                    &scope,
+                    admin_right_needed(method),
+                    method,
+                ),
                 None => authenticator.authorize(&caller, &scope),
             };
             if let Err(refusal) = admitted {

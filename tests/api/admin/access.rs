@@ -1,7 +1,8 @@
 //! Who may call the admin API: a token needs the admin right the call needs (`read` for
 //! listings and records, `write` for changes) besides its scopes, and no admin call reads or
 //! changes a namespace outside them; a plain token is refused everything; SIGHUP reloads
-//! admin rights; without a tokens file, only loopback callers are answered.
+//! admin rights; without a tokens file, only loopback callers are answered. Each refusal names
+//! its cause with a reason of its own: no admin right, a read right asked to write, a scope.
 
 use std::time::Duration;
 
@@ -103,11 +104,20 @@ async fn every_admin_rpc(
     ]
 }
 
-fn assert_all_denied(outcomes: Vec<(&'static str, Result<(), tonic::Status>)>) {
+/// Every call refused `PERMISSION_DENIED` with `reason`, its message saying `cause`.
+fn assert_all_denied(
+    outcomes: Vec<(&'static str, Result<(), tonic::Status>)>,
+    reason: &str,
+    cause: &str,
+) {
     for (rpc, outcome) in outcomes {
-        let status = outcome.expect_err(rpc);
-        assert_error(&status, Code::PermissionDenied, "PERMISSION_DENIED");
+        assert_denied(&outcome.expect_err(rpc), reason, cause);
     }
+}
+
+fn assert_denied(status: &tonic::Status, reason: &str, cause: &str) {
+    assert_error(status, Code::PermissionDenied, reason);
+    assert!(status.message().contains(cause), "{status:?}");
 }
 
 /// Claims `key` of `namespace` through `client` for ten minutes; answers the lease token.
@@ -149,7 +159,11 @@ async fn a_service_token_may_make_no_admin_call(backend: Backend) {
     let token = held_key(&mut client, NAMESPACE, "held").await;
 
     let admin = authed_admin(app.endpoint(), Bearer::token(&plain)).await;
-    assert_all_denied(every_admin_rpc(&admin, NAMESPACE, "held").await);
+    assert_all_denied(
+        every_admin_rpc(&admin, NAMESPACE, "held").await,
+        "ADMIN_RIGHT_REQUIRED",
+        "this token has no admin right",
+    );
     let anonymous = authed_admin(app.endpoint(), Bearer::none()).await;
     for (rpc, outcome) in every_admin_rpc(&anonymous, NAMESPACE, "held").await {
         assert_error(
@@ -196,10 +210,10 @@ async fn a_read_right_reads_and_changes_nothing(backend: Backend) {
             "ListKeys" | "GetKey" | "NamespaceStats" | "ListAuditEvents" => {
                 outcome.unwrap_or_else(|status| panic!("{rpc} is a read: {status:?}"));
             }
-            _ => assert_error(
+            _ => assert_denied(
                 &outcome.expect_err(rpc),
-                Code::PermissionDenied,
-                "PERMISSION_DENIED",
+                "ADMIN_WRITE_REQUIRED",
+                &format!("this token's admin right is read; {rpc} needs write"),
             ),
         }
     }
@@ -216,7 +230,11 @@ async fn no_admin_call_reaches_beyond_the_tokens_scopes(backend: Backend) {
     let ours = held_key(&mut client, "team-a-payments", "ours").await;
     let admin = authed_admin(app.endpoint(), Bearer::token(&operator)).await;
 
-    assert_all_denied(every_admin_rpc(&admin, "team-b", "theirs").await);
+    assert_all_denied(
+        every_admin_rpc(&admin, "team-b", "theirs").await,
+        "PERMISSION_DENIED",
+        "this token's scopes do not cover namespace or consumer \"team-b\"",
+    );
     assert!(still_held(&client, "team-b", "theirs", theirs).await);
     assert!(still_held(&client, "team-a-payments", "ours", ours).await);
 
@@ -315,7 +333,11 @@ async fn without_tokens_the_admin_api_answers_loopback_only(backend: Backend) {
     let outward = non_loopback_address();
     let remote = format!("http://{outward}:{}", app.addr.port());
     let admin = authed_admin(remote.clone(), Bearer::none()).await;
-    assert_all_denied(every_admin_rpc(&admin, NAMESPACE, "k").await);
+    assert_all_denied(
+        every_admin_rpc(&admin, NAMESPACE, "k").await,
+        "PERMISSION_DENIED",
+        "without a tokens file the admin API answers callers on the loopback interface only",
+    );
     let mut client = authed_client(remote, Bearer::none()).await;
     held_key(&mut client, NAMESPACE, "k").await;
 

@@ -13,25 +13,25 @@ use super::*;
 use crate::support::security::*;
 
 /// The binary's answer: exit status, standard output, standard error.
-struct Run {
-    status: Option<i32>,
-    stdout: String,
-    stderr: String,
+pub(super) struct Run {
+    pub(super) status: Option<i32>,
+    pub(super) stdout: String,
+    pub(super) stderr: String,
 }
 
 impl Run {
-    fn json(&self) -> Value {
+    pub(super) fn json(&self) -> Value {
         assert_eq!(self.status, Some(0), "failed: {}", self.stderr);
         serde_json::from_str(&self.stdout)
             .unwrap_or_else(|error| panic!("not JSON ({error}): {}", self.stdout))
     }
 }
 
-async fn admin(app: &TestApp, args: &[&str]) -> Run {
+pub(super) async fn admin(app: &TestApp, args: &[&str]) -> Run {
     admin_with(&app.endpoint(), &[], args).await
 }
 
-async fn admin_with(endpoint: &str, connection: &[&str], args: &[&str]) -> Run {
+pub(super) async fn admin_with(endpoint: &str, connection: &[&str], args: &[&str]) -> Run {
     let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_idempotency-coordinator"))
         .arg("admin")
         .args(["--coordinator", endpoint])
@@ -215,6 +215,7 @@ async fn a_namespace_is_erased_from_the_cli_while_traffic_keeps_flowing(backend:
             "tenant left",
             "--batch-size",
             "50",
+            "--yes",
         ],
     )
     .await;
@@ -250,7 +251,8 @@ async fn a_namespace_is_erased_from_the_cli_while_traffic_keeps_flowing(backend:
 async fn the_cli_uses_a_token_file_and_refuses_bad_flags(backend: Backend) {
     let (operator, operator_line) = admin_token("oncall", "*", AdminRight::Read);
     let (plain, plain_line) = token("orders", "*");
-    let tokens = TokensFile::new(&[&operator_line, &plain_line]);
+    let (scoped, scoped_line) = admin_token("team-a", "team-a-*", AdminRight::Write);
+    let tokens = TokensFile::new(&[&operator_line, &plain_line, &scoped_line]);
     let app = TestApp::spawn_with(backend, &["--tokens-file", &tokens.flag()]).await;
     let folder = tempfile::tempdir().expect("a folder");
     let token_file = |name: &str, token: &str| {
@@ -260,13 +262,58 @@ async fn the_cli_uses_a_token_file_and_refuses_bad_flags(backend: Backend) {
     };
     let operator_file = token_file("operator", &operator);
     let plain_file = token_file("plain", &plain);
+    let scoped_file = token_file("scoped", &scoped);
     let stats = ["stats", "--namespace", NAMESPACE];
 
     let allowed = admin_with(&app.endpoint(), &["--token-file", &operator_file], &stats).await;
     assert_eq!(allowed.status, Some(0), "{}", allowed.stderr);
+    // Each denial names its cause, with the API's reason.
     let denied = admin_with(&app.endpoint(), &["--token-file", &plain_file], &stats).await;
     assert_eq!(denied.status, Some(1));
-    assert!(denied.stderr.contains("permission"), "{}", denied.stderr);
+    assert!(
+        denied
+            .stderr
+            .contains("[ADMIN_RIGHT_REQUIRED]: this token has no admin right"),
+        "{}",
+        denied.stderr
+    );
+    let read_only = admin_with(
+        &app.endpoint(),
+        &["--token-file", &operator_file],
+        &[
+            "keys",
+            "release",
+            "--namespace",
+            NAMESPACE,
+            "--key",
+            "k",
+            "--reason",
+            "r",
+        ],
+    )
+    .await;
+    assert_eq!(read_only.status, Some(1));
+    assert!(
+        read_only.stderr.contains(
+            "[ADMIN_WRITE_REQUIRED]: this token's admin right is read; ForceRelease needs write"
+        ),
+        "{}",
+        read_only.stderr
+    );
+    let elsewhere = admin_with(
+        &app.endpoint(),
+        &["--token-file", &scoped_file],
+        &["stats", "--namespace", "payments"],
+    )
+    .await;
+    assert_eq!(elsewhere.status, Some(1));
+    assert!(
+        elsewhere.stderr.contains(
+            "[PERMISSION_DENIED]: this token's scopes do not cover namespace or consumer \"payments\""
+        ),
+        "{}",
+        elsewhere.stderr
+    );
     let anonymous = admin(&app, &stats).await;
     assert_eq!(anonymous.status, Some(1));
 
@@ -310,15 +357,19 @@ async fn the_cli_uses_a_token_file_and_refuses_bad_flags(backend: Backend) {
             run.stderr
         );
     }
-    // A bound the server checks: exit 1 with the field named.
+    // A documented bound is the CLI's own: exit 2 naming the flag, before any call.
     let too_many = admin_with(
         &app.endpoint(),
         &["--token-file", &operator_file],
         &["keys", "list", "--namespace", NAMESPACE, "--limit", "1001"],
     )
     .await;
-    assert_eq!(too_many.status, Some(1));
-    assert!(too_many.stderr.contains("page_size"), "{}", too_many.stderr);
+    assert_eq!(too_many.status, Some(2));
+    assert!(
+        too_many.stderr.contains("'--limit <LIMIT>'"),
+        "{}",
+        too_many.stderr
+    );
 }
 
 /// Under mutual TLS the CLI shows the operator's client certificate (`--client-cert`), and the

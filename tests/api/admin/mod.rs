@@ -1,16 +1,21 @@
 //! The admin API (`idempotency.v1.AdminService`) through its generated client against the real
 //! server, on both stores: listings and their filters, orders and pages (`keys`), the recorded
 //! changes and the audit trail (`changes`), who may call it (`access`), its metrics
-//! (`metrics`), the CLI as a real process (`cli`), and its cost on a large table (`scale`,
+//! (`metrics`), the CLI as a real process (`cli`), its
+//! own refusals (`cli_checks`) and its guarded erasures (`erase_guard`), the operations guide's walkthrough run as
+//! written (`walkthrough`), and its cost on a large table (`scale`,
 //! PostgreSQL).
 
 mod access;
 mod changes;
 mod cli;
+mod cli_checks;
+mod erase_guard;
 mod holders;
 mod keys;
 mod metrics;
 mod scale;
+mod walkthrough;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};

@@ -9,49 +9,9 @@ use std::path::Path;
 use super::serves_encrypted;
 use crate::support::process::{ServerProcess, coordinator};
 use crate::support::tls_cluster::Cluster;
+use crate::support::written::commands_marked;
 
-const GUIDE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/docs/operations.md");
 const MARK: &str = "<!-- run as written by tests/api/reaching_postgres/guide.rs -->";
-
-/// The commands of the `sh` block after [`MARK`]: continued lines joined, a here-document kept
-/// with its command, comments and blank lines left out.
-fn commands_of_the_guide() -> Vec<String> {
-    let guide = std::fs::read_to_string(GUIDE).expect("docs/operations.md");
-    let after = guide.split_once(MARK).expect("the marked block").1;
-    let block = after
-        .split_once("```sh\n")
-        .and_then(|(_, rest)| rest.split_once("\n```"))
-        .expect("a sh block after the mark")
-        .0;
-    let mut commands = Vec::new();
-    let mut lines = block.lines();
-    while let Some(line) = lines.next() {
-        if line.trim().is_empty() || line.trim_start().starts_with('#') {
-            continue;
-        }
-        let mut command = line.to_owned();
-        while command.ends_with('\\') {
-            command.push('\n');
-            command.push_str(lines.next().expect("a continued line"));
-        }
-        if let Some(delimiter) = command
-            .split("<<'")
-            .nth(1)
-            .and_then(|rest| rest.split('\'').next())
-            .map(str::to_owned)
-        {
-            for body in lines.by_ref() {
-                command.push('\n');
-                command.push_str(body);
-                if body == delimiter {
-                    break;
-                }
-            }
-        }
-        commands.push(command);
-    }
-    commands
-}
 
 fn secret(path: &Path, text: &str) {
     use std::os::unix::fs::PermissionsExt;
@@ -61,7 +21,7 @@ fn secret(path: &Path, text: &str) {
 
 #[tokio::test]
 async fn the_two_roles_of_the_operations_guide_work_as_written() {
-    let commands = commands_of_the_guide();
+    let commands = commands_marked("docs/operations.md", MARK);
     assert_eq!(commands.len(), 3, "psql, migrate, serve: {commands:#?}");
     let cluster = Cluster::tls().await;
     let migrator_password = cluster.folder().join("migrator-password");

@@ -1,6 +1,7 @@
 //! What the tests share: the server and its database, a cuttable proxy, requests as the tests
 //! send them (`requests`), the steps many tests take on the way to what they check (`steps`),
-//! and assertions on answers and rich errors.
+//! assertions on answers and rich errors, and documentation's commands
+//! read as written (`written`).
 
 pub mod app;
 pub mod cluster;
@@ -10,6 +11,7 @@ pub mod requests;
 pub mod security;
 pub mod steps;
 pub mod tls_cluster;
+pub mod written;
 
 pub use idempotency_testkit::health::{health_client, is_serving};
 pub use idempotency_testkit::{database, proxy};
