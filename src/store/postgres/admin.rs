@@ -330,11 +330,7 @@ impl AdminStore for PgStore {
     }
 
     async fn reap_expired_audit(&self, limit: u32) -> Result<u64, StoreError> {
-        let (deleted,): (i64,) = self
-            .fetch_one(sqlx::query_as(REAP_AUDIT).bind(i64::from(limit)))
-            .await
-            .map_err(classify)?;
-        Ok(count(deleted))
+        self.reap(REAP_AUDIT, limit).await
     }
 
     async fn stuck_keys(&self) -> Result<StuckSummary, StoreError> {
