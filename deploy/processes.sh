@@ -13,3 +13,29 @@ kill_recorded() {
     kill -9 "$pid" 2>/dev/null || true
   fi
 }
+
+# Tears the suite down on exit, however it exits: the suite's own `clean_up` runs to its end
+# (it is bounded: a second Ctrl-C or a TERM does not cut it short), the logs in $LOG_DIR are
+# removed after a pass and kept after a failure, and `log` says which, with the wall time since
+# $started_at; an interrupted run reports failure (and tears down) rather than passing.
+# $1 = what the teardown leaves behind, in the last line's words.
+tear_down_on_exit() {
+  TORN_DOWN=$1
+  trap finish EXIT
+  trap 'exit 130' INT
+  trap 'exit 143' TERM
+}
+
+finish() {
+  local status=$?
+  set +e
+  trap '' INT TERM
+  clean_up
+  if [ $status -eq 0 ]; then
+    rm -rf "$LOG_DIR"
+    log "passed; $TORN_DOWN (wall time $((SECONDS - started_at)) s)"
+  else
+    log "FAILED (exit $status); $TORN_DOWN; the logs are kept in $LOG_DIR (wall time $((SECONDS - started_at)) s)"
+  fi
+  exit $status
+}

@@ -6,20 +6,16 @@
 use std::time::Instant;
 
 use anyhow::Context;
-use sqlx::Connection;
 
 use idempotency_testkit::Binary;
-use idempotency_testkit::database::drop_postgres_database;
 
 use crate::load::{self, Report, Workload};
-use crate::reaper::StoreKind;
+use crate::scratch::{Direct, ScratchStore, StoreArgs};
 
 #[derive(Debug, clap::Args)]
 pub struct Settings {
-    #[arg(long, value_enum, default_value = "postgres")]
-    pub store: StoreKind,
-    #[arg(long, default_value = "postgres://postgres@127.0.0.1:5432")]
-    pub postgres_server: String,
+    #[command(flatten)]
+    pub store: StoreArgs,
     /// Completed keys in the namespace to erase.
     #[arg(long, default_value_t = 1_000_000)]
     pub rows: u64,
@@ -33,11 +29,10 @@ pub struct Settings {
     pub batch_size: u32,
 }
 
-async fn insert_completed(url: &str, store: StoreKind, rows: u64) -> anyhow::Result<()> {
+async fn insert_completed(store: &ScratchStore, rows: u64) -> anyhow::Result<()> {
     let rows = i64::try_from(rows)?;
-    match store {
-        StoreKind::Postgres => {
-            let mut connection = sqlx::PgConnection::connect(url).await?;
+    match store.connect().await? {
+        Direct::Postgres(mut connection) => {
             sqlx::query(
                 "INSERT INTO idempotency_keys (namespace, key, fingerprint, lease_token, attempt,
                      lease_expires_at, response, completed_at, retention_us, expires_at)
@@ -52,10 +47,7 @@ async fn insert_completed(url: &str, store: StoreKind, rows: u64) -> anyhow::Res
                 .execute(&mut connection)
                 .await?;
         }
-        StoreKind::Sqlite => {
-            let mut connection = sqlx::SqliteConnection::connect(url)
-                .await
-                .context("opening the SQLite file")?;
+        Direct::Sqlite(mut connection) => {
             sqlx::query(
                 "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < ?1)
                  INSERT INTO idempotency_keys (namespace, key, fingerprint, lease_token, attempt,
@@ -72,25 +64,15 @@ async fn insert_completed(url: &str, store: StoreKind, rows: u64) -> anyhow::Res
 }
 
 pub async fn run(settings: Settings) -> anyhow::Result<()> {
-    let database = format!("idempotency_bench_erase_{}", std::process::id());
-    let sqlite_dir = std::env::temp_dir().join(&database);
-    let url = match settings.store {
-        StoreKind::Postgres => format!("{}/{database}", settings.postgres_server),
-        StoreKind::Sqlite => format!("sqlite://{}", sqlite_dir.join("bench.db").display()),
-    };
+    let store = ScratchStore::new(&settings.store, "erase");
     let binary = Binary::beside_current_exe()?;
-    let coordinator = crate::serving(&binary, &url, &[]).await?;
+    let coordinator = crate::serving(&binary, &store.url, &[]).await?;
     let loading = Instant::now();
-    insert_completed(&url, settings.store, settings.rows).await?;
+    insert_completed(&store, settings.rows).await?;
     let loaded_in = loading.elapsed();
 
-    let before = load::drive(
-        &coordinator.endpoint(),
-        Workload::TryStart,
-        settings.callers,
-        settings.baseline,
-    )
-    .await?;
+    let before =
+        load::try_starts_for(&coordinator.endpoint(), settings.callers, settings.baseline).await?;
 
     let erasing = Instant::now();
     let batch = settings.batch_size.to_string();
@@ -133,21 +115,13 @@ pub async fn run(settings: Settings) -> anyhow::Result<()> {
         "the erasure failed: {}",
         String::from_utf8_lossy(&erased.stderr)
     );
-    let after = load::drive(
-        &coordinator.endpoint(),
-        Workload::TryStart,
-        settings.callers,
-        settings.baseline,
-    )
-    .await?;
+    let after =
+        load::try_starts_for(&coordinator.endpoint(), settings.callers, settings.baseline).await?;
 
     coordinator.stop().await?;
-    match settings.store {
-        StoreKind::Postgres => drop_postgres_database(&settings.postgres_server, &database).await?,
-        StoreKind::Sqlite => std::fs::remove_dir_all(&sqlite_dir)?,
-    }
+    let label = store.label();
+    store.remove().await?;
 
-    let store = format!("{:?}", settings.store).to_lowercase();
     println!(
         "{} completed keys loaded in {:.1} s; erased in {:.1} s ({:.0} keys/s) by `admin keys \
          erase --all` while serving: {}",
@@ -158,9 +132,9 @@ pub async fn run(settings: Settings) -> anyhow::Result<()> {
         String::from_utf8_lossy(&erased.stdout).replace('\n', " ")
     );
     println!("{}", Report::header());
-    println!("{}", before.row(&format!("{store}, before")));
-    println!("{}", during.row(&format!("{store}, erasing")));
-    println!("{}", after.row(&format!("{store}, after")));
+    println!("{}", before.row(&format!("{label}, before")));
+    println!("{}", during.row(&format!("{label}, erasing")));
+    println!("{}", after.row(&format!("{label}, after")));
     let without = (before.ops_per_second() + after.ops_per_second()) / 2.0;
     println!(
         "TryStart throughput while erasing: {:.0} ops/s, {:.0}% of {:.0} ops/s without (the \

@@ -140,6 +140,16 @@ impl Report {
 
 /// Runs `workload` with `callers` concurrent callers, each on its own connection, for
 /// `duration`, and reports what they measured.
+/// TryStart from `callers` callers for `duration`: what a benchmark of background work compares
+/// its measure with.
+pub async fn try_starts_for(
+    target: &str,
+    callers: usize,
+    duration: Duration,
+) -> anyhow::Result<Report> {
+    drive(target, Workload::TryStart, callers, duration).await
+}
+
 pub async fn drive(
     target: &str,
     workload: Workload,

@@ -19,6 +19,7 @@ mod gateway;
 mod load;
 mod pgbench;
 mod reaper;
+mod scratch;
 
 use std::time::Duration;
 

@@ -4,26 +4,15 @@
 
 use std::time::{Duration, Instant};
 
-use anyhow::Context;
-use sqlx::Connection;
-
 use idempotency_testkit::Binary;
-use idempotency_testkit::database::drop_postgres_database;
 
 use crate::load::{self, Report, Workload};
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum StoreKind {
-    Postgres,
-    Sqlite,
-}
+use crate::scratch::{Direct, ScratchStore, StoreArgs};
 
 #[derive(Debug, clap::Args)]
 pub struct Settings {
-    #[arg(long, value_enum, default_value = "postgres")]
-    pub store: StoreKind,
-    #[arg(long, default_value = "postgres://postgres@127.0.0.1:5432")]
-    pub postgres_server: String,
+    #[command(flatten)]
+    pub store: StoreArgs,
     /// Expired keys in the backlog.
     #[arg(long, default_value_t = 1_000_000)]
     pub rows: u64,
@@ -38,12 +27,7 @@ pub struct Settings {
     pub interval: Duration,
 }
 
-/// A direct connection to the benchmark's store, to load the backlog and watch it shrink.
-enum Direct {
-    Postgres(sqlx::PgConnection),
-    Sqlite(sqlx::SqliteConnection),
-}
-
+/// The backlog, loaded and watched as it shrinks through the direct connection.
 impl Direct {
     async fn insert_expired(&mut self, rows: u64) -> anyhow::Result<()> {
         let rows = i64::try_from(rows)?;
@@ -99,17 +83,12 @@ impl Direct {
 }
 
 pub async fn run(settings: Settings) -> anyhow::Result<()> {
-    let database = format!("idempotency_bench_reaper_{}", std::process::id());
-    let sqlite_dir = std::env::temp_dir().join(&database);
-    let url = match settings.store {
-        StoreKind::Postgres => format!("{}/{database}", settings.postgres_server),
-        StoreKind::Sqlite => format!("sqlite://{}", sqlite_dir.join("bench.db").display()),
-    };
+    let store = ScratchStore::new(&settings.store, "reaper");
     let interval = humantime::format_duration(settings.interval).to_string();
     let batch = settings.batch_size.to_string();
     let coordinator = crate::serving(
         &Binary::beside_current_exe()?,
-        &url,
+        &store.url,
         &[
             "--reaper-interval",
             &interval,
@@ -118,22 +97,10 @@ pub async fn run(settings: Settings) -> anyhow::Result<()> {
         ],
     )
     .await?;
-    let mut direct = match settings.store {
-        StoreKind::Postgres => Direct::Postgres(sqlx::PgConnection::connect(&url).await?),
-        StoreKind::Sqlite => Direct::Sqlite(
-            sqlx::SqliteConnection::connect(&url)
-                .await
-                .context("opening the SQLite file")?,
-        ),
-    };
+    let mut direct = store.connect().await?;
 
-    let without = load::drive(
-        &coordinator.endpoint(),
-        Workload::TryStart,
-        settings.callers,
-        settings.baseline,
-    )
-    .await?;
+    let without =
+        load::try_starts_for(&coordinator.endpoint(), settings.callers, settings.baseline).await?;
 
     let loading = Instant::now();
     direct.insert_expired(settings.rows).await?;
@@ -158,14 +125,9 @@ pub async fn run(settings: Settings) -> anyhow::Result<()> {
     let reaped_in = reaping.elapsed();
 
     coordinator.stop().await?;
-    match settings.store {
-        StoreKind::Postgres => {
-            drop_postgres_database(&settings.postgres_server, &database).await?;
-        }
-        StoreKind::Sqlite => std::fs::remove_dir_all(&sqlite_dir)?,
-    }
+    let label = store.label();
+    store.remove().await?;
 
-    let store = format!("{:?}", settings.store).to_lowercase();
     println!(
         "{} expired keys loaded in {:.1} s; reaper: batches of {}, every {}",
         settings.rows,
@@ -174,8 +136,8 @@ pub async fn run(settings: Settings) -> anyhow::Result<()> {
         interval
     );
     println!("{}", Report::header());
-    println!("{}", without.row(&format!("{store}, no backlog")));
-    println!("{}", during.row(&format!("{store}, reaping")));
+    println!("{}", without.row(&format!("{label}, no backlog")));
+    println!("{}", during.row(&format!("{label}, reaping")));
     println!(
         "reaped {} rows in {:.1} s ({:.0} rows/s) while serving; TryStart p99 {:.2} ms while \
          reaping vs {:.2} ms without (x{:.2})",

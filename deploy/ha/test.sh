@@ -213,26 +213,8 @@ clean_up() {
   done
 }
 
-finish() {
-  local status=$?
-  set +e
-  # The teardown runs to its end (it is bounded): a second Ctrl-C or a TERM does not cut it short.
-  trap '' INT TERM
-  clean_up
-  if [ $status -eq 0 ]; then
-    rm -rf "$LOG_DIR"
-    log "passed; everything torn down (wall time $((SECONDS - started_at)) s)"
-  else
-    log "FAILED (exit $status); everything torn down; the logs are kept in $LOG_DIR (wall time $((SECONDS - started_at)) s)"
-  fi
-  exit $status
-}
-
 clean_up
-trap finish EXIT
-# An interrupted run reports failure (and tears down) rather than passing.
-trap 'exit 130' INT
-trap 'exit 143' TERM
+tear_down_on_exit "everything torn down"
 rm -rf "$LOG_DIR"
 mkdir -p "$LOG_DIR"
 work=$(mktemp -d "$WORK_PARENT/${WORK_PREFIX}XXXXXX")

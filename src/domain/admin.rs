@@ -164,13 +164,7 @@ impl Reason {
         if raw.trim().is_empty() {
             return Err(Invalid::new("is required: say why, for the audit trail"));
         }
-        if raw.len() > Self::MAX_BYTES {
-            return Err(Invalid(format!(
-                "must be at most {} bytes (got {})",
-                Self::MAX_BYTES,
-                raw.len()
-            )));
-        }
+        super::values::at_most_bytes(raw.len(), Self::MAX_BYTES)?;
         if raw.chars().any(char::is_control) {
             return Err(Invalid::new("must not contain control characters"));
         }

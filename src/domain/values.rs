@@ -115,6 +115,17 @@ impl AttemptId {
     }
 }
 
+/// Refuses a value of more than `max_bytes` bytes, saying how many it has (every field bounded
+/// in bytes is refused in the same words).
+pub(crate) fn at_most_bytes(bytes: usize, max_bytes: usize) -> Result<(), Invalid> {
+    if bytes > max_bytes {
+        return Err(Invalid(format!(
+            "must be at most {max_bytes} bytes (got {bytes})"
+        )));
+    }
+    Ok(())
+}
+
 /// The caller's hash of its request, at most 64 bytes. Empty is a value like any other: it
 /// matches only empty.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -124,13 +135,7 @@ impl Fingerprint {
     pub const MAX_BYTES: usize = 64;
 
     pub fn parse(raw: Vec<u8>) -> Result<Self, Invalid> {
-        if raw.len() > Self::MAX_BYTES {
-            return Err(Invalid(format!(
-                "must be at most {} bytes (got {})",
-                Self::MAX_BYTES,
-                raw.len()
-            )));
-        }
+        at_most_bytes(raw.len(), Self::MAX_BYTES)?;
         Ok(Self(raw))
     }
 
@@ -232,12 +237,7 @@ pub struct ResponseBody(Vec<u8>);
 
 impl ResponseBody {
     pub fn parse(raw: Vec<u8>, max_bytes: usize) -> Result<Self, Invalid> {
-        if raw.len() > max_bytes {
-            return Err(Invalid(format!(
-                "must be at most {max_bytes} bytes (got {})",
-                raw.len()
-            )));
-        }
+        at_most_bytes(raw.len(), max_bytes)?;
         Ok(Self(raw))
     }
 
@@ -254,13 +254,7 @@ impl Checkpoint {
     pub const MAX_BYTES: usize = 64 * 1024;
 
     pub fn parse(raw: Vec<u8>) -> Result<Self, Invalid> {
-        if raw.len() > Self::MAX_BYTES {
-            return Err(Invalid(format!(
-                "must be at most {} bytes (got {})",
-                Self::MAX_BYTES,
-                raw.len()
-            )));
-        }
+        at_most_bytes(raw.len(), Self::MAX_BYTES)?;
         Ok(Self(raw))
     }
 

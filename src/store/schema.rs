@@ -3,9 +3,11 @@
 
 use std::time::Duration;
 
+use chrono::{DateTime, Utc};
 use sqlx::migrate::{MigrateError, Migrator};
 
 use super::StoreError;
+use crate::domain::Instant;
 
 /// The newest applied migration, from sqlx's own table (the same in both backends).
 pub const SCHEMA_VERSION: &str =
@@ -40,4 +42,25 @@ pub fn attempt_number(stored: i64) -> u32 {
 /// A duration stored as whole microseconds.
 pub fn stored_duration(micros: i64) -> Duration {
     Duration::from_micros(micros.unsigned_abs())
+}
+
+/// An instant as a store keeps it: PostgreSQL decodes its `timestamptz` columns as instants
+/// already, SQLite keeps integer microseconds since the epoch. The rows both stores share are
+/// generic over it, so that each decodes its own columns and the meaning is written once.
+pub trait StoredInstant {
+    fn into_instant(self) -> Instant;
+}
+
+impl StoredInstant for Instant {
+    fn into_instant(self) -> Instant {
+        self
+    }
+}
+
+impl StoredInstant for i64 {
+    /// Microseconds beyond what an instant can hold (never written by the store) read as the
+    /// least instant rather than failing the whole row.
+    fn into_instant(self) -> Instant {
+        DateTime::from_timestamp_micros(self).unwrap_or(DateTime::<Utc>::MIN_UTC)
+    }
 }

@@ -30,6 +30,19 @@ async fn serve_on(url: &str, flags: &[&str]) -> TestApp {
     app
 }
 
+/// A server on `pair`'s two hosts, listed in `order`, asking for `attrs`
+/// (`target_session_attrs`), with `flags`; serving, and a client of it.
+async fn serve_on_pair(
+    pair: &ReplicatedPair,
+    order: [usize; 2],
+    attrs: &str,
+    flags: &[&str],
+) -> (TestApp, Client) {
+    let app = serve_on(&pair.url(order, DATABASE, attrs), flags).await;
+    let client = app.client().await;
+    (app, client)
+}
+
 /// Completes `count` fresh keys, each answered, and answers them.
 async fn completed_keys(client: &mut Client, label: &str, count: usize) -> Vec<String> {
     let mut keys = Vec::new();
@@ -123,9 +136,7 @@ async fn time_until_calls_succeed(client: &Client, limit: Duration) -> Duration 
 async fn a_multi_host_url_writes_to_the_primary_listed_second() {
     let pair = ReplicatedPair::start(Replication::Synchronous).await;
     let [primary, standby] = &pair.nodes;
-    let url = pair.url([1, 0], DATABASE, "read-write");
-    let app = serve_on(&url, &[]).await;
-    let mut client = app.client().await;
+    let (_app, mut client) = serve_on_pair(&pair, [1, 0], "read-write", &[]).await;
     let keys = completed_keys(&mut client, "second", 3).await;
     for key in &keys {
         expect_replay(&client, key, key.as_bytes()).await;
@@ -139,9 +150,7 @@ async fn the_service_follows_a_promoted_standby_without_a_restart() {
     let pair = ReplicatedPair::start(Replication::Synchronous).await;
     let [old_primary, standby] = &pair.nodes;
     // The standby is listed first: the service must skip it while it is one.
-    let url = pair.url([1, 0], DATABASE, "primary");
-    let app = serve_on(&url, &[]).await;
-    let mut client = app.client().await;
+    let (app, mut client) = serve_on_pair(&pair, [1, 0], "primary", &[]).await;
     let acknowledged = completed_keys(&mut client, "before", 5).await;
 
     old_primary.kill().await;
@@ -155,10 +164,8 @@ async fn after_a_switchover_the_demoted_primary_is_left_for_the_new_one() {
     let pair = ReplicatedPair::start(Replication::Asynchronous).await;
     let [old_primary, standby] = &pair.nodes;
     // The old primary is listed first, and will answer again, as a standby.
-    let url = pair.url([0, 1], DATABASE, "read-write");
     let flags = ["--health-check-interval", "200ms"];
-    let app = serve_on(&url, &flags).await;
-    let mut client = app.client().await;
+    let (app, mut client) = serve_on_pair(&pair, [0, 1], "read-write", &flags).await;
     let before = completed_keys(&mut client, "before", 3).await;
 
     old_primary.stop().await;
@@ -255,6 +262,16 @@ async fn durability(app: &TestApp) -> Option<(f64, f64)> {
     Some((waits, attached))
 }
 
+/// The durability the probe reads, once it has read it.
+async fn durability_read(app: &TestApp) -> (f64, f64) {
+    eventually_some(
+        Duration::from_secs(20),
+        "the probe reads durability",
+        || async move { durability(app).await },
+    )
+    .await
+}
+
 #[tokio::test]
 async fn durability_is_a_metric_and_can_be_required() {
     let pair = ReplicatedPair::start(Replication::Synchronous).await;
@@ -290,15 +307,7 @@ async fn without_a_synchronous_standby_the_required_one_keeps_the_service_not_se
         ],
     )
     .await;
-    let read = eventually_some(
-        Duration::from_secs(20),
-        "the probe reads durability",
-        || {
-            let app = &app;
-            async move { durability(app).await }
-        },
-    )
-    .await;
+    let read = durability_read(&app).await;
     assert_eq!(read, (0.0, 0.0), "asynchronous: commits wait for nobody");
     // The probe that read it refused to serve.
     let mut health = app.health().await;
@@ -314,15 +323,7 @@ async fn without_a_synchronous_standby_the_required_one_keeps_the_service_not_se
 
     // Without the flag the same store serves, and says it is asynchronous.
     let app = TestApp::spawn_with(Backend::Postgres, &["--metrics-listen", "127.0.0.1:0"]).await;
-    let read = eventually_some(
-        Duration::from_secs(20),
-        "the probe reads durability",
-        || {
-            let app = &app;
-            async move { durability(app).await }
-        },
-    )
-    .await;
+    let read = durability_read(&app).await;
     assert_eq!(read, (0.0, 0.0));
 }
 
@@ -508,8 +509,7 @@ async fn lifecycles_until(
 async fn acknowledged_lost_in_a_kill(replication: Replication) -> (usize, usize) {
     let pair = ReplicatedPair::start(replication).await;
     let [primary, standby] = &pair.nodes;
-    let app = serve_on(&pair.url([0, 1], DATABASE, "read-write"), &[]).await;
-    let client = app.client().await;
+    let (_app, client) = serve_on_pair(&pair, [0, 1], "read-write", &[]).await;
     let stop = tokio_util::sync::CancellationToken::new();
     let load = tokio::spawn({
         let (client, stop) = (client.clone(), stop.clone());

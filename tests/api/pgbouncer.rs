@@ -111,6 +111,54 @@ pub(crate) async fn migrate_directly(url: &str) {
     assert!(migrated.status.success(), "migrate: {migrated:?}");
 }
 
+/// A service on a fresh database behind `bouncer` in transaction mode, as the documentation
+/// says: migrated against PostgreSQL directly, notified directly, with `flags` besides;
+/// serving. With how to start another replica of it.
+pub(crate) async fn serve_behind(bouncer: &PgBouncer, flags: &[&str]) -> (TestApp, Replica) {
+    let database = TestDatabase::create(Backend::Postgres).await;
+    let direct = database.url.clone();
+    migrate_directly(&direct).await;
+    // As docs/operations.md says, the pooler's server connections told (this PgBouncer's
+    // default_pool_size).
+    let documented = [
+        "--pooler",
+        "transaction",
+        "--pooler-server-connections",
+        "4",
+        "--no-migrate",
+        "--notify-database-url",
+        direct.as_str(),
+    ];
+    let replica = Replica {
+        pooled_url: bouncer.url(&direct),
+        flags: documented
+            .iter()
+            .chain(flags)
+            .map(|f| f.to_string())
+            .collect(),
+    };
+    let app = TestApp::start_on(database, Some(&replica.pooled_url), &replica.flags()).await;
+    app.wait_for_status(ServingStatus::Serving).await;
+    (app, replica)
+}
+
+/// How a service behind PgBouncer was started: its URL through the pooler and its flags.
+pub(crate) struct Replica {
+    pooled_url: String,
+    flags: Vec<String>,
+}
+
+impl Replica {
+    fn flags(&self) -> Vec<&str> {
+        self.flags.iter().map(String::as_str).collect()
+    }
+
+    /// Another replica on the same database, with the same flags.
+    async fn start(&self) -> ServerProcess {
+        ServerProcess::start(&self.pooled_url, &self.flags()).await
+    }
+}
+
 /// Migrates `url` with the real binary's `migrate` subcommand, as an operator would.
 async fn migrate(url: &str, flags: &[&str]) -> std::process::Output {
     coordinator()
@@ -125,25 +173,8 @@ async fn migrate(url: &str, flags: &[&str]) -> std::process::Output {
 #[tokio::test]
 async fn every_rpc_works_through_pgbouncer_in_transaction_mode() {
     let bouncer = PgBouncer::start().await;
-    let database = TestDatabase::create(Backend::Postgres).await;
-    let direct = database.url.clone();
-    let pooled = bouncer.url(&direct);
-    // The documented step: migrate against PostgreSQL directly.
-    let migrated = migrate(&direct, &[]).await;
-    assert!(migrated.status.success(), "migrate: {migrated:?}");
-
-    let flags = [
-        "--pooler",
-        "transaction",
-        "--no-migrate",
-        "--notify-database-url",
-        direct.as_str(),
-        // Only a notification can wake the waiter below in time.
-        "--waiter-recheck-interval",
-        "10m",
-    ];
-    let app = TestApp::start_on(database, Some(&pooled), &flags).await;
-    app.wait_for_status(ServingStatus::Serving).await;
+    // Only a notification can wake the waiter below in time.
+    let (app, replica) = serve_behind(&bouncer, &["--waiter-recheck-interval", "10m"]).await;
     let mut client = app.client().await;
 
     // TryStart, ExtendLease with a checkpoint, Lookup, Complete, replay.
@@ -188,7 +219,7 @@ async fn every_rpc_works_through_pgbouncer_in_transaction_mode() {
 
     // A waiting TryStart is woken by another replica's Complete, which reaches it only as a
     // notification on the direct URL (the recheck interval is 10 minutes).
-    let other = ServerProcess::start(&pooled, &flags).await;
+    let other = replica.start().await;
     let mut other_client = other.client_when_serving().await;
     let waited = unique_key("pgbouncer-wait");
     let holder = claim(&mut other_client, try_start(&waited)).await;

@@ -2,7 +2,7 @@
 //! pool; a change and its audit event commit in one transaction of their own, with the same
 //! statement and lock timeouts as any statement.
 
-use sqlx::{Connection, FromRow};
+use sqlx::Connection;
 
 use super::PgStore;
 use super::connect::begin_statement;
@@ -17,112 +17,18 @@ use crate::domain::admin::{
     AdminKeyState, AuditEntry, AuditEvent, EraseBatch, ForceReleased, FullKey, KeyFilter,
     KeySummary, ListOrder, NamespaceStats, PageCursor, StuckSummary,
 };
-use crate::domain::{Instant, Key, LeaseToken, Scope};
-use crate::store::schema::{attempt_number, stored_duration};
+use crate::domain::{Instant, Key, Scope};
+use crate::store::admin::rows::{self, count, key_range, stuck_summary};
 use crate::store::{AdminStore, EraseCursor, Erased, Erasure, LockWait, StoreError};
 
-/// Greater than every key (at most 255 bytes of UTF-8): 64 times the greatest character.
-fn beyond_every_key() -> String {
-    "\u{10FFFF}".repeat(64)
-}
-
-#[derive(FromRow)]
-struct AdminKeyRow {
-    key: String,
-    state_code: i64,
-    attempt: i32,
-    lease_token: i64,
-    attempt_id: Option<String>,
-    lease_expires_at: Instant,
-    completed_at: Option<Instant>,
-    expires_at: Instant,
-    retention_us: i64,
-    fingerprint: Vec<u8>,
-    response_bytes: i64,
-    checkpoint_bytes: Option<i64>,
-    claimed_at: Option<Instant>,
-    holder: Option<String>,
-}
-
-impl TryFrom<AdminKeyRow> for KeySummary {
-    type Error = StoreError;
-
-    fn try_from(row: AdminKeyRow) -> Result<Self, StoreError> {
-        Ok(Self {
-            key: row.key,
-            state: AdminKeyState::from_code(row.state_code)
-                .ok_or(StoreError::Inconsistent("a key's state code is unknown"))?,
-            attempt: attempt_number(i64::from(row.attempt)),
-            lease_token: LeaseToken::from_stored(row.lease_token),
-            attempt_id: row.attempt_id,
-            lease_expires_at: row.lease_expires_at,
-            completed_at: row.completed_at,
-            expires_at: row.expires_at,
-            retention: stored_duration(row.retention_us),
-            fingerprint: row.fingerprint,
-            response_bytes: row.response_bytes.unsigned_abs(),
-            checkpoint_bytes: row.checkpoint_bytes.map(i64::unsigned_abs),
-            claimed_at: row.claimed_at,
-            holder: row.holder,
-        })
-    }
-}
-
-#[derive(FromRow)]
-struct FullKeyRow {
-    #[sqlx(flatten)]
-    summary: AdminKeyRow,
-    response: Option<Vec<u8>>,
-    checkpoint: Option<Vec<u8>>,
-}
-
-#[derive(FromRow)]
-struct StatsRow {
-    in_progress: i64,
-    stuck: i64,
-    completed: i64,
-    stored_bytes: i64,
-    processed_events: i64,
-    oldest_stuck_key: Option<String>,
-    oldest_stuck_at: Option<Instant>,
-    read_at: Instant,
-}
-
-#[derive(FromRow)]
-struct AuditRow {
-    id: i64,
-    at: Instant,
-    actor: String,
-    action: String,
-    namespace: String,
-    key: Option<String>,
-    reason: String,
-    record_before: Option<String>,
-    outcome: Option<String>,
-}
-
-impl From<AuditRow> for AuditEvent {
-    fn from(row: AuditRow) -> Self {
-        Self {
-            id: row.id,
-            at: row.at,
-            actor: row.actor,
-            action: row.action,
-            namespace: row.namespace,
-            key: row.key,
-            reason: row.reason,
-            record_before_json: row.record_before,
-            outcome_json: row.outcome,
-        }
-    }
-}
+/// The admin rows as PostgreSQL decodes them: instants as `timestamptz`, the attempt `int4`.
+type AdminKeyRow = rows::AdminKeyRow<Instant, i32>;
+type FullKeyRow = rows::FullKeyRow<Instant, i32>;
+type StatsRow = rows::StatsRow<Instant>;
+type AuditRow = rows::AuditRow<Instant>;
 
 fn summaries(rows: Vec<AdminKeyRow>) -> Result<Vec<KeySummary>, StoreError> {
     rows.into_iter().map(KeySummary::try_from).collect()
-}
-
-fn count(value: i64) -> u64 {
-    value.unsigned_abs()
 }
 
 fn cursor_instant(cursor: Option<&PageCursor>) -> Option<Instant> {
@@ -189,12 +95,7 @@ impl AdminStore for PgStore {
         let after_key = after.map(|c| c.key.as_str());
         let rows: Vec<AdminKeyRow> = match filter.order() {
             ListOrder::Key => {
-                let from = filter.key_prefix.as_ref().map_or("", |p| p.as_str());
-                let until = filter
-                    .key_prefix
-                    .as_ref()
-                    .and_then(|p| p.upper_bound())
-                    .unwrap_or_else(beyond_every_key);
+                let (from, until) = key_range(filter);
                 let state = filter.state.map_or(0, AdminKeyState::code);
                 self.fetch_all(
                     sqlx::query_as(LIST_KEYS_BY_KEY)
@@ -254,14 +155,7 @@ impl AdminStore for PgStore {
             )
             .await
             .map_err(classify)?;
-        row.map(|row| {
-            Ok(FullKey {
-                summary: row.summary.try_into()?,
-                response: row.response,
-                checkpoint: row.checkpoint,
-            })
-        })
-        .transpose()
+        row.map(FullKey::try_from).transpose()
     }
 
     async fn namespace_stats(&self, namespace: &Scope) -> Result<NamespaceStats, StoreError> {
@@ -270,15 +164,7 @@ impl AdminStore for PgStore {
             .await
             .map_err(classify)?;
         match row {
-            Some(row) => Ok(NamespaceStats {
-                in_progress: count(row.in_progress),
-                stuck: count(row.stuck),
-                completed: count(row.completed),
-                processed_events: count(row.processed_events),
-                oldest_stuck: row.oldest_stuck_key.zip(row.oldest_stuck_at),
-                stored_bytes: count(row.stored_bytes),
-                read_at: row.read_at,
-            }),
+            Some(row) => Ok(row.into()),
             // No live key: the GROUP BY answers no row. The events and clock still count.
             None => {
                 let (processed_events, read_at): (i64, Instant) = self
@@ -456,22 +342,15 @@ impl AdminStore for PgStore {
     }
 
     async fn reap_expired_audit(&self, limit: u32) -> Result<u64, StoreError> {
-        let (deleted,): (i64,) = self
-            .fetch_one(sqlx::query_as(REAP_AUDIT).bind(i64::from(limit)))
-            .await
-            .map_err(classify)?;
-        Ok(count(deleted))
+        self.reap(REAP_AUDIT, limit).await
     }
 
     async fn stuck_keys(&self) -> Result<StuckSummary, StoreError> {
-        let (stuck, oldest_us): (i64, i64) = self
+        let stuck = self
             .fetch_one(sqlx::query_as(STUCK_KEYS))
             .await
             .map_err(classify)?;
-        Ok(StuckSummary {
-            count: count(stuck),
-            oldest: stored_duration(oldest_us),
-        })
+        Ok(stuck_summary(stuck))
     }
 
     fn erasures(&self) -> tokio::sync::broadcast::Receiver<Erasure> {

@@ -377,17 +377,13 @@ impl Store for PgStore {
     }
 
     async fn release(&self, command: &ReleaseCommand) -> Result<Result<(), Rejection>, StoreError> {
-        let outcome = self
+        let outcome: Result<(i64,), Rejection> = self
             .guarded_write(
+                RELEASE,
                 command.namespace.as_str(),
                 command.key.as_str(),
                 command.lease_token,
-                || {
-                    sqlx::query_as::<_, (i64,)>(RELEASE)
-                        .bind(command.namespace.as_str())
-                        .bind(command.key.as_str())
-                        .bind(command.lease_token.get())
-                },
+                |release| release,
             )
             .await?;
         Ok(outcome.map(drop))
@@ -398,16 +394,14 @@ impl Store for PgStore {
         command: &ExtendLeaseCommand,
     ) -> Result<Result<Instant, Rejection>, StoreError> {
         let checkpoint = command.checkpoint.as_ref().map(|c| c.as_bytes());
-        let outcome = self
+        let outcome: Result<(Instant,), Rejection> = self
             .guarded_write(
+                EXTEND_LEASE,
                 command.namespace.as_str(),
                 command.key.as_str(),
                 command.lease_token,
-                || {
-                    sqlx::query_as::<_, (Instant,)>(EXTEND_LEASE)
-                        .bind(command.namespace.as_str())
-                        .bind(command.key.as_str())
-                        .bind(command.lease_token.get())
+                |extend| {
+                    extend
                         .bind(command.lease_ttl.as_micros())
                         .bind(checkpoint.is_some())
                         .bind(checkpoint)
@@ -451,19 +445,11 @@ impl Store for PgStore {
     }
 
     async fn reap_expired_keys(&self, limit: u32) -> Result<u64, StoreError> {
-        let (deleted,): (i64,) = self
-            .fetch_one(sqlx::query_as(REAP_KEYS).bind(i64::from(limit)))
-            .await
-            .map_err(classify)?;
-        Ok(deleted.unsigned_abs())
+        self.reap(REAP_KEYS, limit).await
     }
 
     async fn reap_expired_events(&self, limit: u32) -> Result<u64, StoreError> {
-        let (deleted,): (i64,) = self
-            .fetch_one(sqlx::query_as(REAP_EVENTS).bind(i64::from(limit)))
-            .await
-            .map_err(classify)?;
-        Ok(deleted.unsigned_abs())
+        self.reap(REAP_EVENTS, limit).await
     }
 
     async fn expired_backlog(&self) -> Result<super::ExpiredBacklog, StoreError> {

@@ -296,22 +296,33 @@ const GUARD_ATTEMPTS: usize = 3;
 
 impl PgStore {
     /// Runs `write` (a statement guarded on the caller's token that answers a row only when it
-    /// applied: Release, ExtendLease) and answers that row, or, when it changed nothing, reads
+    /// applied: Release, ExtendLease; `statement` with the key's namespace, name and token, then
+    /// the values `with_values` binds) and answers that row, or, when it changed nothing, reads
     /// the key to say why. Tokens are never reused
     /// and completed keys never reopen, so what the read finds explains the refusal; should it
     /// find the caller holding an in-progress key after all (which only a token guessed before
     /// it was handed out can cause), the write is tried again.
     pub(super) async fn guarded_write<'q, T, F>(
         &self,
-        namespace: &str,
-        key: &str,
+        statement: &'static str,
+        namespace: &'q str,
+        key: &'q str,
         token: LeaseToken,
-        mut write: F,
+        with_values: F,
     ) -> Result<Result<T, Rejection>, StoreError>
     where
-        F: FnMut() -> Statement<'q, T>,
+        F: Fn(Statement<'q, T>) -> Statement<'q, T>,
         T: Send + Unpin + for<'r> FromRow<'r, PgRow>,
     {
+        // Each guarded statement takes the key and its token first, then its own values.
+        let write = || {
+            with_values(
+                sqlx::query_as(statement)
+                    .bind(namespace)
+                    .bind(key)
+                    .bind(token.get()),
+            )
+        };
         for _ in 0..GUARD_ATTEMPTS {
             if let Some(applied) = self.fetch_optional(write()).await.map_err(classify)? {
                 return Ok(Ok(applied));
@@ -330,5 +341,19 @@ impl PgStore {
         Err(StoreError::Inconsistent(
             "a guarded write kept refusing the current holder of an in-progress key",
         ))
+    }
+
+    /// Runs a reaping statement (`REAP_KEYS`, `REAP_EVENTS`, `REAP_AUDIT`: at most `limit`
+    /// expired rows deleted) and answers how many it deleted.
+    pub(super) async fn reap(
+        &self,
+        statement: &'static str,
+        limit: u32,
+    ) -> Result<u64, StoreError> {
+        let (deleted,): (i64,) = self
+            .fetch_one(sqlx::query_as(statement).bind(i64::from(limit)))
+            .await
+            .map_err(classify)?;
+        Ok(deleted.unsigned_abs())
     }
 }

@@ -5,7 +5,6 @@ use sqlx::FromRow;
 
 use super::SqliteStore;
 use super::error::classify;
-use super::rows::instant;
 use super::sql::{
     ERASE_EVENTS_BATCH, ERASE_KEYS_BATCH, GET_ANY_KEY, GET_KEY, LIST_AUDIT, LIST_COMPLETED_KEYS,
     LIST_HELD_KEYS, LIST_IN_PROGRESS_KEYS, LIST_KEYS_BY_KEY, LIST_STUCK_KEYS, NAMESPACE_HAS_ROWS,
@@ -15,99 +14,21 @@ use crate::domain::admin::{
     AdminKeyState, AuditEntry, AuditEvent, EraseBatch, ForceReleased, FullKey, KeyFilter,
     KeySummary, ListOrder, NamespaceStats, PageCursor, StuckSummary,
 };
-use crate::domain::{Key, LeaseToken, Scope};
-use crate::store::schema::{attempt_number, stored_duration};
+use crate::domain::{Key, Scope};
+use crate::store::admin::rows::{self, key_range, stuck_summary};
 use crate::store::{AdminStore, EraseCursor, Erased, Erasure, KeyEvent, StoreError};
 
-/// Greater than every key (at most 255 bytes of UTF-8): 64 times the greatest character.
-fn beyond_every_key() -> String {
-    "\u{10FFFF}".repeat(64)
-}
-
-#[derive(FromRow)]
-struct AdminKeyRow {
-    key: String,
-    state_code: i64,
-    attempt: i64,
-    lease_token: i64,
-    attempt_id: Option<String>,
-    lease_expires_at: i64,
-    completed_at: Option<i64>,
-    expires_at: i64,
-    retention_us: i64,
-    fingerprint: Vec<u8>,
-    response_bytes: i64,
-    checkpoint_bytes: Option<i64>,
-    claimed_at: Option<i64>,
-    holder: Option<String>,
-}
-
-impl TryFrom<AdminKeyRow> for KeySummary {
-    type Error = StoreError;
-
-    fn try_from(row: AdminKeyRow) -> Result<Self, StoreError> {
-        Ok(Self {
-            key: row.key,
-            state: AdminKeyState::from_code(row.state_code)
-                .ok_or(StoreError::Inconsistent("a key's state code is unknown"))?,
-            attempt: attempt_number(row.attempt),
-            lease_token: LeaseToken::from_stored(row.lease_token),
-            attempt_id: row.attempt_id,
-            lease_expires_at: instant(row.lease_expires_at),
-            completed_at: row.completed_at.map(instant),
-            expires_at: instant(row.expires_at),
-            retention: stored_duration(row.retention_us),
-            fingerprint: row.fingerprint,
-            response_bytes: row.response_bytes.unsigned_abs(),
-            checkpoint_bytes: row.checkpoint_bytes.map(i64::unsigned_abs),
-            claimed_at: row.claimed_at.map(instant),
-            holder: row.holder,
-        })
-    }
-}
-
-#[derive(FromRow)]
-struct FullKeyRow {
-    #[sqlx(flatten)]
-    summary: AdminKeyRow,
-    response: Option<Vec<u8>>,
-    checkpoint: Option<Vec<u8>>,
-}
+/// The admin rows as SQLite keeps them: instants and attempts as integers.
+type AdminKeyRow = rows::AdminKeyRow<i64, i64>;
+type FullKeyRow = rows::FullKeyRow<i64, i64>;
+type StatsRow = rows::StatsRow<i64>;
+type AuditRow = rows::AuditRow<i64>;
 
 #[derive(FromRow)]
 struct AnyKeyRow {
     #[sqlx(flatten)]
     summary: AdminKeyRow,
     live: bool,
-}
-
-#[derive(FromRow)]
-struct StatsRow {
-    in_progress: i64,
-    stuck: i64,
-    completed: i64,
-    stored_bytes: i64,
-    processed_events: i64,
-    oldest_stuck_key: Option<String>,
-    oldest_stuck_at: Option<i64>,
-    read_at: i64,
-}
-
-#[derive(FromRow)]
-struct AuditRow {
-    id: i64,
-    at: i64,
-    actor: String,
-    action: String,
-    namespace: String,
-    key: Option<String>,
-    reason: String,
-    record_before: Option<String>,
-    outcome: Option<String>,
-}
-
-fn count(value: i64) -> u64 {
-    value.unsigned_abs()
 }
 
 fn micros(instant: Option<crate::domain::Instant>) -> Option<i64> {
@@ -179,12 +100,7 @@ impl AdminStore for SqliteStore {
         let after_at = after.map_or(i64::MIN, |c| c.at_micros);
         let query = match filter.order() {
             ListOrder::Key => {
-                let from = filter.key_prefix.as_ref().map_or("", |p| p.as_str());
-                let until = filter
-                    .key_prefix
-                    .as_ref()
-                    .and_then(|p| p.upper_bound())
-                    .unwrap_or_else(beyond_every_key);
+                let (from, until) = key_range(filter);
                 sqlx::query_as(LIST_KEYS_BY_KEY)
                     .bind(namespace)
                     .bind(from.to_owned())
@@ -231,14 +147,7 @@ impl AdminStore for SqliteStore {
             .fetch_optional(&self.readers)
             .await
             .map_err(classify)?;
-        row.map(|row| {
-            Ok(FullKey {
-                summary: row.summary.try_into()?,
-                response: row.response,
-                checkpoint: row.checkpoint,
-            })
-        })
-        .transpose()
+        row.map(FullKey::try_from).transpose()
     }
 
     async fn namespace_stats(&self, namespace: &Scope) -> Result<NamespaceStats, StoreError> {
@@ -248,15 +157,7 @@ impl AdminStore for SqliteStore {
             .fetch_one(&self.readers)
             .await
             .map_err(classify)?;
-        Ok(NamespaceStats {
-            in_progress: count(row.in_progress),
-            stuck: count(row.stuck),
-            completed: count(row.completed),
-            processed_events: count(row.processed_events),
-            oldest_stuck: row.oldest_stuck_key.zip(row.oldest_stuck_at.map(instant)),
-            stored_bytes: count(row.stored_bytes),
-            read_at: instant(row.read_at),
-        })
+        Ok(row.into())
     }
 
     async fn force_release(
@@ -412,20 +313,7 @@ impl AdminStore for SqliteStore {
             .fetch_all(&self.readers)
             .await
             .map_err(classify)?;
-        Ok(rows
-            .into_iter()
-            .map(|row| AuditEvent {
-                id: row.id,
-                at: instant(row.at),
-                actor: row.actor,
-                action: row.action,
-                namespace: row.namespace,
-                key: row.key,
-                reason: row.reason,
-                record_before_json: row.record_before,
-                outcome_json: row.outcome,
-            })
-            .collect())
+        Ok(rows.into_iter().map(AuditEvent::from).collect())
     }
 
     async fn reap_expired_audit(&self, limit: u32) -> Result<u64, StoreError> {
@@ -434,14 +322,11 @@ impl AdminStore for SqliteStore {
 
     async fn stuck_keys(&self) -> Result<StuckSummary, StoreError> {
         self.ensure_schema().await?;
-        let (stuck, oldest_us): (i64, i64) = sqlx::query_as(STUCK_KEYS)
+        let stuck = sqlx::query_as(STUCK_KEYS)
             .fetch_one(&self.readers)
             .await
             .map_err(classify)?;
-        Ok(StuckSummary {
-            count: count(stuck),
-            oldest: stored_duration(oldest_us),
-        })
+        Ok(stuck_summary(stuck))
     }
 
     fn erasures(&self) -> tokio::sync::broadcast::Receiver<Erasure> {

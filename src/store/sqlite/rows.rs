@@ -1,14 +1,13 @@
 //! Rows as the SQLite store keeps them (instants as integer microseconds since the epoch), and
 //! what they mean in the domain.
 
-use chrono::{DateTime, Utc};
 use sqlx::FromRow;
 
 use crate::domain::{Instant, KeyRecord, LeaseToken};
-use crate::store::schema::{attempt_number, stored_duration};
+use crate::store::schema::{StoredInstant, attempt_number, stored_duration};
 
 pub(super) fn instant(micros: i64) -> Instant {
-    DateTime::from_timestamp_micros(micros).unwrap_or(DateTime::<Utc>::MIN_UTC)
+    micros.into_instant()
 }
 
 pub(super) fn micros(instant: Instant) -> i64 {

@@ -31,6 +31,31 @@ pub(super) async fn admin(app: &TestApp, args: &[&str]) -> Run {
     admin_with(&app.endpoint(), &[], args).await
 }
 
+/// The binary's answer to `args` with `--output json`, which must succeed.
+async fn admin_json(app: &TestApp, args: &[&str]) -> Value {
+    let args: Vec<&str> = args.iter().copied().chain(["--output", "json"]).collect();
+    admin(app, &args).await.json()
+}
+
+/// `keys release` of `key` in the namespace, for `reason`.
+fn release<'a>(key: &'a str, reason: &'a str) -> [&'a str; 8] {
+    [
+        "keys",
+        "release",
+        "--namespace",
+        NAMESPACE,
+        "--key",
+        key,
+        "--reason",
+        reason,
+    ]
+}
+
+/// `keys list` in the namespace, filtered by `flag` `value`.
+fn list_with<'a>(flag: &'a str, value: &'a str) -> Vec<&'a str> {
+    vec!["keys", "list", "--namespace", NAMESPACE, flag, value]
+}
+
 pub(super) async fn admin_with(endpoint: &str, connection: &[&str], args: &[&str]) -> Run {
     let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_idempotency-coordinator"))
         .arg("admin")
@@ -55,21 +80,11 @@ async fn an_operator_finds_reads_releases_and_erases_from_the_cli_alone(backend:
     claim_and_complete(&mut client, "payment-18", b"{\"paid\":true}").await;
 
     // Find the stuck keys.
-    let stuck = admin(
+    let stuck = admin_json(
         &app,
-        &[
-            "keys",
-            "list",
-            "--namespace",
-            NAMESPACE,
-            "--state",
-            "stuck",
-            "--output",
-            "json",
-        ],
+        &["keys", "list", "--namespace", NAMESPACE, "--state", "stuck"],
     )
-    .await
-    .json();
+    .await;
     let keys = stuck["keys"].as_array().expect("keys");
     assert_eq!(keys.len(), 1, "{stuck}");
     assert_eq!(keys[0]["key"], "payment-17");
@@ -87,7 +102,7 @@ async fn an_operator_finds_reads_releases_and_erases_from_the_cli_alone(backend:
     );
     // Keys held since before a moment: the stuck one, not the completed one.
     let an_hour_ahead = (chrono::Utc::now() + chrono::Duration::hours(1)).to_rfc3339();
-    let held = admin(
+    let held = admin_json(
         &app,
         &[
             "keys",
@@ -96,12 +111,9 @@ async fn an_operator_finds_reads_releases_and_erases_from_the_cli_alone(backend:
             NAMESPACE,
             "--claimed-before",
             &an_hour_ahead,
-            "--output",
-            "json",
         ],
     )
-    .await
-    .json();
+    .await;
     let held = held["keys"].as_array().expect("keys");
     assert_eq!(held.len(), 1, "{held:?}");
     assert_eq!(held[0]["key"], "payment-17");
@@ -110,52 +122,22 @@ async fn an_operator_finds_reads_releases_and_erases_from_the_cli_alone(backend:
     assert_eq!(held[0]["holder"], "");
 
     // Read one key's story.
-    let story = admin(
-        &app,
-        &[
-            "keys",
-            "show",
-            "--namespace",
-            NAMESPACE,
-            "--key",
-            "payment-18",
-            "--output",
-            "json",
-        ],
-    )
-    .await
-    .json();
+    let show = [
+        "keys",
+        "show",
+        "--namespace",
+        NAMESPACE,
+        "--key",
+        "payment-18",
+    ];
+    let story = admin_json(&app, &show).await;
     assert_eq!(story["state"], "completed");
     assert_eq!(story["response_hex"], hex::encode(b"{\"paid\":true}"));
-    let shown = admin(
-        &app,
-        &[
-            "keys",
-            "show",
-            "--namespace",
-            NAMESPACE,
-            "--key",
-            "payment-18",
-        ],
-    )
-    .await;
+    let shown = admin(&app, &show).await;
     assert!(shown.stdout.contains("{\"paid\":true}"), "{}", shown.stdout);
 
     // Release it with a reason, and see that in the audit trail.
-    let released = admin(
-        &app,
-        &[
-            "keys",
-            "release",
-            "--namespace",
-            NAMESPACE,
-            "--key",
-            "payment-17",
-            "--reason",
-            "worker pod crashed (INC-42)",
-        ],
-    )
-    .await;
+    let released = admin(&app, &release("payment-17", "worker pod crashed (INC-42)")).await;
     assert_eq!(released.status, Some(0), "{}", released.stderr);
     assert!(
         released.stdout.starts_with("released payment-17"),
@@ -164,12 +146,7 @@ async fn an_operator_finds_reads_releases_and_erases_from_the_cli_alone(backend:
     );
     let next = claim(&mut client, try_start("payment-17")).await;
     assert!(next.lease_token > crashed.lease_token);
-    let trail = admin(
-        &app,
-        &["audit", "--namespace", NAMESPACE, "--output", "json"],
-    )
-    .await
-    .json();
+    let trail = admin_json(&app, &["audit", "--namespace", NAMESPACE]).await;
     let event = &trail["events"][0];
     assert_eq!(event["action"], "force_release");
     assert_eq!(event["key"], "payment-17");
@@ -178,20 +155,7 @@ async fn an_operator_finds_reads_releases_and_erases_from_the_cli_alone(backend:
     assert_eq!(event["record_before"]["lease_token"], crashed.lease_token);
 
     // A completed key cannot be released: exit 1 with the refusal.
-    let refused = admin(
-        &app,
-        &[
-            "keys",
-            "release",
-            "--namespace",
-            NAMESPACE,
-            "--key",
-            "payment-18",
-            "--reason",
-            "x",
-        ],
-    )
-    .await;
+    let refused = admin(&app, &release("payment-18", "x")).await;
     assert_eq!(refused.status, Some(1));
     assert!(refused.stderr.contains("completed"), "{}", refused.stderr);
 }
@@ -239,12 +203,7 @@ async fn a_namespace_is_erased_from_the_cli_while_traffic_keeps_flowing(backend:
     );
     assert!(answered_calls > 0);
     assert_eq!(failed_calls, 0, "no call failed");
-    let stats = admin(
-        &app,
-        &["stats", "--namespace", NAMESPACE, "--output", "json"],
-    )
-    .await
-    .json();
+    let stats = admin_json(&app, &["stats", "--namespace", NAMESPACE]).await;
     assert_eq!(stats["completed_keys"], 0);
 }
 
@@ -326,28 +285,8 @@ async fn the_cli_uses_a_token_file_and_refuses_bad_flags(backend: Backend) {
             vec![],
             vec!["keys", "erase", "--namespace", NAMESPACE, "--reason", "r"],
         ),
-        (
-            vec![],
-            vec![
-                "keys",
-                "list",
-                "--namespace",
-                NAMESPACE,
-                "--completed-after",
-                "yesterday",
-            ],
-        ),
-        (
-            vec![],
-            vec![
-                "keys",
-                "list",
-                "--namespace",
-                NAMESPACE,
-                "--claimed-before",
-                "an hour ago",
-            ],
-        ),
+        (vec![], list_with("--completed-after", "yesterday")),
+        (vec![], list_with("--claimed-before", "an hour ago")),
     ] {
         let run = admin_with(&app.endpoint(), &connection, &args).await;
         assert_eq!(
@@ -423,21 +362,7 @@ async fn the_cli_shows_a_client_certificate_under_mutual_tls(backend: Backend) {
     .json();
     assert_eq!(listed["keys"][0]["holder"], "cert:CN=payments-worker");
 
-    let released = admin_with(
-        &endpoint,
-        &mtls,
-        &[
-            "keys",
-            "release",
-            "--namespace",
-            NAMESPACE,
-            "--key",
-            "held",
-            "--reason",
-            "rotating the worker",
-        ],
-    )
-    .await;
+    let released = admin_with(&endpoint, &mtls, &release("held", "rotating the worker")).await;
     assert_eq!(released.status, Some(0), "{}", released.stderr);
     let audit = admin_with(
         &endpoint,

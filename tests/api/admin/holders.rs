@@ -43,10 +43,7 @@ const LONG_LEASE_MS: u64 = 600_000;
 async fn entry(admin: &AuthedAdmin, key: &str) -> pb::AdminKeyEntry {
     admin
         .clone()
-        .get_key(pb::GetKeyRequest {
-            namespace: NAMESPACE.into(),
-            key: key.into(),
-        })
+        .get_key(get_key(key))
         .await
         .expect("GetKey answers")
         .into_inner()
@@ -280,18 +277,9 @@ async fn a_client_certificate_names_the_holder_and_the_actor(backend: Backend) {
     .await;
 
     claim(&mut client, try_start("held").with_lease(secs(600))).await;
-    let held = answered(
-        admin
-            .clone()
-            .get_key(pb::GetKeyRequest {
-                namespace: NAMESPACE.into(),
-                key: "held".into(),
-            })
-            .await,
-        "GetKey",
-    )
-    .key
-    .expect("an entry");
+    let held = answered(admin.clone().get_key(get_key("held")).await, "GetKey")
+        .key
+        .expect("an entry");
     assert_eq!(held.holder, "cert:CN=payments-worker");
 
     answered(

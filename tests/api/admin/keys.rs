@@ -239,16 +239,7 @@ async fn a_keys_record_comes_whole_and_an_absent_key_is_not_found(backend: Backe
         extend("held", started.lease_token).with_checkpoint(Some(b"page 3")),
     )
     .await;
-    let held = answered(
-        admin
-            .clone()
-            .get_key(pb::GetKeyRequest {
-                namespace: NAMESPACE.into(),
-                key: "held".into(),
-            })
-            .await,
-        "GetKey",
-    );
+    let held = answered(admin.clone().get_key(get_key("held")).await, "GetKey");
     let entry = held.key.expect("the entry");
     assert_eq!(entry.state(), pb::AdminKeyState::InProgress);
     assert_eq!(entry.attempt_id, "attempt-7");
@@ -257,16 +248,7 @@ async fn a_keys_record_comes_whole_and_an_absent_key_is_not_found(backend: Backe
     assert!(held.response.is_empty());
 
     claim_and_complete(&mut client, "done", b"stored bytes").await;
-    let done = answered(
-        admin
-            .clone()
-            .get_key(pb::GetKeyRequest {
-                namespace: NAMESPACE.into(),
-                key: "done".into(),
-            })
-            .await,
-        "GetKey",
-    );
+    let done = answered(admin.clone().get_key(get_key("done")).await, "GetKey");
     assert_eq!(done.response, b"stored bytes");
     assert_eq!(
         done.key.expect("entry").state(),
@@ -275,10 +257,7 @@ async fn a_keys_record_comes_whole_and_an_absent_key_is_not_found(backend: Backe
 
     let absent = admin
         .clone()
-        .get_key(pb::GetKeyRequest {
-            namespace: NAMESPACE.into(),
-            key: "never".into(),
-        })
+        .get_key(get_key("never"))
         .await
         .expect_err("absent");
     assert_eq!(absent.code(), Code::NotFound);

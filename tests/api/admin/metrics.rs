@@ -56,10 +56,7 @@ async fn admin_calls_and_stuck_keys_show_in_the_metrics(backend: Backend) {
     );
     admin
         .clone()
-        .get_key(pb::GetKeyRequest {
-            namespace: NAMESPACE.into(),
-            key: "never".into(),
-        })
+        .get_key(get_key("never"))
         .await
         .expect_err("absent");
     answered(

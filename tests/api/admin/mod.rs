@@ -78,6 +78,13 @@ pub async fn audit_events(admin: &AdminClient) -> Vec<pb::AuditEvent> {
     .events
 }
 
+pub fn get_key(key: &str) -> pb::GetKeyRequest {
+    pb::GetKeyRequest {
+        namespace: NAMESPACE.into(),
+        key: key.into(),
+    }
+}
+
 pub fn force_release(key: &str, reason: &str) -> pb::ForceReleaseRequest {
     pb::ForceReleaseRequest {
         namespace: NAMESPACE.into(),

@@ -6,7 +6,7 @@ use std::time::Duration;
 use crate::support::process::coordinator;
 use crate::support::{Backend, TestApp};
 
-use super::{Http, ORDERS, TestGateway, Upstream, key};
+use super::{Answer, Http, ORDERS, TestGateway, Upstream, key};
 
 pub(super) async fn gateway_process(
     upstream: &Upstream,
@@ -30,6 +30,23 @@ pub(super) async fn gateway_process(
         .expect("the gateway binary starts")
 }
 
+/// Kills `gateway` (`kill -9`) while it holds a call's claim, and checks that the caller of that
+/// call (`doomed`, posted to it) lost its connection: nothing answered it.
+pub(super) async fn kill_holding(
+    gateway: &mut idempotency_testkit::ServerProcess,
+    doomed: tokio::task::JoinHandle<Option<Answer>>,
+) {
+    gateway.signal("KILL").expect("kill -9");
+    assert_eq!(
+        gateway.wait(Duration::from_secs(10)).await.expect("exits"),
+        None
+    );
+    assert!(
+        doomed.await.expect("ran").is_none(),
+        "the holder's caller lost its connection"
+    );
+}
+
 /// At most once while a lease holds: a gateway killed mid-request leaves its claim until the
 /// lease runs out; a retry meanwhile gets 409, and a retry after it runs the upstream again,
 /// with a higher fencing token that the upstream can use to refuse the first run's writes.
@@ -44,15 +61,7 @@ async fn a_killed_gateways_claim_is_taken_over_with_a_higher_fencing_token() {
     let doomed = http.spawn_post(&format!("http://{}/orders", killed.addr), &key, "{}");
     upstream.wait_for_in_flight(1).await;
     let first_token = upstream.seen()[0].lease_token();
-    killed.signal("KILL").expect("kill -9");
-    assert_eq!(
-        killed.wait(Duration::from_secs(10)).await.expect("exits"),
-        None
-    );
-    assert!(
-        doomed.await.expect("ran").is_none(),
-        "the caller lost its connection"
-    );
+    kill_holding(&mut killed, doomed).await;
 
     let replica = TestGateway::start(&upstream, &app.endpoint(), &["--wait", "0s"]).await;
     let url = format!("{}/orders", replica.url());

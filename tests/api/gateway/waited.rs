@@ -10,7 +10,7 @@ use tokio::time::Instant;
 
 use crate::support::{Backend, TestApp, for_each_backend};
 
-use super::processes::gateway_process;
+use super::processes::{gateway_process, kill_holding};
 use super::{Answer, Http, TestGateway, Upstream, key};
 
 /// The waiting request's gateway: a 2 s lease, and a wait far longer than it.
@@ -84,15 +84,7 @@ async fn a_request_that_waited_out_a_killed_gateways_lease_runs_once_and_is_repl
     let holder_sent = Instant::now();
     let doomed = http.spawn_post(&format!("http://{}/orders", killed.addr), &key, "{}");
     upstream.wait_for_in_flight(1).await;
-    killed.signal("KILL").expect("kill -9");
-    assert_eq!(
-        killed.wait(Duration::from_secs(10)).await.expect("exits"),
-        None
-    );
-    assert!(
-        doomed.await.expect("ran").is_none(),
-        "the holder's caller lost its connection"
-    );
+    kill_holding(&mut killed, doomed).await;
     // The dead holder's upstream call ends unheard; the waiter's runs as slowly.
     upstream.slow_down(UPSTREAM_TAKES);
     upstream.open();

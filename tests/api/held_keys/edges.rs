@@ -89,12 +89,11 @@ fn keys(label: &str, count: usize) -> Vec<String> {
 }
 
 /// Behind PgBouncer in transaction mode with `default_pool_size = 4`, told so with
-/// `--pooler-server-connections 4` as docs/operations.md says: four keys held, each called with
-/// all four kinds of call at once.
+/// `--pooler-server-connections 4` as docs/operations.md says (`pgbouncer::serve_behind`): four
+/// keys held, each called with all four kinds of call at once.
 #[tokio::test]
 async fn behind_a_pooler_with_four_server_connections_four_keys_held_and_called_every_way() {
-    let (app, _bouncer) =
-        service_with(Route::PgBouncer, &["--pooler-server-connections", "4"]).await;
+    let (app, _bouncer) = service_with(Route::PgBouncer, &[]).await;
     let client = app.client().await;
     let keys = keys("pooled", 4);
     let tokens = claimed(&client, &keys).await;

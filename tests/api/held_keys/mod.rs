@@ -36,6 +36,21 @@ pub(super) enum Route {
     PgBouncer,
 }
 
+/// The two tests of `scenario`: directly against PostgreSQL, and behind PgBouncer.
+macro_rules! on_both_routes {
+    ($scenario:ident: $direct:ident, $behind_pgbouncer:ident) => {
+        #[tokio::test]
+        async fn $direct() {
+            $scenario(Route::Direct).await;
+        }
+
+        #[tokio::test]
+        async fn $behind_pgbouncer() {
+            $scenario(Route::PgBouncer).await;
+        }
+    };
+}
+
 /// The service on `route`, with its default settings (the test harness's small pool aside);
 /// behind PgBouncer, with the flags its documentation gives. Warmed up: a replica that has
 /// served traffic has its pool's connections open, and a test of how long calls wait should
@@ -77,24 +92,7 @@ async fn started_with(route: Route, extra: &[&str]) -> (TestApp, Option<PgBounce
         Route::Direct => (TestApp::spawn_with(Backend::Postgres, extra).await, None),
         Route::PgBouncer => {
             let bouncer = PgBouncer::start().await;
-            let database = TestDatabase::create(Backend::Postgres).await;
-            let direct = database.url.clone();
-            crate::pgbouncer::migrate_directly(&direct).await;
-            let pooled = bouncer.url(&direct);
-            let flags = [
-                &[
-                    "--pooler",
-                    "transaction",
-                    "--no-migrate",
-                    "--notify-database-url",
-                    direct.as_str(),
-                ][..],
-                extra,
-            ]
-            .concat();
-            let app = TestApp::start_on(database, Some(&pooled), &flags).await;
-            app.wait_for_status(tonic_health::pb::health_check_response::ServingStatus::Serving)
-                .await;
+            let (app, _) = crate::pgbouncer::serve_behind(&bouncer, extra).await;
             (app, Some(bouncer))
         }
     }
@@ -180,26 +178,67 @@ async fn joined<T: 'static>(mut calls: JoinSet<Timed<T>>) -> Vec<Timed<T>> {
     answers
 }
 
+/// The service on `route`, and a key of its, `a-block<suffix>`, inserted as a claim by another
+/// transaction (`session`'s) that has not committed. (Its fields drop in order: the other
+/// transaction's session before PgBouncer, the service and its database.)
+struct HeldClaim {
+    session: sqlx::PgConnection,
+    key: String,
+    suffix: String,
+    client: Client,
+    _bouncer: Option<PgBouncer>,
+    app: TestApp,
+}
+
+impl HeldClaim {
+    async fn on(route: Route) -> Self {
+        let (app, _bouncer) = service(route).await;
+        let client = app.client().await;
+        let suffix = unique_key("");
+        let key = format!("a-block{suffix}");
+        let mut session = raw::session(&app.database.url).await;
+        raw::run(&mut session, "BEGIN").await;
+        raw::insert_claim(&mut session, &key, false).await;
+        Self {
+            session,
+            key,
+            suffix,
+            client,
+            _bouncer,
+            app,
+        }
+    }
+
+    /// A claim of the held key, in a task of `calls`.
+    fn spawn_claim(&self, calls: &mut JoinSet<Timed<Outcome>>) {
+        spawn_claim(calls, &self.client, &self.key);
+    }
+
+    /// Claims of `count` other keys (`b-00<suffix>` on), each in a task of `calls`.
+    fn spawn_other_claims(&self, calls: &mut JoinSet<Timed<Outcome>>, count: usize) {
+        for other in 0..count {
+            let key = format!("b-{other:02}{}", self.suffix);
+            spawn_claim(calls, &self.client, &key);
+        }
+    }
+
+    /// Ends the other transaction, and with it the hold.
+    async fn end(&mut self) {
+        raw::run(&mut self.session, "ROLLBACK").await;
+    }
+}
+
 /// The scenario: forty TryStarts at once, one of them for a key another transaction
 /// has inserted and not committed.
 async fn forty_claims_at_once_one_key_held(route: Route) {
-    let (app, _bouncer) = service(route).await;
-    let client = app.client().await;
-    let suffix = unique_key("");
-    let held = format!("a-block{suffix}");
-    let mut session = raw::session(&app.database.url).await;
-    raw::run(&mut session, "BEGIN").await;
-    raw::insert_claim(&mut session, &held, false).await;
-
+    let mut held = HeldClaim::on(route).await;
     let mut calls = JoinSet::new();
-    spawn_claim(&mut calls, &client, &held);
-    for other in 0..39 {
-        spawn_claim(&mut calls, &client, &format!("b-{other:02}{suffix}"));
-    }
+    held.spawn_claim(&mut calls);
+    held.spawn_other_claims(&mut calls, 39);
     let answers = joined(calls).await;
-    assert_others_answered_in_time(&answers, &[&held]);
+    assert_others_answered_in_time(&answers, &[&held.key]);
     for call in &answers {
-        if call.key != held {
+        if call.key != held.key {
             assert!(
                 matches!(call.answer, Ok(Outcome::Started(_))),
                 "{route:?}: {} is started: {:?}",
@@ -210,13 +249,13 @@ async fn forty_claims_at_once_one_key_held(route: Route) {
     }
     let held_call = answers
         .iter()
-        .find(|call| call.key == held)
+        .find(|call| call.key == held.key)
         .expect("the held key's call");
     assert_told_to_retry_at_lock_budget(held_call);
 
     // Once the hold ends, the key's caller is answered as usual.
-    raw::run(&mut session, "ROLLBACK").await;
-    let answer = try_start_response(&client, try_start(&held)).await;
+    held.end().await;
+    let answer = try_start_response(&held.client, try_start(&held.key)).await;
     assert!(
         matches!(answer.outcome, Some(Outcome::Started(_))),
         "{route:?}: started once the hold ends: {answer:?}"
@@ -227,53 +266,34 @@ async fn forty_claims_at_once_one_key_held(route: Route) {
 /// every other call queued behind): the calls that come after it are not held up, and a second
 /// caller of the held key, which comes with them, waits on its own too.
 async fn claims_behind_a_claim_waiting_for_a_held_key(route: Route) {
-    let (app, _bouncer) = service(route).await;
-    let client = app.client().await;
-    let suffix = unique_key("");
-    let held = format!("a-block{suffix}");
-    let mut session = raw::session(&app.database.url).await;
-    raw::run(&mut session, "BEGIN").await;
-    raw::insert_claim(&mut session, &held, false).await;
-
+    let mut held = HeldClaim::on(route).await;
     let mut first = JoinSet::new();
-    spawn_claim(&mut first, &client, &held);
-    app.wait_for_blocked(1).await;
+    held.spawn_claim(&mut first);
+    held.app.wait_for_blocked(1).await;
     let mut calls = JoinSet::new();
-    for other in 0..38 {
-        spawn_claim(&mut calls, &client, &format!("b-{other:02}{suffix}"));
-    }
-    spawn_claim(&mut calls, &client, &held);
+    held.spawn_other_claims(&mut calls, 38);
+    held.spawn_claim(&mut calls);
     let answers = joined(calls).await;
-    assert_others_answered_in_time(&answers, &[&held]);
+    assert_others_answered_in_time(&answers, &[&held.key]);
     for call in joined(first)
         .await
         .iter()
-        .chain(answers.iter().filter(|call| call.key == held))
+        .chain(answers.iter().filter(|call| call.key == held.key))
     {
         assert_told_to_retry_at_lock_budget(call);
     }
-    raw::run(&mut session, "ROLLBACK").await;
+    held.end().await;
 }
 
-#[tokio::test]
-async fn forty_claims_at_once_one_key_held_directly() {
-    forty_claims_at_once_one_key_held(Route::Direct).await;
-}
-
-#[tokio::test]
-async fn forty_claims_at_once_one_key_held_behind_pgbouncer() {
-    forty_claims_at_once_one_key_held(Route::PgBouncer).await;
-}
-
-#[tokio::test]
-async fn claims_behind_a_claim_waiting_for_a_held_key_directly() {
-    claims_behind_a_claim_waiting_for_a_held_key(Route::Direct).await;
-}
-
-#[tokio::test]
-async fn claims_behind_a_claim_waiting_for_a_held_key_behind_pgbouncer() {
-    claims_behind_a_claim_waiting_for_a_held_key(Route::PgBouncer).await;
-}
+on_both_routes!(
+    forty_claims_at_once_one_key_held: forty_claims_at_once_one_key_held_directly,
+    forty_claims_at_once_one_key_held_behind_pgbouncer
+);
+on_both_routes!(
+    claims_behind_a_claim_waiting_for_a_held_key:
+        claims_behind_a_claim_waiting_for_a_held_key_directly,
+    claims_behind_a_claim_waiting_for_a_held_key_behind_pgbouncer
+);
 
 /// A row lock (`SELECT … FOR UPDATE`) on an in-progress key and on a processed event: the
 /// Complete, ExtendLease and MarkProcessed calls of that key and event wait on their own and
@@ -366,15 +386,7 @@ async fn row_locks_delay_only_their_own_writes(route: Route) {
     complete_key(&client, &held_key, token, b"done").await;
 }
 
-#[tokio::test]
-async fn row_locks_delay_only_their_own_writes_directly() {
-    row_locks_delay_only_their_own_writes(Route::Direct).await;
-}
-
-#[tokio::test]
-async fn row_locks_delay_only_their_own_writes_behind_pgbouncer() {
-    row_locks_delay_only_their_own_writes(Route::PgBouncer).await;
-}
+on_both_routes!(row_locks_delay_only_their_own_writes: row_locks_delay_only_their_own_writes_directly, row_locks_delay_only_their_own_writes_behind_pgbouncer);
 
 /// Under steady load, one in-progress key's row locked for 10 s while several callers keep
 /// asking for it: the callers running lifecycles on other keys keep at least 80% of their

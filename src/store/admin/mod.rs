@@ -5,6 +5,8 @@
 
 use std::future::Future;
 
+pub(super) mod rows;
+
 use super::{AnyStore, Store, StoreError};
 use crate::domain::admin::{
     AuditEntry, AuditEvent, EraseBatch, ForceReleased, FullKey, KeyFilter, KeySummary,
