@@ -107,8 +107,9 @@ impl Admin {
         let deadline =
             tokio::time::Instant::now() + self.operation_timeout - self.operation_timeout / 20;
         // Awaited in the caller's own task: a caller that goes drops every wait with it.
-        let stays = CancellationToken::new();
-        self.held.run(&self.store, command, deadline, &stays).await
+        self.held
+            .run_as_operator(&self.store, command, deadline)
+            .await
     }
 
     fn audit(

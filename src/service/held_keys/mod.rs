@@ -226,6 +226,37 @@ impl HeldKeys {
         }
     }
 
+    /// [`Self::run`] for an operator's change to a key (the admin API's ForceRelease, EraseKey):
+    /// its first statement too runs on a place of the reruns, so that a burst of them (an
+    /// incident's scripted releases of held keys, each waiting its brief first wait) never takes
+    /// more than the reruns' share of the connections.
+    pub async fn run_as_operator<C: RunsAlone>(
+        &self,
+        store: &AnyStore,
+        command: &C,
+        deadline: Instant,
+    ) -> Result<C::Answer, StoreError> {
+        let stays = CancellationToken::new();
+        if self.any_held(command) {
+            return self.in_lane(store, command, deadline, &stays).await;
+        }
+        let first = {
+            let _rerun = self
+                .wait(self.inner.reruns.acquire(), deadline, &stays)
+                .await?;
+            command
+                .run_alone(&store.limited(deadline.into_std(), LockWait::Brief))
+                .await
+        };
+        match first {
+            Err(error) if error.key_held().is_some() => {
+                self.after_held(store, command, false, deadline, &stays)
+                    .await
+            }
+            answered => answered,
+        }
+    }
+
     /// Runs `command` on its own after one of its statements met a held row: once more briefly
     /// first when `after_shared` (the statement carried other calls, and the held row may be
     /// theirs) unless another call has found its key held meanwhile, then, its own row being

@@ -198,15 +198,20 @@ impl AdminStore for PgStore {
         let namespace = audit.namespace.as_str();
         let found = self
             .admin_transaction(async |connection| {
+                // Behind a pooler in transaction mode, unnamed: a named statement would stay on the
+                // server connection, which the pooler hands to other clients.
+                let prepared = self.begin.is_none();
                 let released: Option<AdminKeyRow> = sqlx::query_as(FORCE_RELEASE)
                     .bind(namespace)
                     .bind(key.as_str())
+                    .persistent(prepared)
                     .fetch_optional(&mut *connection)
                     .await?;
                 let Some(released) = released else {
                     let completed: Option<(bool,)> = sqlx::query_as(KEY_COMPLETED)
                         .bind(namespace)
                         .bind(key.as_str())
+                        .persistent(prepared)
                         .fetch_optional(&mut *connection)
                         .await?;
                     return Ok(Err(completed.is_some_and(|(completed,)| completed)));
@@ -214,6 +219,7 @@ impl AdminStore for PgStore {
                 let before = KeySummary::try_from(released);
                 let json = before.as_ref().ok().map(KeySummary::to_json);
                 let (id,) = record_audit!(audit, json)
+                    .persistent(prepared)
                     .fetch_one(&mut *connection)
                     .await?;
                 Ok(Ok((before, id)))
@@ -234,6 +240,9 @@ impl AdminStore for PgStore {
         audit: &AuditEntry,
         key: &Key,
     ) -> Result<(Option<KeySummary>, i64), StoreError> {
+        // Behind a pooler in transaction mode, unnamed: a named statement would stay on the
+        // server connection, which the pooler hands to other clients.
+        let prepared = self.begin.is_none();
         let payload = Erasure::Key {
             namespace: audit.namespace.as_str().to_owned(),
             key: key.as_str().to_owned(),
@@ -244,10 +253,12 @@ impl AdminStore for PgStore {
                 let erased: Option<AdminKeyRow> = sqlx::query_as(ERASE_KEY)
                     .bind(audit.namespace.as_str())
                     .bind(key.as_str())
+                    .persistent(prepared)
                     .fetch_optional(&mut *connection)
                     .await?;
                 sqlx::query(ANNOUNCE_ERASED)
                     .bind(&payload)
+                    .persistent(prepared)
                     .execute(&mut *connection)
                     .await?;
                 let before = erased.map(KeySummary::try_from).transpose();
@@ -257,6 +268,7 @@ impl AdminStore for PgStore {
                     .and_then(Option::as_ref)
                     .map(KeySummary::to_json);
                 let (id,) = record_audit!(audit, json)
+                    .persistent(prepared)
                     .fetch_one(&mut *connection)
                     .await?;
                 Ok((before, id))
@@ -277,21 +289,27 @@ impl AdminStore for PgStore {
         let after_event = from.after_event.as_deref().unwrap_or("");
         let ((keys, locked_keys, last_key), (events, locked_events, last_event)) = self
             .admin_transaction(async |connection| {
+                // Behind a pooler in transaction mode, unnamed: a named statement would stay on the
+                // server connection, which the pooler hands to other clients.
+                let prepared = self.begin.is_none();
                 let keys: (i64, i64, Option<String>) = sqlx::query_as(ERASE_KEYS_BATCH)
                     .bind(namespace.as_str())
                     .bind(limit)
                     .bind(after_key)
+                    .persistent(prepared)
                     .fetch_one(&mut *connection)
                     .await?;
                 let events: (i64, i64, Option<String>) = sqlx::query_as(ERASE_EVENTS_BATCH)
                     .bind(namespace.as_str())
                     .bind(limit)
                     .bind(after_event)
+                    .persistent(prepared)
                     .fetch_one(&mut *connection)
                     .await?;
                 if keys.0 > 0 {
                     sqlx::query(ANNOUNCE_ERASED)
                         .bind(namespace.as_str())
+                        .persistent(prepared)
                         .execute(&mut *connection)
                         .await?;
                 }

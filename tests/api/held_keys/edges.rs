@@ -133,9 +133,8 @@ async fn behind_a_pooler_with_four_server_connections_four_keys_held_and_called_
 
 /// Sixteen ForceReleases and sixteen EraseKeys of held keys at once, through the admin API:
 /// they wait for their keys in the held-key lane, one place per key, not on the pool.
-#[tokio::test]
-async fn sixteen_force_releases_and_erasures_of_held_keys_at_once() {
-    let (app, _bouncer) = service_with(Route::Direct, &[]).await;
+async fn sixteen_force_releases_and_erasures_of_held_keys_at_once(route: Route) {
+    let (app, _bouncer) = service_with(route, &[]).await;
     let client = app.client().await;
     let admin = admin_client(&app).await;
     let keys = keys("admin", 32);
@@ -180,8 +179,8 @@ async fn sixteen_force_releases_and_erasures_of_held_keys_at_once() {
 /// that their calls share statements with the others' when it begins): the calls on other keys
 /// do not rerun behind theirs, and the keys, found held together, are not all forgotten (and
 /// found held again, behind shared statements) at one instant, past the operation timeout.
-async fn sixty_keys_held_at_once(flags: &[&str]) {
-    let (app, _bouncer) = service_with(Route::Direct, flags).await;
+async fn sixty_keys_held_at_once(route: Route, flags: &[&str]) {
+    let (app, _bouncer) = service_with(route, flags).await;
     let client = app.client().await;
     let keys = keys("sixty", 60);
     claimed(&client, &keys).await;
@@ -216,23 +215,21 @@ async fn sixty_keys_held_at_once(flags: &[&str]) {
     askers.finish_answered_within(DEADLINE).await;
 }
 
-#[tokio::test]
-async fn sixty_keys_held_at_once_with_the_default_pool() {
-    sixty_keys_held_at_once(&[]).await;
+async fn sixty_keys_held_at_once_with_the_default_pool(route: Route) {
+    sixty_keys_held_at_once(route, &[]).await;
 }
 
 #[tokio::test]
 async fn sixty_keys_held_at_once_with_the_smallest_pool() {
-    sixty_keys_held_at_once(&["--pool-size", "4"]).await;
+    sixty_keys_held_at_once(Route::Direct, &["--pool-size", "4"]).await;
 }
 
 /// Fifty callers that give up after 100 ms, asking for one held key again and again: their
 /// calls end with them (no queue of abandoned calls, no connection closed for a local
 /// deadline), so PostgreSQL opens no more sessions than the pool holds, and the others are
 /// back to their throughput within a second of the hold's end.
-#[tokio::test]
-async fn callers_that_give_up_on_a_held_key_take_no_place() {
-    let (app, _bouncer) = service_with(Route::Direct, &[]).await;
+async fn callers_that_give_up_on_a_held_key_take_no_place(route: Route) {
+    let (app, _bouncer) = service_with(route, &[]).await;
     let client = app.client().await;
     let key = keys("impatient", 1);
     claimed(&client, &key).await;
@@ -286,9 +283,8 @@ async fn callers_that_give_up_on_a_held_key_take_no_place() {
 /// A MarkProcessed of one held id and twenty fresh ones fails (documented), and the fresh ids
 /// are not remembered as held: each of them alone is answered at once, while other held keys
 /// keep the lane busy.
-#[tokio::test]
-async fn only_the_held_id_of_a_failed_mark_processed_is_remembered() {
-    let (app, _bouncer) = service_with(Route::Direct, &[]).await;
+async fn only_the_held_id_of_a_failed_mark_processed_is_remembered(route: Route) {
+    let (app, _bouncer) = service_with(route, &[]).await;
     let client = app.client().await;
     let suffix = unique_key("ids");
     let held_id = format!("held-{suffix}");
@@ -336,6 +332,18 @@ async fn only_the_held_id_of_a_failed_mark_processed_is_remembered() {
     keys_hold.release().await;
     lane_busy.finish_answered_within(DEADLINE).await;
 }
+
+on_both_routes!(sixteen_force_releases_and_erasures_of_held_keys_at_once:
+    sixteen_force_releases_and_erasures_of_held_keys_at_once_directly,
+    sixteen_force_releases_and_erasures_of_held_keys_at_once_behind_pgbouncer);
+on_both_routes!(sixty_keys_held_at_once_with_the_default_pool:
+    sixty_keys_held_at_once_directly, sixty_keys_held_at_once_behind_pgbouncer);
+on_both_routes!(callers_that_give_up_on_a_held_key_take_no_place:
+    callers_that_give_up_on_a_held_key_take_no_place_directly,
+    callers_that_give_up_on_a_held_key_take_no_place_behind_pgbouncer);
+on_both_routes!(only_the_held_id_of_a_failed_mark_processed_is_remembered:
+    only_the_held_id_of_a_failed_mark_processed_is_remembered_directly,
+    only_the_held_id_of_a_failed_mark_processed_is_remembered_behind_pgbouncer);
 
 /// A pool (or a pooler's share of server connections) too small for a held key to delay only
 /// its own callers is refused at start, saying which setting and why; the real binary.

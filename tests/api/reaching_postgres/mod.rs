@@ -15,6 +15,8 @@ mod tls_refusals;
 
 use std::time::Duration;
 
+use crate::support::eventually;
+
 use crate::support::process::ServerProcess;
 use crate::support::tls_cluster::{Cluster, SAYS_WITHIN};
 use crate::support::{claim_and_complete, expect_replay, unique_key};
@@ -78,13 +80,20 @@ pub async fn serves_encrypted(server: &ServerProcess, cluster: &Cluster, databas
     let key = unique_key("tls");
     claim_and_complete(&mut client, &key, b"over TLS").await;
     expect_replay(&client, &key, b"over TLS").await;
+    // The listener connects on its own, beside the calls' pool: awaited, not assumed.
+    eventually(
+        Duration::from_secs(20),
+        "the listener holds a session",
+        || async {
+            cluster
+                .service_sessions(database)
+                .await
+                .iter()
+                .any(|(name, _)| name == "idempotency-coordinator listener")
+        },
+    )
+    .await;
     let sessions = cluster.service_sessions(database).await;
-    assert!(
-        sessions
-            .iter()
-            .any(|(name, _)| name == "idempotency-coordinator listener"),
-        "the listener holds a session: {sessions:?}"
-    );
     assert!(
         sessions.iter().all(|(_, ssl)| *ssl),
         "every session of the service is encrypted: {sessions:?}"
