@@ -304,12 +304,7 @@ class ScenariosTest {
       try {
         return latch.await(LIMIT.toMillis(), TimeUnit.MILLISECONDS);
       } catch (InterruptedException e) {
-        if (!over) {
-          run.cancelled = true;
-          if (!lease.isLost()) {
-            run.problems.add("the work's thread was interrupted, but its lease is not lost");
-          }
-        }
+        interrupted(run, lease);
         return false;
       }
     }
@@ -323,13 +318,21 @@ class ScenariosTest {
       try {
         Thread.sleep(millis);
       } catch (InterruptedException e) {
-        if (!over) {
-          run.cancelled = true;
-          if (!lease.isLost()) {
-            run.problems.add("the work's thread was interrupted, but its lease is not lost");
-          }
-        }
+        interrupted(run, lease);
         throw e;
+      }
+    }
+
+    /**
+     * Notes the interrupt of a work's thread: while the scenario runs, a cancellation, which only a
+     * lost lease may bring.
+     */
+    private void interrupted(Run run, Lease lease) {
+      if (!over) {
+        run.cancelled = true;
+        if (!lease.isLost()) {
+          run.problems.add("the work's thread was interrupted, but its lease is not lost");
+        }
       }
     }
 
