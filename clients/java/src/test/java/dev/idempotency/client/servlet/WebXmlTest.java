@@ -6,10 +6,10 @@ import static org.junit.jupiter.api.Assertions.assertThrows;
 import static org.junit.jupiter.api.Assertions.assertTrue;
 
 import dev.idempotency.client.Coordinator;
-import dev.idempotency.client.LoopbackJetty;
-import dev.idempotency.client.SharedCoordinator;
 import dev.idempotency.client.IdempotencyClient;
 import dev.idempotency.client.KeyState;
+import dev.idempotency.client.LoopbackJetty;
+import dev.idempotency.client.SharedCoordinator;
 import dev.idempotency.client.readme.Snippets;
 import java.io.IOException;
 import java.net.http.HttpResponse;
