@@ -4,8 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -16,10 +14,7 @@ import (
 
 // The defaults every client must use (clients/conformance/defaults.json).
 func TestDefaultsMatchTheConformanceVectors(t *testing.T) {
-	raw, err := os.ReadFile(filepath.Join("..", "..", "conformance", "defaults.json"))
-	if err != nil {
-		t.Fatal(err)
-	}
+	raw := readConformance(t, "defaults.json")
 	var want struct {
 		CallTimeoutMs int64 `json:"call_timeout_ms"`
 		Retry         struct {

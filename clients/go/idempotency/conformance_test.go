@@ -12,15 +12,22 @@ import (
 	"testing"
 )
 
+// readConformance is one of the vector files every client passes, in clients/conformance.
+func readConformance(t *testing.T, name string) []byte {
+	t.Helper()
+	raw, err := os.ReadFile(filepath.Join("..", "..", "conformance", name))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return raw
+}
+
 // The fingerprint vectors every client passes (clients/conformance/fingerprints.json): each
 // JSON text through FingerprintJSON and CanonicalJSONText, and, for the accepted ones, the
 // value encoding/json reads from the text (a token-walking decoder with UseNumber, which keeps
 // every number's literal and refuses a member twice) through Fingerprint.
 func TestFingerprintVectors(t *testing.T) {
-	raw, err := os.ReadFile(filepath.Join("..", "..", "conformance", "fingerprints.json"))
-	if err != nil {
-		t.Fatal(err)
-	}
+	raw := readConformance(t, "fingerprints.json")
 	var vectors struct {
 		Cases []struct {
 			Name      string  `json:"name"`

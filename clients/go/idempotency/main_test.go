@@ -23,6 +23,14 @@ func lookup(t *testing.T, c *idempotency.Client, namespace, key string) idempote
 	return state
 }
 
+// wantStatus fails the test unless the key's status is want; when says at what point.
+func wantStatus(t *testing.T, c *idempotency.Client, namespace, key string, want idempotency.KeyStatus, when string) {
+	t.Helper()
+	if got := lookup(t, c, namespace, key).Status; got != want {
+		t.Fatalf("%s: the key is %v, want %v", when, got, want)
+	}
+}
+
 // charge and order are the result and the request the RunOnce tests run with.
 type charge struct {
 	ID     string `json:"id"`

@@ -18,9 +18,7 @@ func TestThePlainCallsAndTheirErrors(t *testing.T) {
 		c := testenv.NewClient(t, coordinator.Addr)
 		ctx := context.Background()
 		ns, key := "orders", "o-1"
-		if state := lookup(t, c, ns, key); state.Status != idempotency.KeyAbsent {
-			t.Fatalf("%v", state.Status)
-		}
+		wantStatus(t, c, ns, key, idempotency.KeyAbsent, "before any call")
 		claim, err := c.TryStart(ctx, idempotency.StartRequest{Namespace: ns, Key: key, Fingerprint: []byte("fp"), AttemptID: "a-1"})
 		if err != nil || claim.Outcome != idempotency.Started || claim.Attempt != 1 || claim.AttemptID != "a-1" {
 			t.Fatalf("%+v, %v", claim, err)

@@ -32,9 +32,7 @@ func TestAFailedWorkReleasesTheKeyAndItsErrorIsReturned(t *testing.T) {
 		if !errors.As(err, &d) || d.reason != "insufficient funds" {
 			t.Fatalf("got %v", err)
 		}
-		if state := lookup(t, c, "payments", "k"); state.Status != idempotency.KeyAbsent {
-			t.Fatalf("the key is %v after a failure", state.Status)
-		}
+		wantStatus(t, c, "payments", "k", idempotency.KeyAbsent, "after a failure")
 		// A retry starts fresh.
 		out, err := idempotency.RunOnce(ctx, c, "payments", "k", nil, func(_ context.Context, l *idempotency.Lease) (int, error) {
 			if l.Attempt != 1 {
@@ -61,9 +59,7 @@ func TestAPanickingWorkReleasesTheKeyAndPanicsOn(t *testing.T) {
 		if recovered != "boom" {
 			t.Fatalf("recovered %v", recovered)
 		}
-		if state := lookup(t, c, "payments", "k"); state.Status != idempotency.KeyAbsent {
-			t.Fatalf("the key is %v after a panic", state.Status)
-		}
+		wantStatus(t, c, "payments", "k", idempotency.KeyAbsent, "after a panic")
 	})
 }
 
@@ -121,9 +117,7 @@ func TestAResultThatCouldNotBeStoredIsReturnedWithTheError(t *testing.T) {
 			t.Fatalf("result %+v", notStored.Result)
 		}
 		direct := testenv.NewClient(t, coordinator.Addr)
-		if state := lookup(t, direct, "payments", "k"); state.Status != idempotency.KeyInProgress {
-			t.Fatalf("the claim is %v; it should stay until its lease runs out", state.Status)
-		}
+		wantStatus(t, direct, "payments", "k", idempotency.KeyInProgress, "the claim stays until its lease runs out")
 	})
 }
 

@@ -48,9 +48,7 @@ func TestALostLeaseCancelsTheWork(t *testing.T) {
 		if why := <-cause; !errors.Is(why, idempotency.ErrLeaseLost) {
 			t.Fatalf("the work's context cause: %v", why)
 		}
-		if state := lookup(t, c, "payments", "k"); state.Status != idempotency.KeyInProgress {
-			t.Fatalf("the new holder's claim is %v", state.Status)
-		}
+		wantStatus(t, c, "payments", "k", idempotency.KeyInProgress, "the new holder's claim")
 	})
 }
 
@@ -208,10 +206,7 @@ func TestARenewalThatFailsKeepsTheWorkFromRunning(t *testing.T) {
 			if tc.want == idempotency.ErrUnavailable && errors.Is(err, idempotency.ErrLeaseLost) {
 				t.Fatalf("RunOnce: %v; a renewal that cannot get through is not a lost lease", err)
 			}
-			calls, err := proxy.Calls()
-			if err != nil {
-				t.Fatal(err)
-			}
+			calls := proxy.CallLog(t)
 			if len(calls["Complete"]) != 0 {
 				t.Fatalf("calls %v", calls)
 			}
@@ -221,9 +216,7 @@ func TestARenewalThatFailsKeepsTheWorkFromRunning(t *testing.T) {
 			if released := len(calls["Release"]) > 0; released != (tc.wantState == idempotency.KeyAbsent) {
 				t.Fatalf("released: %v (calls %v)", released, calls)
 			}
-			if state := lookup(t, direct, "payments", key); state.Status != tc.wantState {
-				t.Fatalf("the key is %v, want %v", state.Status, tc.wantState)
-			}
+			wantStatus(t, direct, "payments", key, tc.wantState, "after the failed renewal")
 		})
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -58,7 +59,7 @@ type scenarioRunner struct {
 	direct *idempotency.Client // straight to the coordinator
 	prefix string              // makes the scenario's keys unique to this run of the suite
 	budget time.Duration       // the client's retry budget
-	log    *syncBuffer         // the client's log, shown when the scenario fails
+	log    *testenv.LogBuffer  // the client's log, shown when the scenario fails
 
 	ctx    context.Context // the runs' context, cancelled with errScenarioOver at the end
 	cancel context.CancelCauseFunc
@@ -93,7 +94,7 @@ type scenarioRunState struct {
 func newScenarioRunner(t *testing.T, sc *scenario, coordinator *testenv.Coordinator, direct *idempotency.Client, prefix string) *scenarioRunner {
 	t.Helper()
 	proxy := testenv.StartFaultProxy(t, coordinator.Addr)
-	log := &syncBuffer{}
+	log := &testenv.LogBuffer{}
 	opts := []idempotency.Option{idempotency.WithLogger(slog.New(slog.NewTextHandler(log, &slog.HandlerOptions{Level: slog.LevelDebug})))}
 	budget := idempotency.DefaultRetryPolicy().Budget
 	if ms := sc.Client.RetryBudgetMS; ms != nil {
@@ -133,7 +134,7 @@ func (r *scenarioRunner) end() {
 	}
 	if r.t.Failed() {
 		calls, err := r.proxy.Calls()
-		r.t.Logf("scenario %q: %s\nproxy calls: %v %v\nclient log:\n%s", r.sc.Name, r.sc.What, calls, err, r.log)
+		r.t.Logf("scenario %q: %s\nproxy calls: %v %v\nclient log:\n%s", r.sc.Name, r.sc.What, calls, err, strings.TrimSpace(r.log.String()))
 	}
 }
 

@@ -436,11 +436,7 @@ func TestARequestThatWaitedLongerThanItsLeaseRunsOnceAndIsStored(t *testing.T) {
 	if n := api.created.Load(); n != 1 {
 		t.Fatalf("the waiter's handler ran %d times", n)
 	}
-	calls, err := proxy.Calls()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(calls["Complete"]) != 1 {
+	if calls := proxy.CallLog(t); len(calls["Complete"]) != 1 {
 		t.Fatalf("the waiter's answer was not stored once: calls %v", calls)
 	}
 
@@ -463,10 +459,7 @@ func awaitCalls(t *testing.T, proxy *testenv.FaultProxy, method string, count in
 	t.Helper()
 	deadline := time.Now().Add(20 * time.Second)
 	for {
-		calls, err := proxy.Calls()
-		if err != nil {
-			t.Fatal(err)
-		}
+		calls := proxy.CallLog(t)
 		if len(calls[method]) >= count {
 			return
 		}

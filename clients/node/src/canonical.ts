@@ -152,16 +152,9 @@ class Parser {
   }
 
   private object(depth: number): string {
-    this.pos += 1;
     const members: Array<[string, string]> = [];
     const names = new Set<string>();
-    this.space();
-    if (this.text[this.pos] === '}') {
-      this.pos += 1;
-      return '{}';
-    }
-    for (;;) {
-      this.space();
+    this.items('}', () => {
       if (this.text[this.pos] !== '"') this.fail('expected a member name');
       const name = this.string();
       if (names.has(name)) {
@@ -173,30 +166,37 @@ class Parser {
       this.pos += 1;
       this.space();
       members.push([name, this.value(depth)]);
-      this.space();
-      const next = this.text[this.pos];
-      this.pos += 1;
-      if (next === '}') return writeObject(members);
-      if (next !== ',') this.fail("expected ',' or '}'");
-    }
+    });
+    return writeObject(members);
   }
 
   private array(depth: number): string {
-    this.pos += 1;
     const elements: string[] = [];
+    this.items(']', () => {
+      elements.push(this.value(depth));
+    });
+    return `[${elements.join(',')}]`;
+  }
+
+  /**
+   * The members of an object or the elements of an array, from its opening bracket to `close`:
+   * `item` reads each, from its first character.
+   */
+  private items(close: '}' | ']', item: () => void): void {
+    this.pos += 1;
     this.space();
-    if (this.text[this.pos] === ']') {
+    if (this.text[this.pos] === close) {
       this.pos += 1;
-      return '[]';
+      return;
     }
     for (;;) {
       this.space();
-      elements.push(this.value(depth));
+      item();
       this.space();
       const next = this.text[this.pos];
       this.pos += 1;
-      if (next === ']') return `[${elements.join(',')}]`;
-      if (next !== ',') this.fail("expected ',' or ']'");
+      if (next === close) return;
+      if (next !== ',') this.fail(`expected ',' or '${close}'`);
     }
   }
 

@@ -306,21 +306,19 @@ function describeOutcome(outcome: Outcome): string {
   return error instanceof Error ? `failed with ${error.name}: ${error.message}` : `failed with ${String(error)}`;
 }
 
+/** The client's error class of each error kind that is one class. */
+const ERROR_CLASSES = {
+  mismatch: FingerprintMismatchError,
+  in_progress: InProgressError,
+  lease_lost: LeaseLostError,
+  result_not_stored: ResultNotStoredError,
+  unavailable: UnavailableError,
+  unauthenticated: UnauthenticatedError,
+} satisfies Record<Exclude<ErrorKind, 'work_failed' | 'other'>, abstract new (...args: never[]) => IdempotencyError>;
+
 /** Whether `error` is of the client's error `kind` (README, `expect.error`). */
 function isOfKind(kind: ErrorKind, error: unknown, call: RunningCall): boolean {
   switch (kind) {
-    case 'mismatch':
-      return error instanceof FingerprintMismatchError;
-    case 'in_progress':
-      return error instanceof InProgressError;
-    case 'lease_lost':
-      return error instanceof LeaseLostError;
-    case 'result_not_stored':
-      return error instanceof ResultNotStoredError;
-    case 'unavailable':
-      return error instanceof UnavailableError;
-    case 'unauthenticated':
-      return error instanceof UnauthenticatedError;
     case 'work_failed':
       // The work's own error, passed through unchanged: the very object it threw.
       return call.thrown !== undefined && error === call.thrown;
@@ -329,6 +327,8 @@ function isOfKind(kind: ErrorKind, error: unknown, call: RunningCall): boolean {
       const named = ERROR_KINDS.filter((other) => other !== 'other');
       return error instanceof IdempotencyError && !named.some((other) => isOfKind(other, error, call));
     }
+    default:
+      return error instanceof ERROR_CLASSES[kind];
   }
 }
 

@@ -26,24 +26,25 @@ from idempotency_client._proto.idempotency.v1 import idempotency_pb2 as pb
 from idempotency_client._rpc import Stub
 
 REPO = Path(__file__).resolve().parents[3]
-BINARY = Path(
-    os.environ.get(
-        "IDEMPOTENCY_COORDINATOR_BIN", str(REPO / "target" / "debug" / "idempotency-coordinator")
-    )
-)
 POSTGRES_ADMIN_URL = os.environ.get(
     "IDEMPOTENCY_TEST_POSTGRES", "postgres://postgres@127.0.0.1:5432"
 )
 SERVICE = "idempotency.v1.IdempotencyService"
 
 
-def coordinator_binary() -> str:
-    if not BINARY.is_file():
+def workspace_binary(variable: str, name: str) -> str:
+    """The binary the environment `variable` names, else the workspace's debug build of `name`;
+    fails the test when there is none."""
+    binary = Path(os.environ.get(variable, str(REPO / "target" / "debug" / name)))
+    if not binary.is_file():
         pytest.fail(
-            f"no coordinator binary at {BINARY}: build it (cargo build) or point "
-            "IDEMPOTENCY_COORDINATOR_BIN at one"
+            f"no {name} binary at {binary}: build it (cargo build) or point {variable} at one"
         )
-    return str(BINARY)
+    return str(binary)
+
+
+def coordinator_binary() -> str:
+    return workspace_binary("IDEMPOTENCY_COORDINATOR_BIN", "idempotency-coordinator")
 
 
 STARTUP_LIMIT = 30.0

@@ -15,7 +15,6 @@ import contextlib
 import copy
 import functools
 import json
-import os
 import subprocess
 import threading
 import time
@@ -29,7 +28,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import pytest
-from support import REPO, Coordinator, RawService
+from support import Coordinator, RawService, workspace_binary
 from test_conformance import load
 
 from idempotency_client import (
@@ -51,9 +50,6 @@ from idempotency_client import (
 from idempotency_client._core import RunOnceOptions
 
 SCENARIOS: list[dict[str, Any]] = load("scenarios.json")["scenarios"]
-PROXY_BINARY = Path(
-    os.environ.get("FAULT_PROXY_BIN", str(REPO / "target" / "debug" / "fault-proxy"))
-)
 NAMESPACE = "py-scenarios"
 LIMIT = 20.0
 """Seconds the runner waits for anything that should come at once: a work to start or to pass
@@ -75,12 +71,7 @@ ERROR_KINDS: dict[str, type[IdempotencyError]] = {
 
 
 def proxy_binary() -> str:
-    if not PROXY_BINARY.is_file():
-        pytest.fail(
-            f"no fault-proxy binary at {PROXY_BINARY}: build it (cargo build) or point "
-            "FAULT_PROXY_BIN at one"
-        )
-    return str(PROXY_BINARY)
+    return workspace_binary("FAULT_PROXY_BIN", "fault-proxy")
 
 
 # The control port is on loopback: never through an HTTP proxy from the environment.

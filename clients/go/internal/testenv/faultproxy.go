@@ -45,7 +45,7 @@ func StartFaultProxy(t testing.TB, upstream string) *FaultProxy {
 	if _, err := os.Stat(bin); err != nil {
 		t.Fatalf("no fault-proxy binary at %s: build it (cargo build -p testkit) or set FAULT_PROXY_BIN", bin)
 	}
-	log := &lockedBuffer{}
+	log := &LogBuffer{}
 	first := &firstLine{line: make(chan string, 1), log: log}
 	cmd := exec.Command(bin, "--upstream", upstream)
 	cmd.Env = childEnv()
@@ -131,6 +131,16 @@ func (p *FaultProxy) Calls() (map[string][]float64, error) {
 	return calls, nil
 }
 
+// CallLog is Calls for a test: a failure to get the log fails the test.
+func (p *FaultProxy) CallLog(t testing.TB) map[string][]float64 {
+	t.Helper()
+	calls, err := p.Calls()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return calls
+}
+
 func (p *FaultProxy) post(route string, body []byte) error {
 	answer, err := p.http.Post(p.Control+route, "application/json", bytes.NewReader(body))
 	if err != nil {
@@ -150,7 +160,7 @@ type firstLine struct {
 	buf  []byte
 	sent bool
 	line chan string
-	log  *lockedBuffer
+	log  *LogBuffer
 }
 
 func (w *firstLine) Write(p []byte) (int, error) {

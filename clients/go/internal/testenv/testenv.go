@@ -6,7 +6,6 @@
 package testenv
 
 import (
-	"bytes"
 	"context"
 	"crypto/rand"
 	"crypto/tls"
@@ -18,7 +17,6 @@ import (
 	"path/filepath"
 	"runtime"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -108,28 +106,7 @@ type Coordinator struct {
 	extra    []string
 	tls      *tls.Config // how the readiness check connects; nil: plaintext
 	proc     *process    // nil while stopped
-	log      *lockedBuffer
-}
-
-type lockedBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *lockedBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *lockedBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	s := b.buf.String()
-	if len(s) > 20000 {
-		s = s[len(s)-20000:]
-	}
-	return s
+	log      *LogBuffer
 }
 
 // process is a child process of the tests: a coordinator or a gateway.
@@ -137,12 +114,12 @@ type process struct {
 	what   string // "coordinator", "gateway": for error messages
 	cmd    *exec.Cmd
 	exited chan struct{} // closed when it has exited
-	log    *lockedBuffer
+	log    *LogBuffer
 }
 
 // startProcess starts what with args, without the settings the binaries read from this process's
 // environment, and its output into log.
-func startProcess(what string, log *lockedBuffer, args ...string) (*process, error) {
+func startProcess(what string, log *LogBuffer, args ...string) (*process, error) {
 	cmd := exec.Command(args[0], args[1:]...)
 	cmd.Env = childEnv()
 	cmd.Stdout, cmd.Stderr = log, log
@@ -229,7 +206,7 @@ func startCoordinator(store Store, clientTLS *tls.Config, extra ...string) (*Coo
 	if err != nil {
 		return nil, err
 	}
-	c := &Coordinator{Store: store, dir: dir, extra: extra, tls: clientTLS, log: &lockedBuffer{}}
+	c := &Coordinator{Store: store, dir: dir, extra: extra, tls: clientTLS, log: &LogBuffer{}}
 	if store == Postgres {
 		c.database = "idc_go_" + randomName()
 	}
@@ -372,7 +349,7 @@ func StartGateway(t testing.TB, coordinatorAddr, upstream, namespace string, ext
 	addressFile := filepath.Join(dir, "address")
 	args := append(command, "--listen", "127.0.0.1:0", "--address-file", addressFile,
 		"--upstream", upstream, "--coordinator", "http://"+coordinatorAddr, "--namespace", namespace)
-	proc, err := startProcess("gateway", &lockedBuffer{}, append(args, extra...)...)
+	proc, err := startProcess("gateway", &LogBuffer{}, append(args, extra...)...)
 	if err != nil {
 		t.Fatal(err)
 	}

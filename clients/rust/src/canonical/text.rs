@@ -67,50 +67,53 @@ impl Parser<'_> {
     }
 
     fn object(&mut self, depth: usize) -> Result<Canon, CanonicalJsonError> {
-        self.pos += 1;
         let mut members = Vec::new();
-        self.space();
-        if self.eat(b"}") {
-            return Ok(Canon::Object(members));
-        }
-        loop {
-            self.space();
-            if self.peek() != Some(b'"') {
-                return Err(self.invalid("expected a member name"));
+        self.items(b'}', |parser| {
+            if parser.peek() != Some(b'"') {
+                return Err(parser.invalid("expected a member name"));
             }
-            let name = self.string()?;
-            self.space();
-            if !self.eat(b":") {
-                return Err(self.invalid("expected ':'"));
+            let name = parser.string()?;
+            parser.space();
+            if !parser.eat(b":") {
+                return Err(parser.invalid("expected ':'"));
             }
-            self.space();
-            members.push((name, self.value(depth)?));
-            self.space();
-            if self.eat(b"}") {
-                return Canon::object(members);
-            }
-            if !self.eat(b",") {
-                return Err(self.invalid("expected ',' or '}'"));
-            }
-        }
+            parser.space();
+            members.push((name, parser.value(depth)?));
+            Ok(())
+        })?;
+        Canon::object(members)
     }
 
     fn array(&mut self, depth: usize) -> Result<Canon, CanonicalJsonError> {
-        self.pos += 1;
         let mut elements = Vec::new();
+        self.items(b']', |parser| {
+            elements.push(parser.value(depth)?);
+            Ok(())
+        })?;
+        Ok(Canon::Array(elements))
+    }
+
+    /// The members of an object or the elements of an array, from its opening bracket to
+    /// `close`: `item` reads each, from its first character.
+    fn items(
+        &mut self,
+        close: u8,
+        mut item: impl FnMut(&mut Self) -> Result<(), CanonicalJsonError>,
+    ) -> Result<(), CanonicalJsonError> {
+        self.pos += 1;
         self.space();
-        if self.eat(b"]") {
-            return Ok(Canon::Array(elements));
+        if self.eat(&[close]) {
+            return Ok(());
         }
         loop {
             self.space();
-            elements.push(self.value(depth)?);
+            item(self)?;
             self.space();
-            if self.eat(b"]") {
-                return Ok(Canon::Array(elements));
+            if self.eat(&[close]) {
+                return Ok(());
             }
             if !self.eat(b",") {
-                return Err(self.invalid("expected ',' or ']'"));
+                return Err(self.invalid(&format!("expected ',' or '{}'", char::from(close))));
             }
         }
     }

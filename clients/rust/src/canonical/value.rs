@@ -9,6 +9,15 @@ pub(super) struct ValueSerializer;
 
 type Result<T, E = CanonicalJsonError> = std::result::Result<T, E>;
 
+/// The narrower integers' methods, each widening its value to the 128-bit one of its sign.
+macro_rules! widened {
+    ($($narrow:ident($ty:ty)),+ => $wide:ident($wide_ty:ty)) => {$(
+        fn $narrow(self, v: $ty) -> Result<Canon> {
+            self.$wide(<$wide_ty>::from(v))
+        }
+    )+};
+}
+
 impl ser::Serializer for ValueSerializer {
     type Ok = Canon;
     type Error = CanonicalJsonError;
@@ -23,33 +32,17 @@ impl ser::Serializer for ValueSerializer {
     fn serialize_bool(self, v: bool) -> Result<Canon> {
         Ok(Canon::Bool(v))
     }
-    fn serialize_i8(self, v: i8) -> Result<Canon> {
-        self.serialize_i128(i128::from(v))
-    }
-    fn serialize_i16(self, v: i16) -> Result<Canon> {
-        self.serialize_i128(i128::from(v))
-    }
-    fn serialize_i32(self, v: i32) -> Result<Canon> {
-        self.serialize_i128(i128::from(v))
-    }
-    fn serialize_i64(self, v: i64) -> Result<Canon> {
-        self.serialize_i128(i128::from(v))
-    }
+    widened!(
+        serialize_i8(i8), serialize_i16(i16), serialize_i32(i32), serialize_i64(i64)
+            => serialize_i128(i128)
+    );
     fn serialize_i128(self, v: i128) -> Result<Canon> {
         integer(v.unsigned_abs(), v < 0)
     }
-    fn serialize_u8(self, v: u8) -> Result<Canon> {
-        self.serialize_u128(u128::from(v))
-    }
-    fn serialize_u16(self, v: u16) -> Result<Canon> {
-        self.serialize_u128(u128::from(v))
-    }
-    fn serialize_u32(self, v: u32) -> Result<Canon> {
-        self.serialize_u128(u128::from(v))
-    }
-    fn serialize_u64(self, v: u64) -> Result<Canon> {
-        self.serialize_u128(u128::from(v))
-    }
+    widened!(
+        serialize_u8(u8), serialize_u16(u16), serialize_u32(u32), serialize_u64(u64)
+            => serialize_u128(u128)
+    );
     fn serialize_u128(self, v: u128) -> Result<Canon> {
         integer(v, false)
     }
@@ -115,10 +108,7 @@ impl ser::Serializer for ValueSerializer {
         )]))
     }
     fn serialize_seq(self, len: Option<usize>) -> Result<SeqSerializer> {
-        Ok(SeqSerializer {
-            variant: None,
-            elements: Vec::with_capacity(len.unwrap_or(0)),
-        })
+        Ok(SeqSerializer::new(None, len.unwrap_or(0)))
     }
     fn serialize_tuple(self, len: usize) -> Result<SeqSerializer> {
         self.serialize_seq(Some(len))
@@ -133,17 +123,10 @@ impl ser::Serializer for ValueSerializer {
         variant: &'static str,
         len: usize,
     ) -> Result<SeqSerializer> {
-        Ok(SeqSerializer {
-            variant: Some(variant),
-            elements: Vec::with_capacity(len),
-        })
+        Ok(SeqSerializer::new(Some(variant), len))
     }
     fn serialize_map(self, len: Option<usize>) -> Result<MapSerializer> {
-        Ok(MapSerializer {
-            variant: None,
-            members: Vec::with_capacity(len.unwrap_or(0)),
-            key: None,
-        })
+        Ok(MapSerializer::new(None, len.unwrap_or(0)))
     }
     fn serialize_struct(self, _name: &'static str, len: usize) -> Result<MapSerializer> {
         self.serialize_map(Some(len))
@@ -155,11 +138,7 @@ impl ser::Serializer for ValueSerializer {
         variant: &'static str,
         len: usize,
     ) -> Result<MapSerializer> {
-        Ok(MapSerializer {
-            variant: Some(variant),
-            members: Vec::with_capacity(len),
-            key: None,
-        })
+        Ok(MapSerializer::new(Some(variant), len))
     }
 }
 
@@ -177,6 +156,13 @@ pub(super) struct SeqSerializer {
 }
 
 impl SeqSerializer {
+    /// An array of `len` elements (a hint), tagged with the variant when there is one.
+    fn new(variant: Option<&'static str>, len: usize) -> Self {
+        Self {
+            variant,
+            elements: Vec::with_capacity(len),
+        }
+    }
     fn push<T: Serialize + ?Sized>(&mut self, value: &T) -> Result<()> {
         self.elements.push(value.serialize(ValueSerializer)?);
         Ok(())
@@ -216,6 +202,14 @@ pub(super) struct MapSerializer {
 }
 
 impl MapSerializer {
+    /// An object of `len` members (a hint), tagged with the variant when there is one.
+    fn new(variant: Option<&'static str>, len: usize) -> Self {
+        Self {
+            variant,
+            members: Vec::with_capacity(len),
+            key: None,
+        }
+    }
     fn finish(self) -> Result<Canon> {
         Ok(tagged(self.variant, Canon::object(self.members)?))
     }

@@ -7,7 +7,6 @@ import static org.junit.jupiter.api.Assertions.assertThrows;
 import static org.junit.jupiter.api.Assertions.assertTrue;
 
 import com.fasterxml.jackson.databind.ObjectMapper;
-import dev.idempotency.client.Coordinator.Store;
 import java.time.Duration;
 import java.util.List;
 import java.util.UUID;
@@ -20,6 +19,7 @@ import org.junit.jupiter.api.AfterEach;
 import org.junit.jupiter.api.BeforeAll;
 import org.junit.jupiter.api.BeforeEach;
 import org.junit.jupiter.api.Test;
+import org.junit.jupiter.api.extension.RegisterExtension;
 import org.junit.jupiter.params.ParameterizedTest;
 import org.junit.jupiter.params.provider.ValueSource;
 
@@ -39,26 +39,25 @@ class ClaimThatWaitedTest {
   private static final Duration LEASE = Duration.ofSeconds(2);
   private static final RunOptions WAITING = RunOptions.builder().lease(LEASE).maxWait(Duration.ofSeconds(10)).build();
 
-  private static Coordinator coordinator;
+  @RegisterExtension
+  static final SharedCoordinator COORDINATOR = new SharedCoordinator();
   private static IdempotencyClient direct;
   private FaultProxy proxy;
   private IdempotencyClient client;
 
   @BeforeAll
-  static void startCoordinator() {
-    coordinator = Coordinator.start(Store.SQLITE);
-    direct = coordinator.client();
+  static void connect() {
+    direct = COORDINATOR.get().client();
   }
 
   @AfterAll
-  static void stopCoordinator() {
+  static void disconnect() {
     direct.close();
-    coordinator.close();
   }
 
   @BeforeEach
   void startProxy() {
-    proxy = FaultProxy.start(coordinator.address());
+    proxy = FaultProxy.start(COORDINATOR.get().address());
     client = IdempotencyClient.builder(proxy.address()).build(); // the default 30 s retry budget
   }
 

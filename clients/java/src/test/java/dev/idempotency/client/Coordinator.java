@@ -165,11 +165,14 @@ public final class Coordinator implements AutoCloseable {
   /** A caller's token as {@code token new} makes it: the secret, and the tokens file's line. */
   public record Token(String secret, String line) {}
 
-  /** A new token from the binary's {@code token new}. */
+  /**
+   * A new token from the binary's {@code token new}: read from its standard output; its notes (a
+   * prefix scope that leaves out its bare name) go to standard error, passed on to the test's.
+   */
   public static Token newToken(String name, String scopes) {
     try {
       Process p = new ProcessBuilder(binary().toString(), "token", "new", "--name", name, "--scopes", scopes)
-          .redirectErrorStream(true).start();
+          .redirectError(ProcessBuilder.Redirect.INHERIT).start();
       String out = new String(p.getInputStream().readAllBytes(), StandardCharsets.UTF_8);
       waitFor(p);
       List<String> lines = out.lines().filter(l -> !l.isBlank() && !l.startsWith("#")).toList();

@@ -8,7 +8,6 @@ import static org.junit.jupiter.api.Assertions.fail;
 
 import com.fasterxml.jackson.databind.JsonNode;
 import com.fasterxml.jackson.databind.ObjectMapper;
-import dev.idempotency.client.Coordinator.Store;
 import java.io.IOException;
 import java.nio.charset.StandardCharsets;
 import java.nio.file.Path;
@@ -36,6 +35,7 @@ import org.junit.jupiter.api.AfterAll;
 import org.junit.jupiter.api.BeforeAll;
 import org.junit.jupiter.api.DynamicTest;
 import org.junit.jupiter.api.TestFactory;
+import org.junit.jupiter.api.extension.RegisterExtension;
 
 /**
  * The scenario vectors every client passes (clients/conformance/scenarios.json; its README says
@@ -66,27 +66,24 @@ class ScenariosTest {
   private static final ObjectMapper JSON = new ObjectMapper();
   private static final ResultCodec<Object> CODEC = ResultCodec.json(Object.class);
 
-  private static Coordinator coordinator;
+  @RegisterExtension
+  static final SharedCoordinator COORDINATOR = new SharedCoordinator();
   /** Lookups for expect_key go straight to the coordinator, not through a proxy. */
   private static IdempotencyClient direct;
   private static String suiteRun;
 
   @BeforeAll
-  static void startCoordinator() {
-    coordinator = Coordinator.start(Store.SQLITE);
-    direct = coordinator.client();
+  static void connect() {
+    direct = COORDINATOR.get().client();
     byte[] id = new byte[6];
     ThreadLocalRandom.current().nextBytes(id);
     suiteRun = "java-" + HexFormat.of().formatHex(id);
   }
 
   @AfterAll
-  static void stopCoordinator() {
+  static void disconnect() {
     if (direct != null) {
       direct.close();
-    }
-    if (coordinator != null) {
-      coordinator.close();
     }
   }
 
@@ -150,7 +147,7 @@ class ScenariosTest {
       this.prefix = suiteRun + "/" + scenario.get("name").asText() + "/";
       JsonNode budgetMs = scenario.path("client").path("retry_budget_ms");
       this.budget = budgetMs.isMissingNode() ? Defaults.RETRY_POLICY.budget() : Duration.ofMillis(budgetMs.asLong());
-      this.proxy = FaultProxy.start(coordinator.address());
+      this.proxy = FaultProxy.start(COORDINATOR.get().address());
       IdempotencyClient.Builder builder = IdempotencyClient.builder(proxy.address()).logger(journal);
       if (!budgetMs.isMissingNode()) {
         builder.retryBudget(budget);
@@ -304,12 +301,7 @@ class ScenariosTest {
       try {
         return latch.await(LIMIT.toMillis(), TimeUnit.MILLISECONDS);
       } catch (InterruptedException e) {
-        if (!over) {
-          run.cancelled = true;
-          if (!lease.isLost()) {
-            run.problems.add("the work's thread was interrupted, but its lease is not lost");
-          }
-        }
+        interrupted(run, lease);
         return false;
       }
     }
@@ -323,13 +315,21 @@ class ScenariosTest {
       try {
         Thread.sleep(millis);
       } catch (InterruptedException e) {
-        if (!over) {
-          run.cancelled = true;
-          if (!lease.isLost()) {
-            run.problems.add("the work's thread was interrupted, but its lease is not lost");
-          }
-        }
+        interrupted(run, lease);
         throw e;
+      }
+    }
+
+    /**
+     * Notes the interrupt of a work's thread: while the scenario runs, a cancellation, which only a
+     * lost lease may bring.
+     */
+    private void interrupted(Run run, Lease lease) {
+      if (!over) {
+        run.cancelled = true;
+        if (!lease.isLost()) {
+          run.problems.add("the work's thread was interrupted, but its lease is not lost");
+        }
       }
     }
 

@@ -7,6 +7,7 @@ import com.fasterxml.jackson.databind.node.ObjectNode;
 import dev.idempotency.client.FingerprintMismatchException;
 import dev.idempotency.client.IdempotencyClient;
 import dev.idempotency.client.InProgressException;
+import dev.idempotency.client.LoopbackJetty;
 import dev.idempotency.client.Outcome;
 import dev.idempotency.client.ResultCodec;
 import dev.idempotency.client.ResultNotStoredException;
@@ -33,7 +34,6 @@ import org.eclipse.jetty.ee10.servlet.FilterHolder;
 import org.eclipse.jetty.ee10.servlet.ServletContextHandler;
 import org.eclipse.jetty.ee10.servlet.ServletHolder;
 import org.eclipse.jetty.server.Server;
-import org.eclipse.jetty.server.ServerConnector;
 
 /**
  * Every Java snippet of clients/java/README.md, and the Java one of docs/clients.md, verbatim,
@@ -213,11 +213,7 @@ public final class ReadmeExamples {
     report.set("another_order", json.valueToTree(charge(payments, key, new Order("pen", 300))));
     report.put("charges_made", payments.made.get());
 
-    Server server = new Server();
-    ServerConnector connector = new ServerConnector(server);
-    connector.setHost("127.0.0.1");
-    connector.setPort(0);
-    server.addConnector(connector);
+    Server server = LoopbackJetty.server();
     ServletContextHandler context = new ServletContextHandler();
     Orders orders = new Orders();
     context.addServlet(new ServletHolder(orders), "/orders/*");
@@ -226,7 +222,7 @@ public final class ReadmeExamples {
       server.setHandler(context);
       server.start();
       HttpClient http = HttpClient.newBuilder().version(HttpClient.Version.HTTP_1_1).build();
-      HttpRequest post = HttpRequest.newBuilder(URI.create("http://127.0.0.1:" + connector.getLocalPort() + "/orders/new"))
+      HttpRequest post = HttpRequest.newBuilder(URI.create(LoopbackJetty.url(server) + "/orders/new"))
           .header("Content-Type", "application/json").header("Idempotency-Key", UUID.randomUUID().toString())
           .POST(HttpRequest.BodyPublishers.ofString("{\"item\":\"book\"}")).build();
       for (String name : new String[] {"filter_first", "filter_again"}) {

@@ -9,6 +9,7 @@ import com.fasterxml.jackson.databind.ObjectMapper;
 import dev.idempotency.client.Coordinator;
 import dev.idempotency.client.IdempotencyClient;
 import dev.idempotency.client.Outcome;
+import dev.idempotency.client.SharedCoordinator;
 import dev.idempotency.client.readme.ReadmeExamples.Charge;
 import dev.idempotency.client.readme.ReadmeExamples.NumberedPayments;
 import dev.idempotency.client.readme.ReadmeExamples.Order;
@@ -27,9 +28,8 @@ import java.util.regex.Pattern;
 import org.apache.kafka.clients.consumer.ConsumerRecord;
 import org.apache.kafka.clients.consumer.MockConsumer;
 import org.apache.kafka.common.TopicPartition;
-import org.junit.jupiter.api.AfterAll;
-import org.junit.jupiter.api.BeforeAll;
 import org.junit.jupiter.api.Test;
+import org.junit.jupiter.api.extension.RegisterExtension;
 
 /**
  * Keeps the documentation's Java true: every snippet of clients/java/README.md and the Java one
@@ -46,17 +46,8 @@ class ReadmeExamplesTest {
       JAVA_CLIENT.resolve("src/test/java/dev/idempotency/client/readme/ReadmeExamples.java");
   private static final ObjectMapper JSON = new ObjectMapper();
 
-  private static Coordinator coordinator;
-
-  @BeforeAll
-  static void start() {
-    coordinator = Coordinator.start(Coordinator.Store.SQLITE);
-  }
-
-  @AfterAll
-  static void stop() {
-    coordinator.close();
-  }
+  @RegisterExtension
+  static final SharedCoordinator COORDINATOR = new SharedCoordinator();
 
   @Test
   void everyJavaSnippetIsInReadmeExamplesVerbatim() throws IOException {
@@ -106,7 +97,7 @@ class ReadmeExamplesTest {
       ProcessBuilder example = new ProcessBuilder(java.toString(), "-cp", System.getProperty("java.class.path"),
           ReadmeExamples.class.getName()).redirectOutput(output.toFile()).redirectError(errors.toFile());
       example.environment().remove("COORDINATOR_TOKEN");
-      example.environment().put("COORDINATOR_ADDRESS", coordinator.address());
+      example.environment().put("COORDINATOR_ADDRESS", COORDINATOR.get().address());
       process = example.start();
       process.getOutputStream().close();
       assertTrue(process.waitFor(60, TimeUnit.SECONDS), "the examples had not ended after 60 s");
@@ -145,7 +136,7 @@ class ReadmeExamplesTest {
   void theConsumerExampleAppliesARedeliveredRecordOnce() {
     String topic = "shipments-" + UUID.randomUUID();
     List<String> shipped = new ArrayList<>();
-    try (IdempotencyClient client = coordinator.client()) {
+    try (IdempotencyClient client = COORDINATOR.get().client()) {
       MockConsumer<String, String> died = consumer(topic, "box 1", "box 2");
       ReadmeExamples.consume(client, died, shipped::add);
       MockConsumer<String, String> next = consumer(topic, "box 1", "box 2", "box 3");
@@ -169,7 +160,7 @@ class ReadmeExamplesTest {
 
   @Test
   void theClientsPageExampleReplays() throws IOException {
-    try (IdempotencyClient client = coordinator.client()) {
+    try (IdempotencyClient client = COORDINATOR.get().client()) {
       NumberedPayments payments = new NumberedPayments();
       String key = "order-" + UUID.randomUUID();
       Order order = new Order("book", 1250);

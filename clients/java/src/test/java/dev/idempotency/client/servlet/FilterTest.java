@@ -11,6 +11,8 @@ import dev.idempotency.client.Claim;
 import dev.idempotency.client.Coordinator;
 import dev.idempotency.client.IdempotencyClient;
 import dev.idempotency.client.KeyState;
+import dev.idempotency.client.LoopbackJetty;
+import dev.idempotency.client.SharedCoordinator;
 import dev.idempotency.client.TryStartRequest;
 import jakarta.servlet.DispatcherType;
 import jakarta.servlet.http.HttpServlet;
@@ -40,10 +42,10 @@ import org.eclipse.jetty.ee10.servlet.FilterHolder;
 import org.eclipse.jetty.ee10.servlet.ServletContextHandler;
 import org.eclipse.jetty.ee10.servlet.ServletHolder;
 import org.eclipse.jetty.server.Server;
-import org.eclipse.jetty.server.ServerConnector;
 import org.junit.jupiter.api.AfterAll;
 import org.junit.jupiter.api.BeforeAll;
 import org.junit.jupiter.api.Test;
+import org.junit.jupiter.api.extension.RegisterExtension;
 
 /**
  * The filter in an embedded Jetty 12 (ee10), with real HTTP requests, against the real
@@ -53,21 +55,20 @@ class FilterTest {
   private static final ObjectMapper JSON = new ObjectMapper();
   /** The length of the answer to a "big" order: over a stored limit of 1 KiB. */
   static final int BIG = 4000;
-  private static Coordinator coordinator;
+  @RegisterExtension
+  static final SharedCoordinator COORDINATOR = new SharedCoordinator();
   private static IdempotencyClient client;
   private static final HttpClient HTTP = HttpClient.newBuilder().version(HttpClient.Version.HTTP_1_1)
       .connectTimeout(Duration.ofSeconds(5)).build();
 
   @BeforeAll
   static void start() {
-    coordinator = Coordinator.start(Coordinator.Store.SQLITE);
-    client = IdempotencyClient.builder(coordinator.address()).retryBudget(Duration.ofSeconds(2)).build();
+    client = IdempotencyClient.builder(COORDINATOR.get().address()).retryBudget(Duration.ofSeconds(2)).build();
   }
 
   @AfterAll
   static void stop() {
     client.close();
-    coordinator.close();
   }
 
   /** The API under test: numbers the orders it creates and echoes the lease token it got. */
@@ -108,11 +109,7 @@ class FilterTest {
   /** A Jetty server with the servlet, behind the filter when one is given. */
   record App(Server server, String url, Orders orders) implements AutoCloseable {
     static App start(IdempotencyFilter filter) throws Exception {
-      Server server = new Server();
-      ServerConnector connector = new ServerConnector(server);
-      connector.setHost("127.0.0.1");
-      connector.setPort(0);
-      server.addConnector(connector);
+      Server server = LoopbackJetty.server();
       ServletContextHandler context = new ServletContextHandler();
       context.setContextPath("/");
       Orders orders = new Orders();
@@ -122,7 +119,7 @@ class FilterTest {
       }
       server.setHandler(context);
       server.start();
-      return new App(server, "http://127.0.0.1:" + connector.getLocalPort(), orders);
+      return new App(server, LoopbackJetty.url(server), orders);
     }
 
     @Override
@@ -393,7 +390,7 @@ class FilterTest {
       Path addressFile = dir.resolve("address");
       ProcessBuilder pb = new ProcessBuilder(Coordinator.binary().toString(), "gateway", "--listen", "127.0.0.1:0",
           "--address-file", addressFile.toString(), "--upstream", upstream, "--coordinator",
-          "http://" + coordinator.address(), "--namespace", "orders")
+          "http://" + COORDINATOR.get().address(), "--namespace", "orders")
           .redirectErrorStream(true).redirectOutput(dir.resolve("gateway.log").toFile());
       pb.environment().keySet().removeIf(k -> k.startsWith("IDEMPOTENCY_"));
       Process p = pb.start();

@@ -8,6 +8,8 @@ import static org.junit.jupiter.api.Assertions.assertTrue;
 import dev.idempotency.client.Coordinator;
 import dev.idempotency.client.IdempotencyClient;
 import dev.idempotency.client.KeyState;
+import dev.idempotency.client.LoopbackJetty;
+import dev.idempotency.client.SharedCoordinator;
 import dev.idempotency.client.readme.Snippets;
 import java.io.IOException;
 import java.net.http.HttpResponse;
@@ -22,10 +24,8 @@ import java.util.stream.Stream;
 import org.eclipse.jetty.ee10.servlet.ServletHolder;
 import org.eclipse.jetty.ee10.webapp.WebAppContext;
 import org.eclipse.jetty.server.Server;
-import org.eclipse.jetty.server.ServerConnector;
-import org.junit.jupiter.api.AfterAll;
-import org.junit.jupiter.api.BeforeAll;
 import org.junit.jupiter.api.Test;
+import org.junit.jupiter.api.extension.RegisterExtension;
 
 /**
  * {@link ConfiguredIdempotencyFilter} deployed as a container deploys a web application: Jetty's
@@ -37,17 +37,8 @@ class WebXmlTest {
   private static final Path README = Coordinator.repoRoot().resolve("clients/java/README.md");
   private static final String README_COORDINATOR = "http://127.0.0.1:50051";
 
-  private static Coordinator coordinator;
-
-  @BeforeAll
-  static void start() {
-    coordinator = Coordinator.start(Coordinator.Store.SQLITE);
-  }
-
-  @AfterAll
-  static void stop() {
-    coordinator.close();
-  }
+  @RegisterExtension
+  static final SharedCoordinator COORDINATOR = new SharedCoordinator();
 
   /** The README's web.xml fragment: the xml block that declares the filter. */
   private static String readmeFragment() throws IOException {
@@ -69,11 +60,7 @@ class WebXmlTest {
       Files.writeString(dir.resolve("WEB-INF/web.xml"), "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n"
           + "<web-app xmlns=\"https://jakarta.ee/xml/ns/jakartaee\" version=\"6.0\">\n" + webXmlContent
           + "\n</web-app>\n", StandardCharsets.UTF_8);
-      Server server = new Server();
-      ServerConnector connector = new ServerConnector(server);
-      connector.setHost("127.0.0.1");
-      connector.setPort(0);
-      server.addConnector(connector);
+      Server server = LoopbackJetty.server();
       WebAppContext context = new WebAppContext();
       context.setContextPath("/");
       context.setWar(dir.toString());
@@ -89,7 +76,7 @@ class WebXmlTest {
         deleteTree(dir);
         throw e;
       }
-      return new WebApp(server, "http://127.0.0.1:" + connector.getLocalPort(), orders, dir);
+      return new WebApp(server, LoopbackJetty.url(server), orders, dir);
     }
 
     @Override
@@ -114,8 +101,8 @@ class WebXmlTest {
 
   @Test
   void theReadmesWebXmlDeclaresTheFilterByItsClassAndInitParams() throws Exception {
-    String webXml = readmeFragment().replace(README_COORDINATOR, "http://" + coordinator.address());
-    try (WebApp app = WebApp.deploy(webXml); IdempotencyClient client = coordinator.client()) {
+    String webXml = readmeFragment().replace(README_COORDINATOR, "http://" + COORDINATOR.get().address());
+    try (WebApp app = WebApp.deploy(webXml); IdempotencyClient client = COORDINATOR.get().client()) {
       String key = UUID.randomUUID().toString();
       String body = "{\"item\":\"book\"}";
       HttpResponse<String> first = FilterTest.post(app.url() + "/orders/new", key, body);
@@ -135,7 +122,7 @@ class WebXmlTest {
 
   @Test
   void aMisspeltInitParamFailsTheDeployment() throws Exception {
-    String webXml = readmeFragment().replace(README_COORDINATOR, "http://" + coordinator.address())
+    String webXml = readmeFragment().replace(README_COORDINATOR, "http://" + COORDINATOR.get().address())
         .replace("<param-name>wait</param-name>", "<param-name>wiat</param-name>");
     Exception refused = assertThrows(Exception.class, () -> WebApp.deploy(webXml).close());
     StringBuilder messages = new StringBuilder();
