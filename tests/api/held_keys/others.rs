@@ -152,6 +152,14 @@ impl Phase<'_> {
         )
     }
 
+    pub fn slowest(&self) -> Duration {
+        self.samples
+            .iter()
+            .map(|sample| sample.took)
+            .max()
+            .unwrap_or_default()
+    }
+
     fn failures(&self) -> Vec<(&'static str, &tonic::Status)> {
         self.samples
             .iter()
