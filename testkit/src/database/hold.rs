@@ -20,18 +20,11 @@ impl TestDatabase {
     pub async fn hold_keys(&self, keys: &[&str]) -> KeyHold {
         match &self.place {
             Place::Postgres { .. } => {
-                let mut connection = PgConnection::connect(&self.url).await.expect("connect");
-                sqlx::query("BEGIN")
-                    .execute(&mut connection)
-                    .await
-                    .expect("begin");
-                let keys: Vec<String> = keys.iter().map(|k| k.to_string()).collect();
-                sqlx::query("SELECT 1 FROM idempotency_keys WHERE key = ANY($1) FOR UPDATE")
-                    .bind(&keys)
-                    .execute(&mut connection)
-                    .await
-                    .expect("lock the keys");
-                KeyHold::Postgres(connection)
+                self.hold_rows(
+                    "SELECT 1 FROM idempotency_keys WHERE key = ANY($1) FOR UPDATE",
+                    keys,
+                )
+                .await
             }
             Place::Sqlite { path, .. } => {
                 let options = SqliteConnectOptions::new()
@@ -55,17 +48,27 @@ impl TestDatabase {
         let Place::Postgres { .. } = &self.place else {
             panic!("only PostgreSQL holds one event's row");
         };
+        self.hold_rows(
+            "SELECT 1 FROM processed_events WHERE event_id = ANY($1) FOR UPDATE",
+            ids,
+        )
+        .await
+    }
+
+    /// PostgreSQL: the rows `lock` (a `SELECT … FOR UPDATE` of `names`, bound as `$1`) locks,
+    /// held in a transaction of its own until the hold ends.
+    async fn hold_rows(&self, lock: &'static str, names: &[&str]) -> KeyHold {
         let mut connection = PgConnection::connect(&self.url).await.expect("connect");
         sqlx::query("BEGIN")
             .execute(&mut connection)
             .await
             .expect("begin");
-        let ids: Vec<String> = ids.iter().map(|id| id.to_string()).collect();
-        sqlx::query("SELECT 1 FROM processed_events WHERE event_id = ANY($1) FOR UPDATE")
-            .bind(&ids)
+        let names: Vec<String> = names.iter().map(|name| name.to_string()).collect();
+        sqlx::query(lock)
+            .bind(&names)
             .execute(&mut connection)
             .await
-            .expect("lock the events");
+            .expect("lock the rows");
         KeyHold::Postgres(connection)
     }
 
