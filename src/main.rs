@@ -36,13 +36,7 @@ async fn main() -> ExitCode {
     };
     if let Command::Healthcheck(args) = &command {
         // No logging: the answer is the exit status (and one line on failure).
-        return match cli::healthcheck::check(args).await {
-            Ok(()) => ExitCode::SUCCESS,
-            Err(problem) => {
-                eprintln!("unhealthy: {problem}");
-                ExitCode::FAILURE
-            }
-        };
+        return cli::healthcheck::run(args).await;
     }
     let traces = match &command {
         Command::Serve(args) => match args.traces() {

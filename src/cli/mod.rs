@@ -11,3 +11,4 @@ pub mod admin;
 pub mod healthcheck;
 pub mod migrate;
 pub mod token;
+pub mod transport;

@@ -8,6 +8,8 @@ use std::time::Duration;
 use clap::{Args, Subcommand, ValueEnum};
 use idempotency_settings::{Bounds, SettingError, parse_duration};
 
+use super::coordinator::{CoordinatorTarget, TargetFlags};
+
 #[derive(Debug, Clone, Args)]
 pub struct AdminArgs {
     #[command(flatten)]
@@ -187,10 +189,7 @@ pub enum KeysCommand {
 /// The connection settings, checked.
 #[derive(Debug, Clone)]
 pub struct AdminConnection {
-    pub coordinator: String,
-    pub ca: Option<Vec<u8>>,
-    /// The client certificate and its key (PEM), for mutual TLS.
-    pub identity: Option<(Vec<u8>, Vec<u8>)>,
+    pub target: CoordinatorTarget,
     pub token: Option<String>,
     pub timeout: Duration,
     pub output: OutputFormat,
@@ -201,59 +200,13 @@ const TIMEOUT: Bounds = Bounds::new(Duration::from_millis(100), Duration::from_s
 impl AdminConnectionArgs {
     pub fn settings(&self) -> Result<AdminConnection, SettingError> {
         let invalid = |flag: &'static str, problem: String| SettingError::new(flag, problem);
-        let https = self.coordinator.starts_with("https://");
-        let authority = self
-            .coordinator
-            .strip_prefix("http://")
-            .or_else(|| self.coordinator.strip_prefix("https://"))
-            .map(|rest| rest.trim_end_matches('/'))
-            .filter(|authority| {
-                !authority.is_empty()
-                    && !authority.contains(['/', '?', '#', ' '])
-                    && authority
-                        .rsplit_once(':')
-                        .is_some_and(|(host, port)| !host.is_empty() && port.parse::<u16>().is_ok())
-            });
-        if authority.is_none() {
-            return Err(invalid(
-                "coordinator",
-                format!(
-                    "{:?} must be http://host:port or https://host:port",
-                    self.coordinator
-                ),
-            ));
+        let target = TargetFlags {
+            coordinator: &self.coordinator,
+            coordinator_ca: self.coordinator_ca.as_deref(),
+            client_cert: self.client_cert.as_deref(),
+            client_key: self.client_key.as_deref(),
         }
-        if https && self.coordinator_ca.is_none() {
-            return Err(invalid(
-                "coordinator-ca",
-                "an https:// --coordinator needs the CA that signed its certificate".into(),
-            ));
-        }
-        if !https && self.client_cert.is_some() {
-            return Err(invalid(
-                "client-cert",
-                "a client certificate is shown over TLS only: --coordinator must be https://"
-                    .into(),
-            ));
-        }
-        let read = |flag: &'static str, path: &Option<PathBuf>| match path {
-            Some(path) => std::fs::read(path)
-                .map(Some)
-                .map_err(|error| invalid(flag, format!("cannot read {}: {error}", path.display()))),
-            None => Ok(None),
-        };
-        let ca = read("coordinator-ca", &self.coordinator_ca)?;
-        // A file that is no PEM certificate would only fail later, as "not trusted".
-        if let (Some(ca), Some(path)) = (&ca, &self.coordinator_ca)
-            && !String::from_utf8_lossy(ca).contains("-----BEGIN CERTIFICATE-----")
-        {
-            return Err(invalid(
-                "coordinator-ca",
-                format!("{} holds no PEM certificate", path.display()),
-            ));
-        }
-        let identity =
-            read("client-cert", &self.client_cert)?.zip(read("client-key", &self.client_key)?);
+        .check()?;
         let token = match &self.token_file {
             Some(path) => {
                 let text = std::fs::read_to_string(path).map_err(|error| {
@@ -274,9 +227,7 @@ impl AdminConnectionArgs {
             None => None,
         };
         Ok(AdminConnection {
-            coordinator: self.coordinator.clone(),
-            ca,
-            identity,
+            target,
             token,
             timeout: TIMEOUT.check_setting("timeout", self.timeout)?,
             output: self.output,

@@ -9,6 +9,8 @@
 
 pub mod admin;
 mod connections;
+pub mod coordinator;
+mod healthcheck;
 mod security;
 mod serve;
 mod store;
@@ -16,13 +18,10 @@ mod telemetry;
 #[cfg(test)]
 mod tests;
 
-use std::net::SocketAddr;
-use std::time::Duration;
-
-use clap::{Args, Parser, Subcommand};
-use idempotency_settings::{Bounds, parse_duration};
+use clap::{Parser, Subcommand};
 
 pub use connections::{ConnectionArgs, ConnectionSettings};
+pub use healthcheck::HealthcheckArgs;
 pub use idempotency_settings::SettingError;
 pub use security::{SecurityArgs, SecuritySettings, TlsFiles};
 pub use serve::{ServeArgs, Settings};
@@ -58,38 +57,14 @@ pub enum Command {
     /// The operator's tools over a running coordinator's admin API: find stuck keys, read a
     /// key's record, release or erase keys, namespace statistics, the audit trail.
     Admin(Box<admin::AdminArgs>),
-    /// Exit 0 when the service at --addr answers SERVING to a gRPC health check of
-    /// idempotency.v1.IdempotencyService, 1 otherwise (for a container HEALTHCHECK).
+    /// Exit 0 when the service at --coordinator (or --addr) answers SERVING to a gRPC health
+    /// check of idempotency.v1.IdempotencyService, 1 otherwise (for a container HEALTHCHECK).
     Healthcheck(HealthcheckArgs),
     /// Run the HTTP gateway: a reverse proxy that gives the HTTP API at --upstream
     /// Idempotency-Key semantics, deciding everything through the coordinator at
     /// --coordinator (see docs/gateway.md).
     #[command(args_override_self = true)]
     Gateway(Box<idempotency_gateway::Args>),
-}
-
-#[derive(Debug, Clone, Args)]
-pub struct HealthcheckArgs {
-    /// The service's gRPC address (plaintext).
-    #[arg(
-        long,
-        env = "IDEMPOTENCY_HEALTHCHECK_ADDR",
-        default_value = "127.0.0.1:50051"
-    )]
-    pub addr: SocketAddr,
-
-    /// How long connecting and the check may take together (100ms-60s).
-    #[arg(long, env = "IDEMPOTENCY_HEALTHCHECK_TIMEOUT", default_value = "5s",
-          value_parser = parse_healthcheck_timeout)]
-    pub timeout: Duration,
-}
-
-/// How long `healthcheck` may take: connecting and the check together.
-const HEALTHCHECK_TIMEOUT: Bounds =
-    Bounds::new(Duration::from_millis(100), Duration::from_secs(60));
-
-fn parse_healthcheck_timeout(text: &str) -> Result<Duration, String> {
-    HEALTHCHECK_TIMEOUT.check(parse_duration(text)?)
 }
 
 #[derive(Debug, Subcommand)]
