@@ -106,7 +106,11 @@ pub enum StateArg {
     InProgress,
     /// In progress, the lease run out: the holder most likely crashed.
     Stuck,
+    /// Completed: its response is replayed.
     Completed,
+    /// Released by an operator (`keys release`), claimed by nobody since: the next claim
+    /// takes it over.
+    Released,
 }
 
 #[derive(Debug, Clone, Subcommand)]

@@ -108,6 +108,7 @@ fn state_filter(raw: i32) -> Result<Option<AdminKeyState>, Invalid> {
         Ok(pb::AdminKeyState::InProgress) => Ok(Some(AdminKeyState::InProgress)),
         Ok(pb::AdminKeyState::Stuck) => Ok(Some(AdminKeyState::Stuck)),
         Ok(pb::AdminKeyState::Completed) => Ok(Some(AdminKeyState::Completed)),
+        Ok(pb::AdminKeyState::Released) => Ok(Some(AdminKeyState::Released)),
         Err(_) => Err(Invalid(format!("{raw} is not an AdminKeyState"))),
     }
 }
@@ -117,6 +118,7 @@ fn state_message(state: AdminKeyState) -> pb::AdminKeyState {
         AdminKeyState::InProgress => pb::AdminKeyState::InProgress,
         AdminKeyState::Stuck => pb::AdminKeyState::Stuck,
         AdminKeyState::Completed => pb::AdminKeyState::Completed,
+        AdminKeyState::Released => pb::AdminKeyState::Released,
     }
 }
 
@@ -136,6 +138,12 @@ pub fn key_entry(summary: KeySummary) -> pb::AdminKeyEntry {
         attempt_id: summary.attempt_id.unwrap_or_default(),
         claimed_at: summary.claimed_at.map(timestamp),
         holder: summary.holder.unwrap_or_default(),
+        released_by: summary
+            .released
+            .as_ref()
+            .map(|(by, _)| by.clone())
+            .unwrap_or_default(),
+        released_at: summary.released.map(|(_, at)| timestamp(at)),
     }
 }
 
@@ -339,6 +347,7 @@ impl AdminService for AdminApi {
             Ok(Response::new(pb::NamespaceStatsResponse {
                 in_progress_keys: stats.in_progress,
                 stuck_keys: stats.stuck,
+                released_keys: stats.released,
                 completed_keys: stats.completed,
                 processed_events: stats.processed_events,
                 oldest_stuck_key: oldest_key,

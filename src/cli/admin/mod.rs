@@ -19,7 +19,9 @@ use tonic::service::interceptor::InterceptedService;
 use tonic::transport::Channel;
 use tonic::{Request, Status};
 
-use crate::config::admin::{AdminArgs, AdminCommand, AdminConnection, KeysCommand, StateArg};
+use crate::config::admin::{
+    AdminArgs, AdminCommand, AdminConnection, KeysCommand, OutputFormat, StateArg,
+};
 use crate::proto::idempotency::v1 as pb;
 use crate::proto::idempotency::v1::admin_service_client::AdminServiceClient;
 
@@ -200,6 +202,7 @@ async fn execute(connection: &AdminConnection, command: AdminCommand) -> Result<
                 Some(StateArg::InProgress) => pb::AdminKeyState::InProgress,
                 Some(StateArg::Stuck) => pb::AdminKeyState::Stuck,
                 Some(StateArg::Completed) => pb::AdminKeyState::Completed,
+                Some(StateArg::Released) => pb::AdminKeyState::Released,
             };
             let answer = client
                 .list_keys(request(
@@ -251,6 +254,9 @@ async fn execute(connection: &AdminConnection, command: AdminCommand) -> Result<
                 before,
                 answer.released.as_ref(),
             );
+            if output == OutputFormat::Table {
+                println!("{RELEASED_NEXT}");
+            }
         }
         AdminCommand::Keys(KeysCommand::Erase {
             namespace,

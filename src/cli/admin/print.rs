@@ -18,9 +18,15 @@ pub(super) fn state_text(state: i32) -> &'static str {
         Ok(pb::AdminKeyState::InProgress) => "in_progress",
         Ok(pb::AdminKeyState::Stuck) => "stuck",
         Ok(pb::AdminKeyState::Completed) => "completed",
+        Ok(pb::AdminKeyState::Released) => "released",
         _ => "unknown",
     }
 }
+
+/// What happens to a released key next, in the words an operator needs after releasing one.
+pub(super) const RELEASED_NEXT: &str = "nobody holds it now: its holder's writes are refused \
+    (LEASE_LOST) and the next claim takes it over (a greater token, attempt + 1); until then \
+    it is listed as released, not stuck";
 
 pub(super) fn entry_json(entry: &pb::AdminKeyEntry) -> Value {
     json!({
@@ -38,6 +44,8 @@ pub(super) fn entry_json(entry: &pb::AdminKeyEntry) -> Value {
         "checkpoint_bytes": entry.checkpoint_bytes,
         "claimed_at": entry.claimed_at.as_ref().map(|t| time_text(Some(t))),
         "holder": entry.holder,
+        "released_by": (!entry.released_by.is_empty()).then_some(&entry.released_by),
+        "released_at": entry.released_at.as_ref().map(|t| time_text(Some(t))),
     })
 }
 
@@ -155,6 +163,13 @@ pub(super) fn print_record(output: OutputFormat, answer: &pb::GetKeyResponse) {
                     println!("{name:<18} {text}");
                 }
             }
+            if answer
+                .key
+                .as_ref()
+                .is_some_and(|key| key.state == i32::from(pb::AdminKeyState::Released))
+            {
+                println!("{:<18} {RELEASED_NEXT}", "next");
+            }
             println!("{:<18} {}", "response", bytes_text(&answer.response));
             if let Some(checkpoint) = &answer.checkpoint {
                 println!("{:<18} {}", "checkpoint", bytes_text(checkpoint));
@@ -218,6 +233,7 @@ pub(super) fn print_stats(
             "namespace": namespace,
             "in_progress_keys": stats.in_progress_keys,
             "stuck_keys": stats.stuck_keys,
+            "released_keys": stats.released_keys,
             "completed_keys": stats.completed_keys,
             "processed_events": stats.processed_events,
             "oldest_stuck_key": stats.oldest_stuck_key,
@@ -230,6 +246,7 @@ pub(super) fn print_stats(
             let rows = vec![
                 vec!["in progress".into(), stats.in_progress_keys.to_string()],
                 vec!["stuck".into(), stats.stuck_keys.to_string()],
+                vec!["released".into(), stats.released_keys.to_string()],
                 vec!["completed".into(), stats.completed_keys.to_string()],
                 vec![
                     "processed events".into(),

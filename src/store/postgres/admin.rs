@@ -10,8 +10,8 @@ use super::error::classify;
 use super::sql::{
     ANNOUNCE_ERASED, ERASE_EVENTS_BATCH, ERASE_KEY, ERASE_KEYS_BATCH, FORCE_RELEASE, GET_KEY,
     KEY_COMPLETED, LIST_AUDIT, LIST_COMPLETED_KEYS, LIST_HELD_KEYS, LIST_IN_PROGRESS_KEYS,
-    LIST_KEYS_BY_KEY, LIST_STUCK_KEYS, NAMESPACE_HAS_ROWS, NAMESPACE_STATS, REAP_AUDIT,
-    RECORD_AUDIT, STUCK_KEYS,
+    LIST_KEYS_BY_KEY, LIST_RELEASED_KEYS, LIST_STUCK_KEYS, NAMESPACE_HAS_ROWS, NAMESPACE_STATS,
+    REAP_AUDIT, RECORD_AUDIT, STUCK_KEYS,
 };
 use crate::domain::admin::{
     AdminKeyState, AuditEntry, AuditEvent, EraseBatch, ForceReleased, FullKey, KeyFilter,
@@ -115,6 +115,7 @@ impl AdminStore for PgStore {
             ListOrder::Lease => {
                 let statement = match filter.state {
                     Some(AdminKeyState::Stuck) => LIST_STUCK_KEYS,
+                    Some(AdminKeyState::Released) => LIST_RELEASED_KEYS,
                     Some(AdminKeyState::InProgress) => LIST_IN_PROGRESS_KEYS,
                     _ => LIST_HELD_KEYS,
                 };
@@ -180,6 +181,7 @@ impl AdminStore for PgStore {
                 Ok(NamespaceStats {
                     in_progress: 0,
                     stuck: 0,
+                    released: 0,
                     completed: 0,
                     processed_events: count(processed_events),
                     oldest_stuck: None,
@@ -201,6 +203,7 @@ impl AdminStore for PgStore {
                 let released: Option<AdminKeyRow> = sqlx::query_as(FORCE_RELEASE)
                     .bind(namespace)
                     .bind(key.as_str())
+                    .bind(audit.actor.as_str())
                     .fetch_optional(&mut *connection)
                     .await?;
                 let Some(released) = released else {

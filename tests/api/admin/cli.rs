@@ -32,13 +32,13 @@ pub(super) async fn admin(app: &TestApp, args: &[&str]) -> Run {
 }
 
 /// The binary's answer to `args` with `--output json`, which must succeed.
-async fn admin_json(app: &TestApp, args: &[&str]) -> Value {
+pub(super) async fn admin_json(app: &TestApp, args: &[&str]) -> Value {
     let args: Vec<&str> = args.iter().copied().chain(["--output", "json"]).collect();
     admin(app, &args).await.json()
 }
 
 /// `keys release` of `key` in the namespace, for `reason`.
-fn release<'a>(key: &'a str, reason: &'a str) -> [&'a str; 8] {
+pub(super) fn release<'a>(key: &'a str, reason: &'a str) -> [&'a str; 8] {
     [
         "keys",
         "release",
@@ -52,7 +52,7 @@ fn release<'a>(key: &'a str, reason: &'a str) -> [&'a str; 8] {
 }
 
 /// `keys list` in the namespace, filtered by `flag` `value`.
-fn list_with<'a>(flag: &'a str, value: &'a str) -> Vec<&'a str> {
+pub(super) fn list_with<'a>(flag: &'a str, value: &'a str) -> Vec<&'a str> {
     vec!["keys", "list", "--namespace", NAMESPACE, flag, value]
 }
 
