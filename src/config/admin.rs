@@ -142,6 +142,10 @@ pub enum KeysCommand {
         /// Start at this page (the `next page` of a previous answer).
         #[arg(long, default_value = "")]
         page_token: String,
+        /// Every column in the table (token, each time to the millisecond, expiry, response
+        /// bytes, who released it), not only those that fit 100 columns.
+        #[arg(long)]
+        wide: bool,
     },
     /// One key's whole record, its response and checkpoint included.
     Show {

@@ -344,20 +344,26 @@ impl KeySummary {
             "attempt": self.attempt,
             "lease_token": self.lease_token.get(),
             "attempt_id": self.attempt_id,
-            "lease_expires_at": self.lease_expires_at.to_rfc3339(),
-            "completed_at": self.completed_at.map(|at| at.to_rfc3339()),
-            "expires_at": self.expires_at.to_rfc3339(),
-            "retention_seconds": self.retention.as_secs_f64(),
+            "lease_expires_at": instant_text(self.lease_expires_at),
+            "completed_at": self.completed_at.map(instant_text),
+            "expires_at": instant_text(self.expires_at),
+            "retention_seconds": self.retention.as_secs(),
             "fingerprint_hex": hex::encode(&self.fingerprint),
             "response_bytes": self.response_bytes,
             "checkpoint_bytes": self.checkpoint_bytes,
-            "claimed_at": self.claimed_at.map(|at| at.to_rfc3339()),
+            "claimed_at": self.claimed_at.map(instant_text),
             "holder": self.holder,
             "released_by": self.released.as_ref().map(|(by, _)| by),
-            "released_at": self.released.as_ref().map(|(_, at)| at.to_rfc3339()),
+            "released_at": self.released.as_ref().map(|(_, at)| instant_text(*at)),
         })
         .to_string()
     }
+}
+
+/// An instant as every JSON of the admin API and its CLI writes it: RFC 3339 in UTC with `Z`,
+/// to the millisecond (the audit trail's records read like the listings).
+pub fn instant_text(at: Instant) -> String {
+    at.to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
 }
 
 /// A key's whole record.

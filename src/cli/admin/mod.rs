@@ -196,6 +196,7 @@ async fn execute(connection: &AdminConnection, command: AdminCommand) -> Result<
             claimed_before,
             limit,
             page_token,
+            wide,
         }) => {
             let state = match state {
                 None => pb::AdminKeyState::Unspecified,
@@ -221,7 +222,7 @@ async fn execute(connection: &AdminConnection, command: AdminCommand) -> Result<
                 ))
                 .await?
                 .into_inner();
-            print_keys(output, &answer);
+            print_keys(output, &answer, wide);
         }
         AdminCommand::Keys(KeysCommand::Show { namespace, key }) => {
             let answer = client
