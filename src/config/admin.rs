@@ -87,10 +87,18 @@ pub enum AdminCommand {
         #[arg(long)]
         namespace: String,
     },
-    /// A namespace's audit trail, newest first.
+    /// A namespace's audit trail, newest first: who released or erased what, when, why, and
+    /// the record before.
     Audit {
         #[arg(long)]
         namespace: String,
+        /// Only the events of this key (its releases and erasure).
+        #[arg(long, value_parser = clap::builder::NonEmptyStringValueParser::new())]
+        key: Option<String>,
+        /// Only the events of this operator, as the trail's ACTOR column names them (e.g.
+        /// token:oncall).
+        #[arg(long, value_parser = clap::builder::NonEmptyStringValueParser::new())]
+        actor: Option<String>,
         /// Events per page (1-1000).
         #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..=1000))]
         limit: u32,

@@ -419,6 +419,27 @@ impl AdminAction {
     }
 }
 
+/// Which audit events a page lists: those of a namespace, optionally of one key and of one
+/// operator (as the trail names them).
+#[derive(Debug, Clone)]
+pub struct AuditFilter {
+    pub namespace: Scope,
+    pub key: Option<Key>,
+    pub actor: Option<String>,
+}
+
+/// The longest operator name an audit filter takes (a certificate's subject can be long).
+const ACTOR_MAX_BYTES: usize = 1024;
+
+/// An operator to filter the audit trail by: empty for any, else as the trail names them.
+pub fn parse_actor_filter(raw: String) -> Result<Option<String>, Invalid> {
+    if raw.is_empty() {
+        return Ok(None);
+    }
+    super::values::at_most_bytes(raw.len(), ACTOR_MAX_BYTES)?;
+    Ok(Some(raw))
+}
+
 /// An audit event to record. The store stamps it with its clock and keeps it for `retention`.
 #[derive(Debug, Clone)]
 pub struct AuditEntry {

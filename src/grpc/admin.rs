@@ -11,8 +11,8 @@ use super::auth_layer::AdminCaller;
 use super::convert::timestamp;
 use super::status::{failed, invalid_argument};
 use crate::domain::admin::{
-    AdminKeyState, EraseBatch, ForceReleased, KeyFilter, KeyPrefix, KeySummary, PageCursor,
-    PageSize, Reason, decode_audit_token, encode_audit_token,
+    AdminKeyState, AuditFilter, EraseBatch, ForceReleased, KeyFilter, KeyPrefix, KeySummary,
+    PageCursor, PageSize, Reason, decode_audit_token, encode_audit_token, parse_actor_filter,
 };
 use crate::domain::{Instant, Invalid, Key, Scope};
 use crate::proto::idempotency::v1 as pb;
@@ -469,12 +469,26 @@ impl AdminService for AdminApi {
             let namespace = violations.check("namespace", Scope::parse(request.namespace));
             let page = violations.check("page_size", PageSize::parse(request.page_size));
             let before = violations.check("page_token", decode_audit_token(&request.page_token));
-            let (Some(namespace), Some(page), Some(before)) = (namespace, page, before) else {
+            let key = if request.key.is_empty() {
+                Some(None)
+            } else {
+                violations.check("key", Key::parse(request.key)).map(Some)
+            };
+            let actor = violations.check("actor", parse_actor_filter(request.actor));
+            let (Some(namespace), Some(page), Some(before), Some(key), Some(actor)) =
+                (namespace, page, before, key, actor)
+            else {
                 return Err(violations.into_status());
             };
+            let filter = AuditFilter {
+                namespace,
+                key,
+                actor,
+            };
+            let namespace = &filter.namespace;
             let (events, next) = self
                 .admin
-                .list_audit(&namespace, before, page)
+                .list_audit(&filter, before, page)
                 .await
                 .map_err(|error| store_failed(error, "ListAuditEvents", namespace.as_str()))?;
             Ok(Response::new(pb::ListAuditEventsResponse {

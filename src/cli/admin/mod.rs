@@ -292,6 +292,8 @@ async fn execute(connection: &AdminConnection, command: AdminCommand) -> Result<
         }
         AdminCommand::Audit {
             namespace,
+            key,
+            actor,
             limit,
             page_token,
         } => {
@@ -302,6 +304,8 @@ async fn execute(connection: &AdminConnection, command: AdminCommand) -> Result<
                         namespace,
                         page_size: limit,
                         page_token,
+                        key: key.unwrap_or_default(),
+                        actor: actor.unwrap_or_default(),
                     },
                 ))
                 .await?

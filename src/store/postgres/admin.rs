@@ -14,8 +14,8 @@ use super::sql::{
     REAP_AUDIT, RECORD_AUDIT, STUCK_KEYS,
 };
 use crate::domain::admin::{
-    AdminKeyState, AuditEntry, AuditEvent, EraseBatch, ForceReleased, FullKey, KeyFilter,
-    KeySummary, ListOrder, NamespaceStats, PageCursor, StuckSummary,
+    AdminKeyState, AuditEntry, AuditEvent, AuditFilter, EraseBatch, ForceReleased, FullKey,
+    KeyFilter, KeySummary, ListOrder, NamespaceStats, PageCursor, StuckSummary,
 };
 use crate::domain::{Instant, Key, Scope};
 use crate::store::admin::rows::{self, count, key_range, stuck_summary};
@@ -328,16 +328,18 @@ impl AdminStore for PgStore {
 
     async fn list_audit(
         &self,
-        namespace: &Scope,
+        filter: &AuditFilter,
         before: Option<i64>,
         limit: u32,
     ) -> Result<Vec<AuditEvent>, StoreError> {
         let rows: Vec<AuditRow> = self
             .fetch_all(
                 sqlx::query_as(LIST_AUDIT)
-                    .bind(namespace.as_str())
+                    .bind(filter.namespace.as_str())
                     .bind(before)
-                    .bind(i64::from(limit)),
+                    .bind(i64::from(limit))
+                    .bind(filter.key.as_ref().map(Key::as_str))
+                    .bind(filter.actor.as_deref()),
             )
             .await
             .map_err(classify)?;

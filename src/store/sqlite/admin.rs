@@ -11,8 +11,8 @@ use super::sql::{
     NAMESPACE_HAS_ROWS, NAMESPACE_STATS, REAP_AUDIT, RECORD_AUDIT, STUCK_KEYS,
 };
 use crate::domain::admin::{
-    AdminKeyState, AuditEntry, AuditEvent, EraseBatch, ForceReleased, FullKey, KeyFilter,
-    KeySummary, ListOrder, NamespaceStats, PageCursor, StuckSummary,
+    AdminKeyState, AuditEntry, AuditEvent, AuditFilter, EraseBatch, ForceReleased, FullKey,
+    KeyFilter, KeySummary, ListOrder, NamespaceStats, PageCursor, StuckSummary,
 };
 use crate::domain::{Key, Scope};
 use crate::store::admin::rows::{self, key_range, stuck_summary};
@@ -303,15 +303,17 @@ impl AdminStore for SqliteStore {
 
     async fn list_audit(
         &self,
-        namespace: &Scope,
+        filter: &AuditFilter,
         before: Option<i64>,
         limit: u32,
     ) -> Result<Vec<AuditEvent>, StoreError> {
         self.ensure_schema().await?;
         let rows: Vec<AuditRow> = sqlx::query_as(LIST_AUDIT)
-            .bind(namespace.as_str())
+            .bind(filter.namespace.as_str())
             .bind(before.unwrap_or(i64::MAX))
             .bind(i64::from(limit))
+            .bind(filter.key.as_ref().map(Key::as_str))
+            .bind(filter.actor.as_deref())
             .fetch_all(&self.readers)
             .await
             .map_err(classify)?;

@@ -315,7 +315,8 @@ VALUES (",
 pub(super) const LIST_AUDIT: &str = concat!(
     "SELECT id, at, actor, action, namespace, key, reason, record_before, outcome
 FROM admin_audit_events
-WHERE namespace = ?1 AND id < ?2 AND expires_at > ",
+WHERE namespace = ?1 AND id < ?2 AND (?4 IS NULL OR key = ?4) AND (?5 IS NULL OR actor = ?5)
+  AND expires_at > ",
     now_us!(),
     " ORDER BY id DESC LIMIT ?3"
 );

@@ -322,6 +322,7 @@ pub(in crate::store::postgres) const LIST_AUDIT: &str = r#"
 SELECT id, at, actor, action, namespace, key, reason, record_before, outcome
 FROM admin_audit_events
 WHERE namespace = $1 AND id < coalesce($2::bigint, 9223372036854775807) AND expires_at > now()
+  AND ($4::text IS NULL OR key = $4::text) AND ($5::text IS NULL OR actor = $5::text)
 ORDER BY id DESC
 LIMIT $3
 "#;
