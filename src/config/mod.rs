@@ -60,6 +60,21 @@ pub enum Command {
     /// Exit 0 when the service at --coordinator (or --addr) answers SERVING to a gRPC health
     /// check of idempotency.v1.IdempotencyService, 1 otherwise (for a container HEALTHCHECK).
     Healthcheck(HealthcheckArgs),
+    /// Print a shell completion script for this binary, made from the same flag definitions as
+    /// its --help (e.g. `source <(idempotency-coordinator completions bash)`).
+    Completions {
+        /// The shell: bash, zsh, fish, elvish or powershell.
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
+    /// Print this binary's man page, or with --out-dir write one page for it and one for each
+    /// of its commands (idempotency-coordinator-admin-keys-list.1, …), made from the same flag
+    /// definitions as its --help.
+    Man {
+        /// The folder to write every page into (made if missing), e.g. ~/.local/share/man/man1.
+        #[arg(long)]
+        out_dir: Option<std::path::PathBuf>,
+    },
     /// Run the HTTP gateway: a reverse proxy that gives the HTTP API at --upstream
     /// Idempotency-Key semantics, deciding everything through the coordinator at
     /// --coordinator (see docs/gateway.md).
