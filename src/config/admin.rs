@@ -83,13 +83,20 @@ pub enum AdminCommand {
     #[command(subcommand)]
     Keys(KeysCommand),
     /// A namespace's counts by state, its oldest stuck key and the bytes it stores.
+    #[command(after_help = "Example:\n  idempotency-coordinator admin stats --namespace payments")]
     Stats {
+        /// The namespace to count.
         #[arg(long)]
         namespace: String,
     },
     /// A namespace's audit trail, newest first: who released or erased what, when, why, and
     /// the record before.
+    #[command(
+        after_help = "Examples:\n  idempotency-coordinator admin audit --namespace payments\n  \
+idempotency-coordinator admin audit --namespace payments --key order-1042 --actor token:oncall"
+    )]
     Audit {
+        /// The namespace whose trail to read.
         #[arg(long)]
         namespace: String,
         /// Only the events of this key (its releases and erasure).
@@ -124,9 +131,16 @@ pub enum StateArg {
 #[derive(Debug, Clone, Subcommand)]
 pub enum KeysCommand {
     /// List a namespace's keys, a page at a time.
+    #[command(
+        after_help = "Examples:\n  idempotency-coordinator admin keys list --namespace payments \
+--state stuck\n  idempotency-coordinator admin keys list --namespace payments \
+--claimed-before 2026-12-04T03:00:00Z --wide"
+    )]
     List {
+        /// The namespace to list.
         #[arg(long)]
         namespace: String,
+        /// Only keys in this state (all when absent).
         #[arg(long, value_enum)]
         state: Option<StateArg>,
         /// Only keys that start with this.
@@ -156,16 +170,28 @@ pub enum KeysCommand {
         wide: bool,
     },
     /// One key's whole record, its response and checkpoint included.
+    #[command(
+        after_help = "Example:\n  idempotency-coordinator admin keys show --namespace payments \
+--key order-1042"
+    )]
     Show {
+        /// The key's namespace.
         #[arg(long)]
         namespace: String,
+        /// The key to show.
         #[arg(long)]
         key: String,
     },
     /// Release an in-progress (stuck) key whatever its lease token; recorded with the reason.
+    #[command(
+        after_help = "Example:\n  idempotency-coordinator admin keys release --namespace payments \
+--key order-1042 --reason \"worker pod crashed, INC-4711\""
+    )]
     Release {
+        /// The key's namespace.
         #[arg(long)]
         namespace: String,
+        /// The key to release.
         #[arg(long)]
         key: String,
         /// Why, for the audit trail (required).
@@ -174,8 +200,14 @@ pub enum KeysCommand {
     },
     /// Erase one key (--key) or every key and processed event of the namespace (--all),
     /// recorded with the reason; an erasure of the namespace shows its progress.
-    #[command(group = clap::ArgGroup::new("what").required(true).multiple(false))]
+    #[command(
+        group = clap::ArgGroup::new("what").required(true).multiple(false),
+        after_help = "Examples:\n  idempotency-coordinator admin keys erase --namespace payments \
+--key order-1042 --reason DPA-17\n  idempotency-coordinator admin keys erase \
+--namespace payments-tenant-42 --all --dry-run"
+    )]
     Erase {
+        /// The namespace to erase from (or, with --all, to erase).
         #[arg(long)]
         namespace: String,
         /// The key to erase (or --all).
