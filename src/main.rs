@@ -1,4 +1,5 @@
-//! `idempotency-coordinator [serve]`, `migrate`, `token`, `healthcheck`, `admin` and `gateway`:
+//! `idempotency-coordinator [serve]`, `migrate`, `token`, `healthcheck`, `admin`, `gateway`,
+//! `completions` and `man`:
 //! the command line parsed, logging set up, and each command handed to its place (`serve` to
 //! `startup`, the others to `cli`, `gateway` to the gateway crate).
 
@@ -26,23 +27,25 @@ async fn main() -> ExitCode {
         // A client: no logging, the answer on standard output, a failure on standard error.
         return cli::admin::run(*args).await;
     }
+    match &command {
+        Command::Completions { shell } => return cli::docs::completions(*shell),
+        Command::Man { out_dir } => return cli::docs::man(out_dir.as_deref()),
+        _ => {}
+    }
     let log_format = match &command {
         Command::Serve(args) => args.database.log_format,
         Command::Migrate(args) => args.database.log_format,
         Command::Gateway(args) if args.log_format == "json" => telemetry::LogFormat::Json,
-        Command::Token(_) | Command::Healthcheck(_) | Command::Gateway(_) | Command::Admin(_) => {
-            telemetry::LogFormat::Text
-        }
+        Command::Token(_)
+        | Command::Healthcheck(_)
+        | Command::Gateway(_)
+        | Command::Admin(_)
+        | Command::Completions { .. }
+        | Command::Man { .. } => telemetry::LogFormat::Text,
     };
     if let Command::Healthcheck(args) = &command {
         // No logging: the answer is the exit status (and one line on failure).
-        return match cli::healthcheck::check(args).await {
-            Ok(()) => ExitCode::SUCCESS,
-            Err(problem) => {
-                eprintln!("unhealthy: {problem}");
-                ExitCode::FAILURE
-            }
-        };
+        return cli::healthcheck::run(args).await;
     }
     let traces = match &command {
         Command::Serve(args) => match args.traces() {
@@ -114,7 +117,11 @@ async fn run(command: Command) -> anyhow::Result<()> {
             app.run_until_stopped(shutdown).await?;
         }
         Command::Migrate(args) => cli::migrate::run(&args).await?,
-        Command::Healthcheck(_) | Command::Admin(_) => {}
+        // Answered before logging was set up.
+        Command::Healthcheck(_)
+        | Command::Admin(_)
+        | Command::Completions { .. }
+        | Command::Man { .. } => {}
         Command::Gateway(args) => {
             let shutdown = CancellationToken::new();
             let stop = shutdown::on_stop_signals().context("installing signal handlers")?;

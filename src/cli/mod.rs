@@ -6,8 +6,11 @@
 //! - `healthcheck`: one `grpc.health.v1` Check, the answer in the exit status.
 //! - `token`: `token new`, a caller's token and its line for the tokens file.
 //! - `migrate`: the store's migrations, and `--grant-to`.
+//! - `completions`, `man`: the binary's completion scripts and man pages (`docs`).
 
 pub mod admin;
+pub mod docs;
 pub mod healthcheck;
 pub mod migrate;
 pub mod token;
+pub mod transport;

@@ -8,6 +8,8 @@ use std::time::Duration;
 use clap::{Args, Subcommand, ValueEnum};
 use idempotency_settings::{Bounds, SettingError, parse_duration};
 
+use super::coordinator::{CoordinatorTarget, TargetFlags};
+
 #[derive(Debug, Clone, Args)]
 pub struct AdminArgs {
     #[command(flatten)]
@@ -81,14 +83,29 @@ pub enum AdminCommand {
     #[command(subcommand)]
     Keys(KeysCommand),
     /// A namespace's counts by state, its oldest stuck key and the bytes it stores.
+    #[command(after_help = "Example:\n  idempotency-coordinator admin stats --namespace payments")]
     Stats {
+        /// The namespace to count.
         #[arg(long)]
         namespace: String,
     },
-    /// A namespace's audit trail, newest first.
+    /// A namespace's audit trail, newest first: who released or erased what, when, why, and
+    /// the record before.
+    #[command(
+        after_help = "Examples:\n  idempotency-coordinator admin audit --namespace payments\n  \
+idempotency-coordinator admin audit --namespace payments --key order-1042 --actor token:oncall"
+    )]
     Audit {
+        /// The namespace whose trail to read.
         #[arg(long)]
         namespace: String,
+        /// Only the events of this key (its releases and erasure).
+        #[arg(long, value_parser = clap::builder::NonEmptyStringValueParser::new())]
+        key: Option<String>,
+        /// Only the events of this operator, as the trail's ACTOR column names them (e.g.
+        /// token:oncall).
+        #[arg(long, value_parser = clap::builder::NonEmptyStringValueParser::new())]
+        actor: Option<String>,
         /// Events per page (1-1000).
         #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..=1000))]
         limit: u32,
@@ -104,15 +121,26 @@ pub enum StateArg {
     InProgress,
     /// In progress, the lease run out: the holder most likely crashed.
     Stuck,
+    /// Completed: its response is replayed.
     Completed,
+    /// Released by an operator (`keys release`), claimed by nobody since: the next claim
+    /// takes it over.
+    Released,
 }
 
 #[derive(Debug, Clone, Subcommand)]
 pub enum KeysCommand {
     /// List a namespace's keys, a page at a time.
+    #[command(
+        after_help = "Examples:\n  idempotency-coordinator admin keys list --namespace payments \
+--state stuck\n  idempotency-coordinator admin keys list --namespace payments \
+--claimed-before 2026-12-04T03:00:00Z --wide"
+    )]
     List {
+        /// The namespace to list.
         #[arg(long)]
         namespace: String,
+        /// Only keys in this state (all when absent).
         #[arg(long, value_enum)]
         state: Option<StateArg>,
         /// Only keys that start with this.
@@ -136,18 +164,34 @@ pub enum KeysCommand {
         /// Start at this page (the `next page` of a previous answer).
         #[arg(long, default_value = "")]
         page_token: String,
+        /// Every column in the table (token, each time to the millisecond, expiry, response
+        /// bytes, who released it), not only those that fit 100 columns.
+        #[arg(long)]
+        wide: bool,
     },
     /// One key's whole record, its response and checkpoint included.
+    #[command(
+        after_help = "Example:\n  idempotency-coordinator admin keys show --namespace payments \
+--key order-1042"
+    )]
     Show {
+        /// The key's namespace.
         #[arg(long)]
         namespace: String,
+        /// The key to show.
         #[arg(long)]
         key: String,
     },
     /// Release an in-progress (stuck) key whatever its lease token; recorded with the reason.
+    #[command(
+        after_help = "Example:\n  idempotency-coordinator admin keys release --namespace payments \
+--key order-1042 --reason \"worker pod crashed, INC-4711\""
+    )]
     Release {
+        /// The key's namespace.
         #[arg(long)]
         namespace: String,
+        /// The key to release.
         #[arg(long)]
         key: String,
         /// Why, for the audit trail (required).
@@ -156,8 +200,14 @@ pub enum KeysCommand {
     },
     /// Erase one key (--key) or every key and processed event of the namespace (--all),
     /// recorded with the reason; an erasure of the namespace shows its progress.
-    #[command(group = clap::ArgGroup::new("what").required(true).multiple(false))]
+    #[command(
+        group = clap::ArgGroup::new("what").required(true).multiple(false),
+        after_help = "Examples:\n  idempotency-coordinator admin keys erase --namespace payments \
+--key order-1042 --reason DPA-17\n  idempotency-coordinator admin keys erase \
+--namespace payments-tenant-42 --all --dry-run"
+    )]
     Erase {
+        /// The namespace to erase from (or, with --all, to erase).
         #[arg(long)]
         namespace: String,
         /// The key to erase (or --all).
@@ -187,10 +237,7 @@ pub enum KeysCommand {
 /// The connection settings, checked.
 #[derive(Debug, Clone)]
 pub struct AdminConnection {
-    pub coordinator: String,
-    pub ca: Option<Vec<u8>>,
-    /// The client certificate and its key (PEM), for mutual TLS.
-    pub identity: Option<(Vec<u8>, Vec<u8>)>,
+    pub target: CoordinatorTarget,
     pub token: Option<String>,
     pub timeout: Duration,
     pub output: OutputFormat,
@@ -201,59 +248,13 @@ const TIMEOUT: Bounds = Bounds::new(Duration::from_millis(100), Duration::from_s
 impl AdminConnectionArgs {
     pub fn settings(&self) -> Result<AdminConnection, SettingError> {
         let invalid = |flag: &'static str, problem: String| SettingError::new(flag, problem);
-        let https = self.coordinator.starts_with("https://");
-        let authority = self
-            .coordinator
-            .strip_prefix("http://")
-            .or_else(|| self.coordinator.strip_prefix("https://"))
-            .map(|rest| rest.trim_end_matches('/'))
-            .filter(|authority| {
-                !authority.is_empty()
-                    && !authority.contains(['/', '?', '#', ' '])
-                    && authority
-                        .rsplit_once(':')
-                        .is_some_and(|(host, port)| !host.is_empty() && port.parse::<u16>().is_ok())
-            });
-        if authority.is_none() {
-            return Err(invalid(
-                "coordinator",
-                format!(
-                    "{:?} must be http://host:port or https://host:port",
-                    self.coordinator
-                ),
-            ));
+        let target = TargetFlags {
+            coordinator: &self.coordinator,
+            coordinator_ca: self.coordinator_ca.as_deref(),
+            client_cert: self.client_cert.as_deref(),
+            client_key: self.client_key.as_deref(),
         }
-        if https && self.coordinator_ca.is_none() {
-            return Err(invalid(
-                "coordinator-ca",
-                "an https:// --coordinator needs the CA that signed its certificate".into(),
-            ));
-        }
-        if !https && self.client_cert.is_some() {
-            return Err(invalid(
-                "client-cert",
-                "a client certificate is shown over TLS only: --coordinator must be https://"
-                    .into(),
-            ));
-        }
-        let read = |flag: &'static str, path: &Option<PathBuf>| match path {
-            Some(path) => std::fs::read(path)
-                .map(Some)
-                .map_err(|error| invalid(flag, format!("cannot read {}: {error}", path.display()))),
-            None => Ok(None),
-        };
-        let ca = read("coordinator-ca", &self.coordinator_ca)?;
-        // A file that is no PEM certificate would only fail later, as "not trusted".
-        if let (Some(ca), Some(path)) = (&ca, &self.coordinator_ca)
-            && !String::from_utf8_lossy(ca).contains("-----BEGIN CERTIFICATE-----")
-        {
-            return Err(invalid(
-                "coordinator-ca",
-                format!("{} holds no PEM certificate", path.display()),
-            ));
-        }
-        let identity =
-            read("client-cert", &self.client_cert)?.zip(read("client-key", &self.client_key)?);
+        .check()?;
         let token = match &self.token_file {
             Some(path) => {
                 let text = std::fs::read_to_string(path).map_err(|error| {
@@ -274,9 +275,7 @@ impl AdminConnectionArgs {
             None => None,
         };
         Ok(AdminConnection {
-            coordinator: self.coordinator.clone(),
-            ca,
-            identity,
+            target,
             token,
             timeout: TIMEOUT.check_setting("timeout", self.timeout)?,
             output: self.output,

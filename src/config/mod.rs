@@ -9,6 +9,8 @@
 
 pub mod admin;
 mod connections;
+pub mod coordinator;
+mod healthcheck;
 mod security;
 mod serve;
 mod store;
@@ -16,13 +18,10 @@ mod telemetry;
 #[cfg(test)]
 mod tests;
 
-use std::net::SocketAddr;
-use std::time::Duration;
-
-use clap::{Args, Parser, Subcommand};
-use idempotency_settings::{Bounds, parse_duration};
+use clap::{Parser, Subcommand};
 
 pub use connections::{ConnectionArgs, ConnectionSettings};
+pub use healthcheck::HealthcheckArgs;
 pub use idempotency_settings::SettingError;
 pub use security::{SecurityArgs, SecuritySettings, TlsFiles};
 pub use serve::{ServeArgs, Settings};
@@ -49,8 +48,16 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Serve the gRPC API (the default).
+    #[command(
+        after_help = "Example:\n  idempotency-coordinator serve --database-url \
+postgres://idempotency_service@db:5432/idempotency --listen 0.0.0.0:50051"
+    )]
     Serve(Box<ServeArgs>),
     /// Apply the schema migrations and exit.
+    #[command(
+        after_help = "Example:\n  idempotency-coordinator migrate --database-url \
+postgres://idempotency_migrator@db:5432/idempotency --grant-to idempotency_service"
+    )]
     Migrate(MigrateArgs),
     /// Manage callers' bearer tokens.
     #[command(subcommand)]
@@ -58,44 +65,50 @@ pub enum Command {
     /// The operator's tools over a running coordinator's admin API: find stuck keys, read a
     /// key's record, release or erase keys, namespace statistics, the audit trail.
     Admin(Box<admin::AdminArgs>),
-    /// Exit 0 when the service at --addr answers SERVING to a gRPC health check of
-    /// idempotency.v1.IdempotencyService, 1 otherwise (for a container HEALTHCHECK).
+    /// Exit 0 when the service at --coordinator (or --addr) answers SERVING to a gRPC health
+    /// check of idempotency.v1.IdempotencyService, 1 otherwise (for a container HEALTHCHECK).
+    #[command(after_help = "Examples:\n  idempotency-coordinator healthcheck\n  \
+idempotency-coordinator healthcheck --coordinator https://coordinator:50051 \
+--coordinator-ca ca.pem --timeout 2s")]
     Healthcheck(HealthcheckArgs),
+    /// Print a shell completion script for this binary, made from the same flag definitions as
+    /// its --help (e.g. `source <(idempotency-coordinator completions bash)`).
+    #[command(after_help = "Example:\n  source <(idempotency-coordinator completions bash)")]
+    Completions {
+        /// The shell: bash, zsh, fish, elvish or powershell.
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
+    /// Print this binary's man page, or with --out-dir write one page for it and one for each
+    /// of its commands (idempotency-coordinator-admin-keys-list.1, …), made from the same flag
+    /// definitions as its --help.
+    #[command(
+        after_help = "Example:\n  idempotency-coordinator man --out-dir ~/.local/share/man/man1"
+    )]
+    Man {
+        /// The folder to write every page into (made if missing), e.g. ~/.local/share/man/man1.
+        #[arg(long)]
+        out_dir: Option<std::path::PathBuf>,
+    },
     /// Run the HTTP gateway: a reverse proxy that gives the HTTP API at --upstream
     /// Idempotency-Key semantics, deciding everything through the coordinator at
     /// --coordinator (see docs/gateway.md).
-    #[command(args_override_self = true)]
-    Gateway(Box<idempotency_gateway::Args>),
-}
-
-#[derive(Debug, Clone, Args)]
-pub struct HealthcheckArgs {
-    /// The service's gRPC address (plaintext).
-    #[arg(
-        long,
-        env = "IDEMPOTENCY_HEALTHCHECK_ADDR",
-        default_value = "127.0.0.1:50051"
+    #[command(
+        args_override_self = true,
+        after_help = "Example:\n  idempotency-coordinator gateway --listen 127.0.0.1:8080 \
+--upstream http://127.0.0.1:3000 --coordinator http://127.0.0.1:50051 --namespace orders"
     )]
-    pub addr: SocketAddr,
-
-    /// How long connecting and the check may take together (100ms-60s).
-    #[arg(long, env = "IDEMPOTENCY_HEALTHCHECK_TIMEOUT", default_value = "5s",
-          value_parser = parse_healthcheck_timeout)]
-    pub timeout: Duration,
-}
-
-/// How long `healthcheck` may take: connecting and the check together.
-const HEALTHCHECK_TIMEOUT: Bounds =
-    Bounds::new(Duration::from_millis(100), Duration::from_secs(60));
-
-fn parse_healthcheck_timeout(text: &str) -> Result<Duration, String> {
-    HEALTHCHECK_TIMEOUT.check(parse_duration(text)?)
+    Gateway(Box<idempotency_gateway::Args>),
 }
 
 #[derive(Debug, Subcommand)]
 pub enum TokenCommand {
     /// Make a new token: prints the token (give it to the caller; it is shown only here) and
     /// the line to add to the tokens file (which holds only the token's hash).
+    #[command(
+        after_help = "Example:\n  idempotency-coordinator token new --name oncall \
+--scopes 'payments,payments-*' --admin write"
+    )]
     New {
         /// A name for the caller, shown in logs: [A-Za-z0-9._-]+.
         #[arg(long)]

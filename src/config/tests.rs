@@ -1,3 +1,5 @@
+use std::time::Duration;
+
 use super::*;
 use crate::store::{Pooler, StoreLocation};
 
@@ -468,4 +470,39 @@ fn postgresql_needs_room_for_held_keys_in_the_pool_and_behind_the_pooler() {
             "{out_of_range}"
         );
     }
+}
+
+/// Every flag and argument of every command has help text, and every command that runs
+/// something shows an example in its help: `--help`, the man pages and the completions are all
+/// made from these definitions.
+#[test]
+fn every_flag_has_help_and_every_command_an_example() {
+    use clap::CommandFactory;
+    fn walk(command: &clap::Command, path: &str, missing: &mut Vec<String>) {
+        for arg in command.get_arguments() {
+            let id = arg.get_id().as_str();
+            if matches!(id, "help" | "version") {
+                continue;
+            }
+            if arg.get_help().is_none() && arg.get_long_help().is_none() {
+                missing.push(format!("{path} --{id}: no help"));
+            }
+        }
+        let runs = command.get_subcommands().next().is_none();
+        if runs && command.get_name() != "help" {
+            let example = command
+                .get_after_help()
+                .map(|text| text.to_string())
+                .unwrap_or_default();
+            if !example.contains("Example") {
+                missing.push(format!("{path}: no example"));
+            }
+        }
+        for sub in command.get_subcommands() {
+            walk(sub, &format!("{path} {}", sub.get_name()), missing);
+        }
+    }
+    let mut missing = Vec::new();
+    walk(&Cli::command(), "idempotency-coordinator", &mut missing);
+    assert!(missing.is_empty(), "{}", missing.join("\n"));
 }

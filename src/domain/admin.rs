@@ -17,15 +17,19 @@ pub enum AdminKeyState {
     /// In progress, its lease run out, nobody having taken it over.
     Stuck,
     Completed,
+    /// In progress, released by an operator (ForceRelease) and not yet claimed again: nobody
+    /// holds it, and the next claim takes it over. Not stuck: the operator has dealt with it.
+    Released,
 }
 
 impl AdminKeyState {
-    /// The code both stores compute in SQL (`state_code`): 1, 2, 3.
+    /// The code both stores compute in SQL (`state_code`): 1, 2, 3, 4.
     pub fn from_code(code: i64) -> Option<Self> {
         match code {
             1 => Some(Self::InProgress),
             2 => Some(Self::Stuck),
             3 => Some(Self::Completed),
+            4 => Some(Self::Released),
             _ => None,
         }
     }
@@ -35,6 +39,7 @@ impl AdminKeyState {
             Self::InProgress => 1,
             Self::Stuck => 2,
             Self::Completed => 3,
+            Self::Released => 4,
         }
     }
 
@@ -43,7 +48,13 @@ impl AdminKeyState {
             Self::InProgress => "in_progress",
             Self::Stuck => "stuck",
             Self::Completed => "completed",
+            Self::Released => "released",
         }
+    }
+
+    /// Whether the key is in progress (live, stuck or released): not completed.
+    pub fn in_progress(self) -> bool {
+        self != Self::Completed
     }
 }
 
@@ -200,8 +211,8 @@ impl KeyFilter {
             return ListOrder::Key;
         }
         match self.state {
-            Some(AdminKeyState::InProgress | AdminKeyState::Stuck) => ListOrder::Lease,
-            Some(AdminKeyState::Completed) => ListOrder::Completion,
+            Some(state) if state.in_progress() => ListOrder::Lease,
+            Some(_) => ListOrder::Completion,
             None if self.completed_after.is_some() || self.completed_before.is_some() => {
                 ListOrder::Completion
             }
@@ -221,10 +232,8 @@ impl KeyFilter {
     /// a claim time (the keys an operator asks "who holds it, since when" about; a completed
     /// key is found by its completion time).
     pub fn in_progress_only(&self) -> bool {
-        matches!(
-            self.state,
-            Some(AdminKeyState::InProgress | AdminKeyState::Stuck)
-        ) || self.claimed_after.is_some()
+        self.state.is_some_and(AdminKeyState::in_progress)
+            || self.claimed_after.is_some()
             || self.claimed_before.is_some()
     }
 }
@@ -321,6 +330,9 @@ pub struct KeySummary {
     pub claimed_at: Option<Instant>,
     /// Who made that claim ([`super::Holder`]); `None` when callers are anonymous.
     pub holder: Option<String>,
+    /// While the key is [`AdminKeyState::Released`]: who released it (as the audit trail names
+    /// them) and when.
+    pub released: Option<(String, Instant)>,
 }
 
 impl KeySummary {
@@ -332,18 +344,26 @@ impl KeySummary {
             "attempt": self.attempt,
             "lease_token": self.lease_token.get(),
             "attempt_id": self.attempt_id,
-            "lease_expires_at": self.lease_expires_at.to_rfc3339(),
-            "completed_at": self.completed_at.map(|at| at.to_rfc3339()),
-            "expires_at": self.expires_at.to_rfc3339(),
-            "retention_seconds": self.retention.as_secs_f64(),
+            "lease_expires_at": instant_text(self.lease_expires_at),
+            "completed_at": self.completed_at.map(instant_text),
+            "expires_at": instant_text(self.expires_at),
+            "retention_seconds": self.retention.as_secs(),
             "fingerprint_hex": hex::encode(&self.fingerprint),
             "response_bytes": self.response_bytes,
             "checkpoint_bytes": self.checkpoint_bytes,
-            "claimed_at": self.claimed_at.map(|at| at.to_rfc3339()),
+            "claimed_at": self.claimed_at.map(instant_text),
             "holder": self.holder,
+            "released_by": self.released.as_ref().map(|(by, _)| by),
+            "released_at": self.released.as_ref().map(|(_, at)| instant_text(*at)),
         })
         .to_string()
     }
+}
+
+/// An instant as every JSON of the admin API and its CLI writes it: RFC 3339 in UTC with `Z`,
+/// to the millisecond (the audit trail's records read like the listings).
+pub fn instant_text(at: Instant) -> String {
+    at.to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
 }
 
 /// A key's whole record.
@@ -358,7 +378,10 @@ pub struct FullKey {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NamespaceStats {
     pub in_progress: u64,
+    /// Stuck keys, the released ones not among them.
     pub stuck: u64,
+    /// Keys released by an operator that no claim has taken since.
+    pub released: u64,
     pub completed: u64,
     pub processed_events: u64,
     /// The stuck key whose lease ran out first, and when.
@@ -394,6 +417,27 @@ impl AdminAction {
             Self::EraseNamespaceDone => "erase_namespace_done",
         }
     }
+}
+
+/// Which audit events a page lists: those of a namespace, optionally of one key and of one
+/// operator (as the trail names them).
+#[derive(Debug, Clone)]
+pub struct AuditFilter {
+    pub namespace: Scope,
+    pub key: Option<Key>,
+    pub actor: Option<String>,
+}
+
+/// The longest operator name an audit filter takes (a certificate's subject can be long).
+const ACTOR_MAX_BYTES: usize = 1024;
+
+/// An operator to filter the audit trail by: empty for any, else as the trail names them.
+pub fn parse_actor_filter(raw: String) -> Result<Option<String>, Invalid> {
+    if raw.is_empty() {
+        return Ok(None);
+    }
+    super::values::at_most_bytes(raw.len(), ACTOR_MAX_BYTES)?;
+    Ok(Some(raw))
 }
 
 /// An audit event to record. The store stamps it with its clock and keeps it for `retention`.

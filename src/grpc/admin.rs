@@ -11,8 +11,8 @@ use super::auth_layer::AdminCaller;
 use super::convert::timestamp;
 use super::status::{failed, invalid_argument};
 use crate::domain::admin::{
-    AdminKeyState, EraseBatch, ForceReleased, KeyFilter, KeyPrefix, KeySummary, PageCursor,
-    PageSize, Reason, decode_audit_token, encode_audit_token,
+    AdminKeyState, AuditFilter, EraseBatch, ForceReleased, KeyFilter, KeyPrefix, KeySummary,
+    PageCursor, PageSize, Reason, decode_audit_token, encode_audit_token, parse_actor_filter,
 };
 use crate::domain::{Instant, Invalid, Key, Scope};
 use crate::proto::idempotency::v1 as pb;
@@ -108,6 +108,7 @@ fn state_filter(raw: i32) -> Result<Option<AdminKeyState>, Invalid> {
         Ok(pb::AdminKeyState::InProgress) => Ok(Some(AdminKeyState::InProgress)),
         Ok(pb::AdminKeyState::Stuck) => Ok(Some(AdminKeyState::Stuck)),
         Ok(pb::AdminKeyState::Completed) => Ok(Some(AdminKeyState::Completed)),
+        Ok(pb::AdminKeyState::Released) => Ok(Some(AdminKeyState::Released)),
         Err(_) => Err(Invalid(format!("{raw} is not an AdminKeyState"))),
     }
 }
@@ -117,6 +118,7 @@ fn state_message(state: AdminKeyState) -> pb::AdminKeyState {
         AdminKeyState::InProgress => pb::AdminKeyState::InProgress,
         AdminKeyState::Stuck => pb::AdminKeyState::Stuck,
         AdminKeyState::Completed => pb::AdminKeyState::Completed,
+        AdminKeyState::Released => pb::AdminKeyState::Released,
     }
 }
 
@@ -136,6 +138,12 @@ pub fn key_entry(summary: KeySummary) -> pb::AdminKeyEntry {
         attempt_id: summary.attempt_id.unwrap_or_default(),
         claimed_at: summary.claimed_at.map(timestamp),
         holder: summary.holder.unwrap_or_default(),
+        released_by: summary
+            .released
+            .as_ref()
+            .map(|(by, _)| by.clone())
+            .unwrap_or_default(),
+        released_at: summary.released.map(|(_, at)| timestamp(at)),
     }
 }
 
@@ -339,6 +347,7 @@ impl AdminService for AdminApi {
             Ok(Response::new(pb::NamespaceStatsResponse {
                 in_progress_keys: stats.in_progress,
                 stuck_keys: stats.stuck,
+                released_keys: stats.released,
                 completed_keys: stats.completed,
                 processed_events: stats.processed_events,
                 oldest_stuck_key: oldest_key,
@@ -460,12 +469,26 @@ impl AdminService for AdminApi {
             let namespace = violations.check("namespace", Scope::parse(request.namespace));
             let page = violations.check("page_size", PageSize::parse(request.page_size));
             let before = violations.check("page_token", decode_audit_token(&request.page_token));
-            let (Some(namespace), Some(page), Some(before)) = (namespace, page, before) else {
+            let key = if request.key.is_empty() {
+                Some(None)
+            } else {
+                violations.check("key", Key::parse(request.key)).map(Some)
+            };
+            let actor = violations.check("actor", parse_actor_filter(request.actor));
+            let (Some(namespace), Some(page), Some(before), Some(key), Some(actor)) =
+                (namespace, page, before, key, actor)
+            else {
                 return Err(violations.into_status());
             };
+            let filter = AuditFilter {
+                namespace,
+                key,
+                actor,
+            };
+            let namespace = &filter.namespace;
             let (events, next) = self
                 .admin
-                .list_audit(&namespace, before, page)
+                .list_audit(&filter, before, page)
                 .await
                 .map_err(|error| store_failed(error, "ListAuditEvents", namespace.as_str()))?;
             Ok(Response::new(pb::ListAuditEventsResponse {

@@ -17,8 +17,8 @@ use tokio_util::task::TaskTracker;
 use super::ReplayCache;
 use super::held_keys::{EraseKey, ForceRelease, HeldKeys, RunsAlone};
 use crate::domain::admin::{
-    AdminAction, AuditEntry, AuditEvent, EraseBatch, ForceReleased, FullKey, KeyFilter, KeySummary,
-    NamespaceStats, PageCursor, PageSize, Reason,
+    AdminAction, AuditEntry, AuditEvent, AuditFilter, EraseBatch, ForceReleased, FullKey,
+    KeyFilter, KeySummary, NamespaceStats, PageCursor, PageSize, Reason,
 };
 use crate::domain::{Key, Scope};
 use crate::store::{AdminStore, AnyStore, EraseCursor, Erasure, StoreError};
@@ -343,13 +343,13 @@ impl Admin {
 
     pub async fn list_audit(
         &self,
-        namespace: &Scope,
+        filter: &AuditFilter,
         before: Option<i64>,
         page: PageSize,
     ) -> Result<(Vec<AuditEvent>, Option<i64>), StoreError> {
         let mut events = self
             .store
-            .list_audit(namespace, before, page.get() + 1)
+            .list_audit(filter, before, page.get() + 1)
             .await?;
         let more = events.len() > page.get() as usize;
         events.truncate(page.get() as usize);

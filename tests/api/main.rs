@@ -4,6 +4,7 @@
 mod support;
 
 mod admin;
+mod cli_docs;
 mod clock_skew;
 mod coalescing;
 mod complete;

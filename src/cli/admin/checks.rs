@@ -38,6 +38,7 @@ pub(super) fn check_filters(filters: &TimeFilters<'_>) -> Result<(), Failure> {
     let state_name = match filters.state {
         Some(StateArg::InProgress) => Some("in-progress"),
         Some(StateArg::Stuck) => Some("stuck"),
+        Some(StateArg::Released) => Some("released"),
         _ => None,
     };
     if let (Some(flag), Some(state)) = (given(&completed), state_name) {

@@ -9,7 +9,6 @@ mod checks;
 mod erase;
 mod print;
 mod progress;
-mod transport;
 
 use std::process::ExitCode;
 use std::time::Duration;
@@ -17,12 +16,16 @@ use std::time::Duration;
 use tonic::metadata::{Ascii, MetadataValue};
 use tonic::service::Interceptor;
 use tonic::service::interceptor::InterceptedService;
-use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
+use tonic::transport::Channel;
 use tonic::{Request, Status};
 
-use crate::config::admin::{AdminArgs, AdminCommand, AdminConnection, KeysCommand, StateArg};
+use crate::config::admin::{
+    AdminArgs, AdminCommand, AdminConnection, KeysCommand, OutputFormat, StateArg,
+};
 use crate::proto::idempotency::v1 as pb;
 use crate::proto::idempotency::v1::admin_service_client::AdminServiceClient;
+
+use super::transport::{self, Unreached};
 
 use self::checks::{TimeFilters, check_filters, instant_flag};
 use self::erase::{Erase, erase};
@@ -53,12 +56,22 @@ enum Failure {
     Call(String),
     /// The coordinator could not be reached, for this cause (exit 1).
     Transport(String),
+    /// The call answered this status (exit 1), put in words by `from_status`.
+    Status(Status),
 }
 
 impl From<Status> for Failure {
-    /// The status as the API gave it: its code, its ErrorInfo reason (the one scripts and
-    /// operators tell causes apart by, e.g. `ADMIN_WRITE_REQUIRED`) and its message.
     fn from(status: Status) -> Self {
+        Self::Status(status)
+    }
+}
+
+impl Failure {
+    /// A failed call in words: a transport's failure by its cause (`over_tls` tells a closed
+    /// TLS connection from a plain one), any other status as the API gave it: its code, its
+    /// ErrorInfo reason (the one scripts and operators tell causes apart by, e.g.
+    /// `ADMIN_WRITE_REQUIRED`) and its message.
+    fn from_status(status: &Status, over_tls: bool) -> Self {
         use tonic_types::StatusExt;
         if matches!(
             status.code(),
@@ -66,8 +79,8 @@ impl From<Status> for Failure {
                 | tonic::Code::Unknown
                 | tonic::Code::Cancelled
                 | tonic::Code::Internal
-        ) && let Some(cause) =
-            std::error::Error::source(&status).and_then(transport::transport_cause)
+        ) && let Some(cause) = std::error::Error::source(status)
+            .and_then(|error| transport::transport_cause(error, over_tls))
         {
             return Self::Transport(cause);
         }
@@ -93,37 +106,43 @@ pub async fn run(args: AdminArgs) -> ExitCode {
     };
     match execute(&connection, args.command).await {
         Ok(()) => ExitCode::SUCCESS,
-        Err(Failure::Usage(problem)) => {
+        Err(failure) => report(failure, &connection),
+    }
+}
+
+/// Says why the command failed, on standard error, and gives its exit status.
+fn report(failure: Failure, connection: &AdminConnection) -> ExitCode {
+    match failure {
+        Failure::Usage(problem) => {
             eprintln!("error: {problem}");
             ExitCode::from(2)
         }
-        Err(Failure::Call(problem)) => {
+        Failure::Call(problem) => {
             eprintln!("error: {problem}");
             ExitCode::FAILURE
         }
-        Err(Failure::Transport(cause)) => {
-            eprintln!("error: cannot reach {}: {cause}", connection.coordinator);
+        Failure::Transport(cause) => {
+            eprintln!(
+                "error: cannot reach {}: {cause}",
+                connection.target.coordinator
+            );
             ExitCode::FAILURE
         }
+        // `from_status` makes a `Call` or a `Transport`, never a `Status`.
+        Failure::Status(status) => report(
+            Failure::from_status(&status, connection.target.ca.is_some()),
+            connection,
+        ),
     }
 }
 
 async fn connect(connection: &AdminConnection) -> Result<Client, Failure> {
-    let mut endpoint = Endpoint::from_shared(connection.coordinator.clone())
-        .map_err(|error| Failure::Usage(format!("--coordinator: {error}")))?
-        .connect_timeout(Duration::from_secs(5));
-    if let Some(ca) = &connection.ca {
-        let mut tls = ClientTlsConfig::new().ca_certificate(Certificate::from_pem(ca));
-        if let Some((certificate, key)) = &connection.identity {
-            tls = tls.identity(Identity::from_pem(certificate, key));
-        }
-        endpoint = endpoint
-            .tls_config(tls)
-            .map_err(|error| Failure::Usage(format!("--coordinator-ca: {error}")))?;
-    }
-    let channel = endpoint.connect().await.map_err(|error| {
-        Failure::Transport(transport::transport_cause(&error).unwrap_or_else(|| error.to_string()))
-    })?;
+    let channel = transport::channel(&connection.target, Duration::from_secs(5))
+        .await
+        .map_err(|unreached| match unreached {
+            Unreached::Flags(problem) => Failure::Usage(problem),
+            Unreached::Transport(cause) => Failure::Transport(cause),
+        })?;
     let bearer = match &connection.token {
         Some(token) => Some(
             format!("Bearer {token}")
@@ -177,12 +196,14 @@ async fn execute(connection: &AdminConnection, command: AdminCommand) -> Result<
             claimed_before,
             limit,
             page_token,
+            wide,
         }) => {
             let state = match state {
                 None => pb::AdminKeyState::Unspecified,
                 Some(StateArg::InProgress) => pb::AdminKeyState::InProgress,
                 Some(StateArg::Stuck) => pb::AdminKeyState::Stuck,
                 Some(StateArg::Completed) => pb::AdminKeyState::Completed,
+                Some(StateArg::Released) => pb::AdminKeyState::Released,
             };
             let answer = client
                 .list_keys(request(
@@ -201,7 +222,7 @@ async fn execute(connection: &AdminConnection, command: AdminCommand) -> Result<
                 ))
                 .await?
                 .into_inner();
-            print_keys(output, &answer);
+            print_keys(output, &answer, wide);
         }
         AdminCommand::Keys(KeysCommand::Show { namespace, key }) => {
             let answer = client
@@ -234,6 +255,9 @@ async fn execute(connection: &AdminConnection, command: AdminCommand) -> Result<
                 before,
                 answer.released.as_ref(),
             );
+            if output == OutputFormat::Table {
+                println!("{RELEASED_NEXT}");
+            }
         }
         AdminCommand::Keys(KeysCommand::Erase {
             namespace,
@@ -268,6 +292,8 @@ async fn execute(connection: &AdminConnection, command: AdminCommand) -> Result<
         }
         AdminCommand::Audit {
             namespace,
+            key,
+            actor,
             limit,
             page_token,
         } => {
@@ -278,6 +304,8 @@ async fn execute(connection: &AdminConnection, command: AdminCommand) -> Result<
                         namespace,
                         page_size: limit,
                         page_token,
+                        key: key.unwrap_or_default(),
+                        actor: actor.unwrap_or_default(),
                     },
                 ))
                 .await?

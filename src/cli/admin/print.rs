@@ -4,12 +4,15 @@
 use serde_json::{Value, json};
 
 use crate::config::admin::OutputFormat;
+use crate::domain::admin::instant_text;
 use crate::proto::idempotency::v1 as pb;
 
+/// A timestamp as every output writes it (`domain::admin::instant_text`: RFC 3339, `Z`, to the
+/// millisecond), or nothing for none.
 pub(super) fn time_text(timestamp: Option<&prost_types::Timestamp>) -> String {
     timestamp
         .and_then(|t| chrono::DateTime::from_timestamp(t.seconds, u32::try_from(t.nanos).ok()?))
-        .map(|at| at.to_rfc3339_opts(chrono::SecondsFormat::Millis, true))
+        .map(instant_text)
         .unwrap_or_default()
 }
 
@@ -18,9 +21,15 @@ pub(super) fn state_text(state: i32) -> &'static str {
         Ok(pb::AdminKeyState::InProgress) => "in_progress",
         Ok(pb::AdminKeyState::Stuck) => "stuck",
         Ok(pb::AdminKeyState::Completed) => "completed",
+        Ok(pb::AdminKeyState::Released) => "released",
         _ => "unknown",
     }
 }
+
+/// What happens to a released key next, in the words an operator needs after releasing one.
+pub(super) const RELEASED_NEXT: &str = "nobody holds it now: its holder's writes are refused \
+    (LEASE_LOST) and the next claim takes it over (a greater token, attempt + 1); until then \
+    it is listed as released, not stuck";
 
 pub(super) fn entry_json(entry: &pb::AdminKeyEntry) -> Value {
     json!({
@@ -38,6 +47,8 @@ pub(super) fn entry_json(entry: &pb::AdminKeyEntry) -> Value {
         "checkpoint_bytes": entry.checkpoint_bytes,
         "claimed_at": entry.claimed_at.as_ref().map(|t| time_text(Some(t))),
         "holder": entry.holder,
+        "released_by": (!entry.released_by.is_empty()).then_some(&entry.released_by),
+        "released_at": entry.released_at.as_ref().map(|t| time_text(Some(t))),
     })
 }
 
@@ -71,49 +82,90 @@ pub(super) fn print_json(value: &Value) {
     );
 }
 
-pub(super) fn print_keys(output: OutputFormat, answer: &pb::ListKeysResponse) {
+/// A timestamp to the second (RFC 3339, `Z`), for the narrow table, whose columns must fit.
+fn second_text(timestamp: Option<&prost_types::Timestamp>) -> String {
+    timestamp
+        .and_then(|t| chrono::DateTime::from_timestamp(t.seconds, 0))
+        .map(|at| at.to_rfc3339_opts(chrono::SecondsFormat::Secs, true))
+        .unwrap_or_default()
+}
+
+/// The narrow table's columns: what an operator reads first (which key, its state, who holds
+/// it since when, when its lease ends or it completed), in 100 columns for keys and holders of
+/// ordinary length. The rest is `--wide`'s, or `keys show`'s.
+fn narrow_row(k: &pb::AdminKeyEntry) -> Vec<String> {
+    let ends = if k.completed_at.is_some() {
+        &k.completed_at
+    } else {
+        &k.lease_expires_at
+    };
+    vec![
+        k.key.clone(),
+        state_text(k.state).to_owned(),
+        k.attempt.to_string(),
+        k.holder.clone(),
+        second_text(k.claimed_at.as_ref()),
+        second_text(ends.as_ref()),
+    ]
+}
+
+const NARROW: [&str; 6] = [
+    "KEY",
+    "STATE",
+    "ATTEMPT",
+    "HOLDER",
+    "CLAIMED",
+    "LEASE ENDS/DONE",
+];
+
+fn wide_row(k: &pb::AdminKeyEntry) -> Vec<String> {
+    vec![
+        k.key.clone(),
+        state_text(k.state).to_owned(),
+        k.attempt.to_string(),
+        k.lease_token.to_string(),
+        time_text(k.claimed_at.as_ref()),
+        k.holder.clone(),
+        time_text(k.lease_expires_at.as_ref()),
+        time_text(k.completed_at.as_ref()),
+        time_text(k.expires_at.as_ref()),
+        k.response_bytes.to_string(),
+        k.released_by.clone(),
+        time_text(k.released_at.as_ref()),
+    ]
+}
+
+const WIDE: [&str; 12] = [
+    "KEY",
+    "STATE",
+    "ATTEMPT",
+    "TOKEN",
+    "CLAIMED",
+    "HOLDER",
+    "LEASE EXPIRES",
+    "COMPLETED",
+    "EXPIRES",
+    "RESPONSE BYTES",
+    "RELEASED BY",
+    "RELEASED AT",
+];
+
+/// A page of keys: JSON (every field, whatever `wide`), or a table, narrow or `wide`.
+pub(super) fn print_keys(output: OutputFormat, answer: &pb::ListKeysResponse, wide: bool) {
     match output {
         OutputFormat::Json => print_json(&json!({
             "keys": answer.keys.iter().map(entry_json).collect::<Vec<_>>(),
             "next_page_token": answer.next_page_token,
         })),
         OutputFormat::Table => {
-            let rows: Vec<Vec<String>> = answer
-                .keys
-                .iter()
-                .map(|k| {
-                    vec![
-                        k.key.clone(),
-                        state_text(k.state).to_owned(),
-                        k.attempt.to_string(),
-                        k.lease_token.to_string(),
-                        time_text(k.claimed_at.as_ref()),
-                        k.holder.clone(),
-                        time_text(k.lease_expires_at.as_ref()),
-                        time_text(k.completed_at.as_ref()),
-                        time_text(k.expires_at.as_ref()),
-                        k.response_bytes.to_string(),
-                    ]
-                })
-                .collect();
-            print!(
-                "{}",
-                table(
-                    &[
-                        "KEY",
-                        "STATE",
-                        "ATTEMPT",
-                        "TOKEN",
-                        "CLAIMED",
-                        "HOLDER",
-                        "LEASE EXPIRES",
-                        "COMPLETED",
-                        "EXPIRES",
-                        "RESPONSE BYTES",
-                    ],
-                    &rows,
-                )
-            );
+            let text = if wide {
+                let rows: Vec<Vec<String>> = answer.keys.iter().map(wide_row).collect();
+                table(&WIDE, &rows)
+            } else {
+                let rows: Vec<Vec<String>> = answer.keys.iter().map(narrow_row).collect();
+                table(&NARROW, &rows)
+            };
+            print!("{text}");
             println!("{} keys", answer.keys.len());
             if !answer.next_page_token.is_empty() {
                 println!("next page: --page-token {}", answer.next_page_token);
@@ -154,6 +206,13 @@ pub(super) fn print_record(output: OutputFormat, answer: &pb::GetKeyResponse) {
                     };
                     println!("{name:<18} {text}");
                 }
+            }
+            if answer
+                .key
+                .as_ref()
+                .is_some_and(|key| key.state == i32::from(pb::AdminKeyState::Released))
+            {
+                println!("{:<18} {RELEASED_NEXT}", "next");
             }
             println!("{:<18} {}", "response", bytes_text(&answer.response));
             if let Some(checkpoint) = &answer.checkpoint {
@@ -218,6 +277,7 @@ pub(super) fn print_stats(
             "namespace": namespace,
             "in_progress_keys": stats.in_progress_keys,
             "stuck_keys": stats.stuck_keys,
+            "released_keys": stats.released_keys,
             "completed_keys": stats.completed_keys,
             "processed_events": stats.processed_events,
             "oldest_stuck_key": stats.oldest_stuck_key,
@@ -230,6 +290,7 @@ pub(super) fn print_stats(
             let rows = vec![
                 vec!["in progress".into(), stats.in_progress_keys.to_string()],
                 vec!["stuck".into(), stats.stuck_keys.to_string()],
+                vec!["released".into(), stats.released_keys.to_string()],
                 vec!["completed".into(), stats.completed_keys.to_string()],
                 vec![
                     "processed events".into(),

@@ -9,7 +9,7 @@ pub(super) mod rows;
 
 use super::{AnyStore, Store, StoreError};
 use crate::domain::admin::{
-    AuditEntry, AuditEvent, EraseBatch, ForceReleased, FullKey, KeyFilter, KeySummary,
+    AuditEntry, AuditEvent, AuditFilter, EraseBatch, ForceReleased, FullKey, KeyFilter, KeySummary,
     NamespaceStats, PageCursor, StuckSummary,
 };
 use crate::domain::{Key, Scope};
@@ -148,7 +148,7 @@ pub trait AdminStore: Store {
     /// `namespace`'s live audit events, newest first, before id `before` when given.
     fn list_audit(
         &self,
-        namespace: &Scope,
+        filter: &AuditFilter,
         before: Option<i64>,
         limit: u32,
     ) -> impl Future<Output = Result<Vec<AuditEvent>, StoreError>> + Send;
@@ -229,11 +229,11 @@ impl AdminStore for AnyStore {
 
     async fn list_audit(
         &self,
-        namespace: &Scope,
+        filter: &AuditFilter,
         before: Option<i64>,
         limit: u32,
     ) -> Result<Vec<AuditEvent>, StoreError> {
-        delegate!(self, store => store.list_audit(namespace, before, limit))
+        delegate!(self, store => store.list_audit(filter, before, limit))
     }
 
     async fn reap_expired_audit(&self, limit: u32) -> Result<u64, StoreError> {

@@ -59,16 +59,27 @@ pub(in crate::store) struct AdminKeyRow<At, Attempt> {
     checkpoint_bytes: Option<i64>,
     claimed_at: Option<At>,
     holder: Option<String>,
+    released_by: Option<String>,
+    released_at: Option<At>,
 }
 
 impl<At: StoredInstant, Attempt: Into<i64>> TryFrom<AdminKeyRow<At, Attempt>> for KeySummary {
     type Error = StoreError;
 
     fn try_from(row: AdminKeyRow<At, Attempt>) -> Result<Self, StoreError> {
+        let state = AdminKeyState::from_code(row.state_code)
+            .ok_or(StoreError::Inconsistent("a key's state code is unknown"))?;
+        // Who released it says something only while the key is released: once claimed again,
+        // the columns describe an earlier claim.
+        let released = match state {
+            AdminKeyState::Released => row
+                .released_by
+                .zip(row.released_at.map(StoredInstant::into_instant)),
+            _ => None,
+        };
         Ok(Self {
             key: row.key,
-            state: AdminKeyState::from_code(row.state_code)
-                .ok_or(StoreError::Inconsistent("a key's state code is unknown"))?,
+            state,
             attempt: attempt_number(row.attempt.into()),
             lease_token: LeaseToken::from_stored(row.lease_token),
             attempt_id: row.attempt_id,
@@ -81,6 +92,7 @@ impl<At: StoredInstant, Attempt: Into<i64>> TryFrom<AdminKeyRow<At, Attempt>> fo
             checkpoint_bytes: row.checkpoint_bytes.map(count),
             claimed_at: row.claimed_at.map(StoredInstant::into_instant),
             holder: row.holder,
+            released,
         })
     }
 }
@@ -111,6 +123,7 @@ impl<At: StoredInstant, Attempt: Into<i64>> TryFrom<FullKeyRow<At, Attempt>> for
 pub(in crate::store) struct StatsRow<At> {
     in_progress: i64,
     stuck: i64,
+    released: i64,
     completed: i64,
     stored_bytes: i64,
     processed_events: i64,
@@ -124,6 +137,7 @@ impl<At: StoredInstant> From<StatsRow<At>> for NamespaceStats {
         Self {
             in_progress: count(row.in_progress),
             stuck: count(row.stuck),
+            released: count(row.released),
             completed: count(row.completed),
             processed_events: count(row.processed_events),
             oldest_stuck: row

@@ -10,12 +10,12 @@ use super::error::classify;
 use super::sql::{
     ANNOUNCE_ERASED, ERASE_EVENTS_BATCH, ERASE_KEY, ERASE_KEYS_BATCH, FORCE_RELEASE, GET_KEY,
     KEY_COMPLETED, LIST_AUDIT, LIST_COMPLETED_KEYS, LIST_HELD_KEYS, LIST_IN_PROGRESS_KEYS,
-    LIST_KEYS_BY_KEY, LIST_STUCK_KEYS, NAMESPACE_HAS_ROWS, NAMESPACE_STATS, REAP_AUDIT,
-    RECORD_AUDIT, STUCK_KEYS,
+    LIST_KEYS_BY_KEY, LIST_RELEASED_KEYS, LIST_STUCK_KEYS, NAMESPACE_HAS_ROWS, NAMESPACE_STATS,
+    REAP_AUDIT, RECORD_AUDIT, STUCK_KEYS,
 };
 use crate::domain::admin::{
-    AdminKeyState, AuditEntry, AuditEvent, EraseBatch, ForceReleased, FullKey, KeyFilter,
-    KeySummary, ListOrder, NamespaceStats, PageCursor, StuckSummary,
+    AdminKeyState, AuditEntry, AuditEvent, AuditFilter, EraseBatch, ForceReleased, FullKey,
+    KeyFilter, KeySummary, ListOrder, NamespaceStats, PageCursor, StuckSummary,
 };
 use crate::domain::{Instant, Key, Scope};
 use crate::store::admin::rows::{self, count, key_range, stuck_summary};
@@ -115,6 +115,7 @@ impl AdminStore for PgStore {
             ListOrder::Lease => {
                 let statement = match filter.state {
                     Some(AdminKeyState::Stuck) => LIST_STUCK_KEYS,
+                    Some(AdminKeyState::Released) => LIST_RELEASED_KEYS,
                     Some(AdminKeyState::InProgress) => LIST_IN_PROGRESS_KEYS,
                     _ => LIST_HELD_KEYS,
                 };
@@ -180,6 +181,7 @@ impl AdminStore for PgStore {
                 Ok(NamespaceStats {
                     in_progress: 0,
                     stuck: 0,
+                    released: 0,
                     completed: 0,
                     processed_events: count(processed_events),
                     oldest_stuck: None,
@@ -204,6 +206,7 @@ impl AdminStore for PgStore {
                 let released: Option<AdminKeyRow> = sqlx::query_as(FORCE_RELEASE)
                     .bind(namespace)
                     .bind(key.as_str())
+                    .bind(audit.actor.as_str())
                     .persistent(prepared)
                     .fetch_optional(&mut *connection)
                     .await?;
@@ -343,16 +346,18 @@ impl AdminStore for PgStore {
 
     async fn list_audit(
         &self,
-        namespace: &Scope,
+        filter: &AuditFilter,
         before: Option<i64>,
         limit: u32,
     ) -> Result<Vec<AuditEvent>, StoreError> {
         let rows: Vec<AuditRow> = self
             .fetch_all(
                 sqlx::query_as(LIST_AUDIT)
-                    .bind(namespace.as_str())
+                    .bind(filter.namespace.as_str())
                     .bind(before)
-                    .bind(i64::from(limit)),
+                    .bind(i64::from(limit))
+                    .bind(filter.key.as_ref().map(Key::as_str))
+                    .bind(filter.actor.as_deref()),
             )
             .await
             .map_err(classify)?;

@@ -77,9 +77,10 @@ static MIGRATOR: Migrator = Migrator {
 /// that EXPLAINs them on a table of a million rows (`tests/api/admin/scale.rs`). The erasure's
 /// batches (`erase_keys`, `erase_events`) must also start their index scan after the last key
 /// (event id) the batch before them erased.
-pub fn indexed_admin_statements() -> [(&'static str, &'static str); 8] {
+pub fn indexed_admin_statements() -> [(&'static str, &'static str); 9] {
     [
         ("stuck", LIST_STUCK_KEYS),
+        ("released", LIST_RELEASED_KEYS),
         ("in_progress", LIST_IN_PROGRESS_KEYS),
         ("held", LIST_HELD_KEYS),
         ("completed", LIST_COMPLETED_KEYS),

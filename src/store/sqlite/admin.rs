@@ -7,12 +7,12 @@ use super::SqliteStore;
 use super::error::classify;
 use super::sql::{
     ERASE_EVENTS_BATCH, ERASE_KEYS_BATCH, GET_ANY_KEY, GET_KEY, LIST_AUDIT, LIST_COMPLETED_KEYS,
-    LIST_HELD_KEYS, LIST_IN_PROGRESS_KEYS, LIST_KEYS_BY_KEY, LIST_STUCK_KEYS, NAMESPACE_HAS_ROWS,
-    NAMESPACE_STATS, REAP_AUDIT, RECORD_AUDIT, STUCK_KEYS,
+    LIST_HELD_KEYS, LIST_IN_PROGRESS_KEYS, LIST_KEYS_BY_KEY, LIST_RELEASED_KEYS, LIST_STUCK_KEYS,
+    NAMESPACE_HAS_ROWS, NAMESPACE_STATS, REAP_AUDIT, RECORD_AUDIT, STUCK_KEYS,
 };
 use crate::domain::admin::{
-    AdminKeyState, AuditEntry, AuditEvent, EraseBatch, ForceReleased, FullKey, KeyFilter,
-    KeySummary, ListOrder, NamespaceStats, PageCursor, StuckSummary,
+    AdminKeyState, AuditEntry, AuditEvent, AuditFilter, EraseBatch, ForceReleased, FullKey,
+    KeyFilter, KeySummary, ListOrder, NamespaceStats, PageCursor, StuckSummary,
 };
 use crate::domain::{Key, Scope};
 use crate::store::admin::rows::{self, key_range, stuck_summary};
@@ -116,6 +116,7 @@ impl AdminStore for SqliteStore {
             ListOrder::Lease => {
                 let statement = match filter.state {
                     Some(AdminKeyState::Stuck) => LIST_STUCK_KEYS,
+                    Some(AdminKeyState::Released) => LIST_RELEASED_KEYS,
                     Some(AdminKeyState::InProgress) => LIST_IN_PROGRESS_KEYS,
                     _ => LIST_HELD_KEYS,
                 };
@@ -179,6 +180,7 @@ impl AdminStore for SqliteStore {
                     .bind(key.as_str())
                     .bind(token)
                     .bind(now.timestamp_micros())
+                    .bind(audit.actor.as_str())
                     .execute(&mut *write.tx)
                     .await
                     .map_err(classify)?;
@@ -301,15 +303,17 @@ impl AdminStore for SqliteStore {
 
     async fn list_audit(
         &self,
-        namespace: &Scope,
+        filter: &AuditFilter,
         before: Option<i64>,
         limit: u32,
     ) -> Result<Vec<AuditEvent>, StoreError> {
         self.ensure_schema().await?;
         let rows: Vec<AuditRow> = sqlx::query_as(LIST_AUDIT)
-            .bind(namespace.as_str())
+            .bind(filter.namespace.as_str())
             .bind(before.unwrap_or(i64::MAX))
             .bind(i64::from(limit))
+            .bind(filter.key.as_ref().map(Key::as_str))
+            .bind(filter.actor.as_deref())
             .fetch_all(&self.readers)
             .await
             .map_err(classify)?;

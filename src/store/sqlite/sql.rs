@@ -101,17 +101,37 @@ pub(super) const EXPIRED_BACKLOG: &str = concat!(
 // `migrations/sqlite/20261204000001_admin.sql`. Changes are read, decided and written in the
 // writer's transaction, like the contract's operations.
 
+/// A key's state code now, as PostgreSQL's `state_code!` (released: 4, before stuck).
+macro_rules! state_code {
+    () => {
+        concat!(
+            "CASE WHEN completed_at IS NOT NULL THEN 3 \
+             WHEN released_token = lease_token THEN 4 WHEN lease_expires_at <= ",
+            now_us!(),
+            " THEN 2 ELSE 1 END"
+        )
+    };
+}
+
 /// The columns of an admin key row: a key's summary (sizes, not bytes) and its state now.
 macro_rules! summary_columns {
     () => {
         concat!(
-            "key, CASE WHEN completed_at IS NOT NULL THEN 3 WHEN lease_expires_at <= ",
-            now_us!(),
-            " THEN 2 ELSE 1 END AS state_code, attempt, lease_token, attempt_id, \
+            "key, ",
+            state_code!(),
+            " AS state_code, attempt, lease_token, attempt_id, \
              lease_expires_at, completed_at, expires_at, retention_us, fingerprint, \
              coalesce(length(response), 0) AS response_bytes, \
-             length(checkpoint) AS checkpoint_bytes, claimed_at, holder"
+             length(checkpoint) AS checkpoint_bytes, claimed_at, holder, released_by, \
+             released_at"
         )
+    };
+}
+
+/// Not released by an operator since its last claim.
+macro_rules! not_released {
+    () => {
+        " AND released_token IS NOT lease_token"
     };
 }
 
@@ -121,9 +141,9 @@ pub(super) const LIST_KEYS_BY_KEY: &str = concat!(
     " FROM idempotency_keys
 WHERE namespace = ?1 AND key >= ?2 AND key > ?3 AND key < ?4 AND expires_at > ",
     now_us!(),
-    " AND (?5 = 0 OR ?5 = CASE WHEN completed_at IS NOT NULL THEN 3 WHEN lease_expires_at <= ",
-    now_us!(),
-    " THEN 2 ELSE 1 END)
+    " AND (?5 = 0 OR ?5 = ",
+    state_code!(),
+    ")
   AND (?6 IS NULL OR completed_at >= ?6) AND (?7 IS NULL OR completed_at < ?7)
   AND (?8 IS NULL OR (completed_at IS NULL AND claimed_at >= ?8))
   AND (?9 IS NULL OR (completed_at IS NULL AND claimed_at < ?9))
@@ -147,6 +167,22 @@ WHERE namespace = ?1 AND completed_at IS NULL AND (lease_expires_at, key) > (?2,
     now_us!(),
     " AND expires_at > ",
     now_us!(),
+    not_released!(),
+    claimed_between!(),
+    " ORDER BY lease_expires_at, key LIMIT ?6"
+);
+
+/// Released by an operator and not claimed since.
+pub(super) const LIST_RELEASED_KEYS: &str = concat!(
+    "SELECT ",
+    summary_columns!(),
+    " FROM idempotency_keys
+WHERE namespace = ?1 AND completed_at IS NULL AND (lease_expires_at, key) > (?2, ?3)
+  AND lease_expires_at <= ",
+    now_us!(),
+    " AND expires_at > ",
+    now_us!(),
+    " AND released_token = lease_token",
     claimed_between!(),
     " ORDER BY lease_expires_at, key LIMIT ?6"
 );
@@ -207,10 +243,13 @@ pub(super) const NAMESPACE_STATS: &str = concat!(
     "SELECT
     coalesce(sum(completed_at IS NULL AND lease_expires_at > ",
     now_us!(),
+    not_released!(),
     "), 0) AS in_progress,
     coalesce(sum(completed_at IS NULL AND lease_expires_at <= ",
     now_us!(),
+    not_released!(),
     "), 0) AS stuck,
+    coalesce(sum(completed_at IS NULL AND released_token = lease_token), 0) AS released,
     coalesce(sum(completed_at IS NOT NULL), 0) AS completed,
     coalesce(sum(length(CAST(key AS BLOB)) + length(fingerprint) + coalesce(length(response), 0)
                  + coalesce(length(checkpoint), 0)), 0) AS stored_bytes,
@@ -222,13 +261,13 @@ pub(super) const NAMESPACE_STATS: &str = concat!(
     now_us!(),
     " AND s.expires_at > ",
     now_us!(),
-    " ORDER BY s.lease_expires_at, s.key LIMIT 1) AS oldest_stuck_key,
+    " AND s.released_token IS NOT s.lease_token ORDER BY s.lease_expires_at, s.key LIMIT 1) AS oldest_stuck_key,
     (SELECT lease_expires_at FROM idempotency_keys AS s WHERE s.namespace = ?1
        AND s.completed_at IS NULL AND s.lease_expires_at <= ",
     now_us!(),
     " AND s.expires_at > ",
     now_us!(),
-    " ORDER BY s.lease_expires_at, s.key LIMIT 1) AS oldest_stuck_at,
+    " AND s.released_token IS NOT s.lease_token ORDER BY s.lease_expires_at, s.key LIMIT 1) AS oldest_stuck_at,
     ",
     now_us!(),
     " AS read_at
@@ -243,7 +282,8 @@ pub(super) const STUCK_KEYS: &str = concat!(
 WHERE completed_at IS NULL AND lease_expires_at <= ",
     now_us!(),
     " AND expires_at > ",
-    now_us!()
+    now_us!(),
+    not_released!()
 );
 
 /// At most `?2` keys of namespace `?1` after key `?3` (`''`: from the start), in key order, like
@@ -275,7 +315,8 @@ VALUES (",
 pub(super) const LIST_AUDIT: &str = concat!(
     "SELECT id, at, actor, action, namespace, key, reason, record_before, outcome
 FROM admin_audit_events
-WHERE namespace = ?1 AND id < ?2 AND expires_at > ",
+WHERE namespace = ?1 AND id < ?2 AND (?4 IS NULL OR key = ?4) AND (?5 IS NULL OR actor = ?5)
+  AND expires_at > ",
     now_us!(),
     " ORDER BY id DESC LIMIT ?3"
 );
@@ -288,8 +329,8 @@ pub(super) const REAP_AUDIT: &str = concat!(
 );
 
 /// ForceRelease (see the PostgreSQL store's): key `?1`, `?2` gets token `?3`, which nobody
-/// holds, no attempt_id, and its lease ended by `?4` at the latest.
+/// holds, no attempt_id, and its lease ended by `?4` at the latest; released by `?5` at `?4`.
 pub(super) const REVOKE_LEASE: &str = "UPDATE idempotency_keys
 SET lease_token = ?3, attempt_id = NULL, lease_expires_at = min(lease_expires_at, ?4),
-    holder = NULL
+    holder = NULL, released_token = ?3, released_by = ?5, released_at = ?4
 WHERE namespace = ?1 AND key = ?2";

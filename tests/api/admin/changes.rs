@@ -266,6 +266,7 @@ async fn the_audit_trail_pages_newest_first(backend: Backend) {
                     namespace: NAMESPACE.into(),
                     page_size: 2,
                     page_token: token.clone(),
+                    ..Default::default()
                 })
                 .await,
             "ListAuditEvents",

@@ -32,13 +32,13 @@ pub(super) async fn admin(app: &TestApp, args: &[&str]) -> Run {
 }
 
 /// The binary's answer to `args` with `--output json`, which must succeed.
-async fn admin_json(app: &TestApp, args: &[&str]) -> Value {
+pub(super) async fn admin_json(app: &TestApp, args: &[&str]) -> Value {
     let args: Vec<&str> = args.iter().copied().chain(["--output", "json"]).collect();
     admin(app, &args).await.json()
 }
 
 /// `keys release` of `key` in the namespace, for `reason`.
-fn release<'a>(key: &'a str, reason: &'a str) -> [&'a str; 8] {
+pub(super) fn release<'a>(key: &'a str, reason: &'a str) -> [&'a str; 8] {
     [
         "keys",
         "release",
@@ -52,7 +52,7 @@ fn release<'a>(key: &'a str, reason: &'a str) -> [&'a str; 8] {
 }
 
 /// `keys list` in the namespace, filtered by `flag` `value`.
-fn list_with<'a>(flag: &'a str, value: &'a str) -> Vec<&'a str> {
+pub(super) fn list_with<'a>(flag: &'a str, value: &'a str) -> Vec<&'a str> {
     vec!["keys", "list", "--namespace", NAMESPACE, flag, value]
 }
 
@@ -100,6 +100,30 @@ async fn an_operator_finds_reads_releases_and_erases_from_the_cli_alone(backend:
         "{}",
         table.stdout
     );
+    // The table fits 100 columns; --wide has every column, each time to the millisecond.
+    assert!(
+        table.stdout.lines().all(|line| line.chars().count() <= 100),
+        "{}",
+        table.stdout
+    );
+    assert!(!table.stdout.contains("TOKEN"), "{}", table.stdout);
+    let lease_end = keys[0]["lease_expires_at"].as_str().expect("a lease end");
+    let to_the_second = format!("{}Z", &lease_end[..19]);
+    assert!(table.stdout.contains(&to_the_second), "{}", table.stdout);
+    let wide = admin(&app, &["keys", "list", "--namespace", NAMESPACE, "--wide"]).await;
+    assert_eq!(wide.status, Some(0), "{}", wide.stderr);
+    let header = wide.stdout.lines().next().unwrap_or_default();
+    for column in [
+        "TOKEN",
+        "LEASE EXPIRES",
+        "COMPLETED",
+        "EXPIRES",
+        "RESPONSE BYTES",
+        "RELEASED BY",
+    ] {
+        assert!(header.contains(column), "{column}: {header}");
+    }
+    assert!(wide.stdout.contains(lease_end), "{}", wide.stdout);
     // Keys held since before a moment: the stuck one, not the completed one.
     let an_hour_ahead = (chrono::Utc::now() + chrono::Duration::hours(1)).to_rfc3339();
     let held = admin_json(
@@ -153,6 +177,28 @@ async fn an_operator_finds_reads_releases_and_erases_from_the_cli_alone(backend:
     assert_eq!(event["reason"], "worker pod crashed (INC-42)");
     assert_eq!(event["actor"], "loopback");
     assert_eq!(event["record_before"]["lease_token"], crashed.lease_token);
+    // The record before writes times and durations as the listings do (RFC 3339 with `Z`,
+    // whole seconds), not `+00:00` and `86400.0`.
+    for field in [
+        "lease_expires_at",
+        "expires_at",
+        "claimed_at",
+        "retention_seconds",
+    ] {
+        assert_eq!(
+            event["record_before"][field], held[0][field],
+            "{field}: {event} / {}",
+            held[0]
+        );
+    }
+    assert!(
+        event["record_before"]["retention_seconds"].is_u64(),
+        "{event}"
+    );
+    assert!(
+        event["at"].as_str().is_some_and(|at| at.ends_with('Z')),
+        "{event}"
+    );
 
     // A completed key cannot be released: exit 1 with the refusal.
     let refused = admin(&app, &release("payment-18", "x")).await;

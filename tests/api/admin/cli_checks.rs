@@ -2,7 +2,7 @@
 //! of its flags refused before any call (exit 2, in the flags' words), and every way of not
 //! reaching a coordinator named (exit 1): nothing listening, a host that does not resolve,
 //! `http://` to a TLS port and `https://` to a plain one, a certificate the CA does not vouch
-//! for, a CA file that holds no certificate.
+//! for, a CA file that holds no certificate, a client certificate the coordinator requires.
 
 use super::cli::{admin, admin_with};
 use super::*;
@@ -172,7 +172,32 @@ async fn the_cli_names_why_it_cannot_reach_the_coordinator(backend: Backend) {
     assert_eq!(reached.status, Some(0), "{}", reached.stderr);
 }
 
+async fn the_cli_names_a_client_certificate_a_coordinator_requires(backend: Backend) {
+    let servers = Pki::new("server CA");
+    let clients = Pki::new("client CA");
+    let (app, pem_files) = start_with_tls(backend, &servers, Some(&clients)).await;
+    let ca = pem_files.path().join("ca.pem");
+    std::fs::write(&ca, servers.ca_pem()).expect("write the CA");
+    let ca = ca.display().to_string();
+    let endpoint = format!("https://localhost:{}", app.addr.port());
+    let run = admin_with(
+        &endpoint,
+        &["--coordinator-ca", &ca],
+        &["stats", "--namespace", NAMESPACE],
+    )
+    .await;
+    assert_eq!(run.status, Some(1), "{}", run.stderr);
+    assert_eq!(
+        run.stderr.trim_end(),
+        format!(
+            "error: cannot reach {endpoint}: the coordinator closed the TLS connection: it \
+             requires a client certificate its CA vouches for (--client-cert and --client-key)"
+        )
+    );
+}
+
 for_each_backend!(
     the_cli_refuses_contradicting_and_out_of_range_flags,
     the_cli_names_why_it_cannot_reach_the_coordinator,
+    the_cli_names_a_client_certificate_a_coordinator_requires,
 );

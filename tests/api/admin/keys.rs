@@ -225,6 +225,7 @@ async fn bad_listings_are_refused_with_every_bad_field(backend: Backend) {
             namespace: NAMESPACE.into(),
             page_size: 1001,
             page_token: "nonsense".into(),
+            ..Default::default()
         })
         .await;
     assert_bad_fields(audit, &["page_size", "page_token"]);

@@ -1,12 +1,14 @@
 //! The admin API (`idempotency.v1.AdminService`) through its generated client against the real
 //! server, on both stores: listings and their filters, orders and pages (`keys`), the recorded
-//! changes and the audit trail (`changes`), who may call it (`access`), its metrics
+//! changes and the audit trail (`changes`; its filters by key and operator, `audit_filters`), who may call it (`access`), its metrics
 //! (`metrics`), the CLI as a real process (`cli`), its
-//! own refusals (`cli_checks`) and its guarded erasures (`erase_guard`), the operations guide's walkthrough run as
+//! own refusals (`cli_checks`) and its guarded erasures (`erase_guard`), a released key shown
+//! as released (`released`), the operations guide's walkthrough run as
 //! written (`walkthrough`), and its cost on a large table (`scale`,
 //! PostgreSQL).
 
 mod access;
+mod audit_filters;
 mod changes;
 mod cli;
 mod cli_checks;
@@ -14,6 +16,7 @@ mod erase_guard;
 mod holders;
 mod keys;
 mod metrics;
+mod released;
 mod scale;
 mod walkthrough;
 

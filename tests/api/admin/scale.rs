@@ -37,7 +37,7 @@ FROM generate_series(0, 999999) AS i
 /// Each statement's parameters for namespace `ns-5`, as SQL literals.
 fn parameters(name: &str) -> &'static str {
     match name {
-        "stuck" | "in_progress" | "held" => {
+        "stuck" | "released" | "in_progress" | "held" => {
             "('ns-5', NULL, NULL, now() - interval '2 days', now() - interval '1 hour', 101)"
         }
         "completed" => "('ns-5', NULL, NULL, now() - interval '2 days', NULL, 101)",
@@ -102,7 +102,9 @@ async fn postgres_listings_read_indexes_and_the_first_stuck_page_is_fast_on_a_mi
             "{name} scans the table:\n{plan}"
         );
         let index = match name {
-            "stuck" | "in_progress" | "held" | "stuck_gauges" => "idempotency_keys_in_progress",
+            "stuck" | "released" | "in_progress" | "held" | "stuck_gauges" => {
+                "idempotency_keys_in_progress"
+            }
             "completed" => "idempotency_keys_completed",
             "erase_events" => "processed_events_pkey",
             _ => "idempotency_keys_pkey",

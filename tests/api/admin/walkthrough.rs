@@ -4,7 +4,8 @@
 //! worker's token, with `TOKENS_FILE` and `COORDINATOR` as the guide names them and a home
 //! folder of the test's own. A worker's key goes stuck; the on-call operator's token is made,
 //! the coordinator reloads its tokens (SIGHUP, as the guide says), the key is found, read,
-//! released and seen in the trail and the counts, and a tenant's namespace is erased after a
+//! released (and then listed and counted as released, not stuck) and seen in the trail and
+//! the counts, and a tenant's namespace is erased after a
 //! dry run, its namespace typed again on a terminal (a pseudo-terminal, `script`).
 
 use std::path::Path;
@@ -110,7 +111,7 @@ fn quoted(text: &str) -> String {
 
 async fn the_admin_walkthrough_works_as_written_from_a_fresh_store(backend: Backend) {
     let commands = commands_marked("docs/operations.md", MARK);
-    assert_eq!(commands.len(), 3 + 7 + 2, "{commands:#?}");
+    assert_eq!(commands.len(), 3 + 8 + 2, "{commands:#?}");
     // The token's block, then the rest in one shell, as pasted into one terminal (the
     // incident's `export` holds for the erasure).
     let (token_block, rest) = commands.split_at(3);
@@ -192,13 +193,14 @@ async fn the_admin_walkthrough_works_as_written_from_a_fresh_store(backend: Back
     )
     .await;
 
-    let seen = run_in_order(&run, rest, &[(8, TENANT)]);
+    let seen = run_in_order(&run, rest, &[(9, TENANT)]);
     let [
         _,
         stuck,
         claimed_before,
         story,
         released,
+        listed_released,
         trail,
         stats,
         dry_run,
@@ -219,13 +221,27 @@ async fn the_admin_walkthrough_works_as_written_from_a_fresh_store(backend: Back
     assert!(story.contains("order-1042"), "{story}");
     assert!(released.starts_with("released order-1042"), "{released}");
     assert!(
+        released.contains("the next claim takes it over"),
+        "{released}"
+    );
+    // Released, and so no longer stuck: listed as released, counted as released.
+    assert!(
+        listed_released
+            .lines()
+            .any(|line| line.starts_with("order-1042") && line.contains(" released ")),
+        "{listed_released}"
+    );
+    assert!(
         trail.contains("force_release")
             && trail.contains("token:oncall")
             && trail.contains("worker pod crashed, INC-4711"),
         "{trail}"
     );
     assert!(
-        stats.contains("NAMESPACE") && stats.contains("payments"),
+        stats.contains("NAMESPACE")
+            && stats.contains("payments")
+            && stats.contains("\nstuck             0\n")
+            && stats.contains("\nreleased          1\n"),
         "{stats}"
     );
 

@@ -1,11 +1,13 @@
 //! `/metrics` (`--metrics-listen`), by surface: what the calls count (`counts`), the coalescers'
 //! queues and the reaper's lag (`queues`), the exposition itself and its flags (`exposition`);
-//! and `healthcheck`, the real binary (`healthcheck`). The helpers here scrape with a real HTTP
+//! and `healthcheck`, the real binary (`healthcheck`; over TLS and in `admin`'s forms,
+//! `healthcheck_tls`). The helpers here scrape with a real HTTP
 //! GET and read the samples.
 
 mod counts;
 mod exposition;
 mod healthcheck;
+mod healthcheck_tls;
 mod queues;
 
 use std::collections::HashMap;
@@ -89,6 +91,8 @@ async fn coordinator(args: &[&str]) -> std::process::Output {
         .env_remove("IDEMPOTENCY_METRICS_LISTEN")
         .env_remove("IDEMPOTENCY_METRICS_NAMESPACE_LABELS")
         .env_remove("IDEMPOTENCY_HEALTHCHECK_ADDR")
+        .env_remove("IDEMPOTENCY_HEALTHCHECK_COORDINATOR")
+        .env_remove("IDEMPOTENCY_HEALTHCHECK_COORDINATOR_CA")
         .env_remove("IDEMPOTENCY_HEALTHCHECK_TIMEOUT")
         .output()
         .await

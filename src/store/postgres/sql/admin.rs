@@ -2,17 +2,39 @@
 //! record, a namespace's counts, ForceRelease, the erasures' batches, the audit trail. Written
 //! with the macros of `sql/mod.rs`, which this module follows.
 
+/// A key's state code (`AdminKeyState::code`) by `$now`: completed (3); released by an
+/// operator and not claimed since (4: its token is still the one ForceRelease gave it); its
+/// lease run out (2, stuck); else in progress (1).
+macro_rules! state_code {
+    ($now:literal) => {
+        concat!(
+            "CASE WHEN completed_at IS NOT NULL THEN 3 \
+             WHEN released_token = lease_token THEN 4 WHEN lease_expires_at <= ",
+            $now,
+            " THEN 2 ELSE 1 END"
+        )
+    };
+}
+
 /// The columns of `AdminKeyRow`: a key's summary (sizes, not bytes) and its state by `$now`.
 macro_rules! summary_columns {
     ($now:literal) => {
         concat!(
-            "key, CASE WHEN completed_at IS NOT NULL THEN 3 WHEN lease_expires_at <= ",
-            $now,
-            " THEN 2 ELSE 1 END::bigint AS state_code, attempt, lease_token, attempt_id, \
+            "key, ",
+            state_code!($now),
+            "::bigint AS state_code, attempt, lease_token, attempt_id, \
              lease_expires_at, completed_at, expires_at, retention_us, fingerprint, \
              coalesce(octet_length(response), 0)::bigint AS response_bytes, \
-             octet_length(checkpoint)::bigint AS checkpoint_bytes, claimed_at, holder"
+             octet_length(checkpoint)::bigint AS checkpoint_bytes, claimed_at, holder, \
+             released_by, released_at"
         )
+    };
+}
+
+/// Not released by an operator since its last claim (`released_token` is NULL or older).
+macro_rules! not_released {
+    () => {
+        " AND released_token IS DISTINCT FROM lease_token"
     };
 }
 
@@ -25,8 +47,9 @@ pub(in crate::store::postgres) const LIST_KEYS_BY_KEY: &str = concat!(
     summary_columns!("now()"),
     " FROM idempotency_keys
 WHERE namespace = $1 AND key >= $2 AND key > $3 AND key < $4 AND expires_at > now()
-  AND ($5::bigint = 0 OR $5::bigint = CASE WHEN completed_at IS NOT NULL THEN 3
-                                      WHEN lease_expires_at <= now() THEN 2 ELSE 1 END)
+  AND ($5::bigint = 0 OR $5::bigint = ",
+    state_code!("now()"),
+    ")
   AND ($6::timestamptz IS NULL OR completed_at >= $6::timestamptz)
   AND ($7::timestamptz IS NULL OR completed_at < $7::timestamptz)
   AND ($8::timestamptz IS NULL OR (completed_at IS NULL AND claimed_at >= $8::timestamptz))
@@ -46,10 +69,11 @@ macro_rules! claimed_between {
     };
 }
 
-/// Stuck keys of namespace `$1`, the longest stuck first, after the cursor (`$2`, `$3`; the
-/// first page passes NULL), claimed between `$4` and `$5`, `$6` the page size. Reads
-/// `idempotency_keys_in_progress` from its start up to now (the claim time is read from the
-/// rows it finds: only the namespace's keys in progress are read, never the table).
+/// Stuck keys of namespace `$1` (not released by an operator), the longest stuck first, after
+/// the cursor (`$2`, `$3`; the first page passes NULL), claimed between `$4` and `$5`, `$6` the
+/// page size. Reads `idempotency_keys_in_progress` from its start up to now (the claim time is
+/// read from the rows it finds: only the namespace's keys in progress are read, never the
+/// table).
 pub(in crate::store::postgres) const LIST_STUCK_KEYS: &str = concat!(
     "SELECT ",
     summary_columns!("now()"),
@@ -57,6 +81,23 @@ pub(in crate::store::postgres) const LIST_STUCK_KEYS: &str = concat!(
 WHERE namespace = $1 AND completed_at IS NULL
   AND (lease_expires_at, key) > (coalesce($2::timestamptz, '-infinity'), coalesce($3::text, ''))
   AND lease_expires_at <= now() AND expires_at > now()",
+    not_released!(),
+    claimed_between!(),
+    "
+ORDER BY lease_expires_at, key
+LIMIT $6"
+);
+
+/// Keys of namespace `$1` released by an operator and not claimed since, like
+/// [`LIST_STUCK_KEYS`] (a release ends the lease, so they are among the keys whose lease has
+/// run out).
+pub(in crate::store::postgres) const LIST_RELEASED_KEYS: &str = concat!(
+    "SELECT ",
+    summary_columns!("now()"),
+    " FROM idempotency_keys
+WHERE namespace = $1 AND completed_at IS NULL
+  AND (lease_expires_at, key) > (coalesce($2::timestamptz, '-infinity'), coalesce($3::text, ''))
+  AND lease_expires_at <= now() AND expires_at > now() AND released_token = lease_token",
     claimed_between!(),
     "
 ORDER BY lease_expires_at, key
@@ -118,11 +159,16 @@ WHERE namespace = $1 AND key = $2 AND expires_at > now()"
 );
 
 /// Namespace `$1`'s counts and bytes (one pass over its live rows), its oldest stuck key (from
-/// `idempotency_keys_in_progress`), its live processed events, and the clock.
+/// `idempotency_keys_in_progress`), its live processed events, and the clock. A released key
+/// counts as released, not stuck.
 pub(in crate::store::postgres) const NAMESPACE_STATS: &str = r#"
 SELECT
-    count(*) FILTER (WHERE k.completed_at IS NULL AND k.lease_expires_at > now()) AS in_progress,
-    count(*) FILTER (WHERE k.completed_at IS NULL AND k.lease_expires_at <= now()) AS stuck,
+    count(*) FILTER (WHERE k.completed_at IS NULL AND k.lease_expires_at > now()
+                     AND k.released_token IS DISTINCT FROM k.lease_token) AS in_progress,
+    count(*) FILTER (WHERE k.completed_at IS NULL AND k.lease_expires_at <= now()
+                     AND k.released_token IS DISTINCT FROM k.lease_token) AS stuck,
+    count(*) FILTER (WHERE k.completed_at IS NULL
+                     AND k.released_token = k.lease_token) AS released,
     count(*) FILTER (WHERE k.completed_at IS NOT NULL) AS completed,
     coalesce(sum(octet_length(k.key) + octet_length(k.fingerprint)
                  + coalesce(octet_length(k.response), 0)
@@ -137,6 +183,7 @@ LEFT JOIN LATERAL (
     SELECT s.key, s.lease_expires_at FROM idempotency_keys AS s
     WHERE s.namespace = $1 AND s.completed_at IS NULL
       AND s.lease_expires_at <= now() AND s.expires_at > now()
+      AND s.released_token IS DISTINCT FROM s.lease_token
     ORDER BY s.lease_expires_at, s.key
     LIMIT 1
 ) AS oldest ON true
@@ -144,14 +191,15 @@ WHERE k.namespace = $1 AND k.expires_at > now()
 GROUP BY oldest.key, oldest.lease_expires_at
 "#;
 
-/// Stuck keys across all namespaces, for the gauges: how many, and how long ago (in
-/// microseconds) the oldest one's lease ran out. Reads only `idempotency_keys_in_progress`
-/// (in-progress keys), never the table.
+/// Stuck keys across all namespaces (not the released ones), for the gauges: how many, and how
+/// long ago (in microseconds) the oldest one's lease ran out. Reads only
+/// `idempotency_keys_in_progress` (in-progress keys), never the table.
 pub(in crate::store::postgres) const STUCK_KEYS: &str = r#"
 SELECT count(*),
        coalesce((extract(epoch FROM now() - min(lease_expires_at)) * 1000000)::bigint, 0)
 FROM idempotency_keys
 WHERE completed_at IS NULL AND lease_expires_at <= now() AND expires_at > now()
+  AND released_token IS DISTINCT FROM lease_token
 "#;
 
 /// ForceRelease: revokes the lease of key `$1`, `$2` if it is in progress and live by the clock
@@ -159,7 +207,9 @@ WHERE completed_at IS NULL AND lease_expires_at <= now() AND expires_at > now()
 /// nobody holds (drawn under the row's lock, so above every token the key had), no attempt_id
 /// (its holder cannot re-enter) and its lease ended now. Its holder's Complete, Release and
 /// ExtendLease are then refused as LEASE_LOST, and the next TryStart takes it over (a greater
-/// token, attempt + 1, the checkpoint handed over). Waiters are told. Answers the row as it was.
+/// token, attempt + 1, the checkpoint handed over). The fresh token is kept as the released one,
+/// with the operator `$3` and the clock, so that the key shows as released until that claim.
+/// Waiters are told. Answers the row as it was.
 pub(in crate::store::postgres) const FORCE_RELEASE: &str = concat!(
     "WITH before AS (
     SELECT ",
@@ -170,11 +220,14 @@ pub(in crate::store::postgres) const FORCE_RELEASE: &str = concat!(
     FOR UPDATE
 ), revoked AS (
     UPDATE idempotency_keys AS k
-    SET lease_token = nextval('lease_token_seq'),
+    SET (lease_token, released_token) =
+            (SELECT n.token, n.token FROM (SELECT nextval('lease_token_seq') AS token) AS n),
         lease_expires_at = least(k.lease_expires_at, clock_timestamp()),
         attempt_id = NULL,
         claim_ticket = NULL,
-        holder = NULL
+        holder = NULL,
+        released_by = $3,
+        released_at = clock_timestamp()
     FROM before AS b
     WHERE k.namespace = $1 AND k.key = b.key
     RETURNING k.lease_token AS revoked_token, ",
@@ -269,6 +322,7 @@ pub(in crate::store::postgres) const LIST_AUDIT: &str = r#"
 SELECT id, at, actor, action, namespace, key, reason, record_before, outcome
 FROM admin_audit_events
 WHERE namespace = $1 AND id < coalesce($2::bigint, 9223372036854775807) AND expires_at > now()
+  AND ($4::text IS NULL OR key = $4::text) AND ($5::text IS NULL OR actor = $5::text)
 ORDER BY id DESC
 LIMIT $3
 "#;
