@@ -211,25 +211,14 @@ impl HeldKeys {
         deadline: Instant,
         gone: &CancellationToken,
     ) -> Result<C::Answer, StoreError> {
-        if self.any_held(command) {
-            return self.in_lane(store, command, deadline, gone).await;
-        }
-        match command.run_alone(store).await {
-            Err(error) => match error.key_held() {
-                Some(shared) => {
-                    self.after_held(store, command, shared, deadline, gone)
-                        .await
-                }
-                None => Err(error),
-            },
-            answered => answered,
-        }
+        self.run_from(store, command, deadline, gone, false).await
     }
 
     /// [`Self::run`] for an operator's change to a key (the admin API's ForceRelease, EraseKey):
     /// its first statement too runs on a place of the reruns, so that a burst of them (an
     /// incident's scripted releases of held keys, each waiting its brief first wait) never takes
-    /// more than the reruns' share of the connections.
+    /// more than the reruns' share of the connections. Awaited in its caller's own task, so a
+    /// caller that goes drops every wait with it.
     pub async fn run_as_operator<C: RunsAlone>(
         &self,
         store: &AnyStore,
@@ -237,22 +226,39 @@ impl HeldKeys {
         deadline: Instant,
     ) -> Result<C::Answer, StoreError> {
         let stays = CancellationToken::new();
+        self.run_from(store, command, deadline, &stays, true).await
+    }
+
+    /// [`Self::run`], its first statement on a place of the reruns when `first_on_a_rerun_place`.
+    async fn run_from<C: RunsAlone>(
+        &self,
+        store: &AnyStore,
+        command: &C,
+        deadline: Instant,
+        gone: &CancellationToken,
+        first_on_a_rerun_place: bool,
+    ) -> Result<C::Answer, StoreError> {
         if self.any_held(command) {
-            return self.in_lane(store, command, deadline, &stays).await;
+            return self.in_lane(store, command, deadline, gone).await;
         }
-        let first = {
+        let first = if first_on_a_rerun_place {
             let _rerun = self
-                .wait(self.inner.reruns.acquire(), deadline, &stays)
+                .wait(self.inner.reruns.acquire(), deadline, gone)
                 .await?;
             command
                 .run_alone(&store.limited(deadline.into_std(), LockWait::Brief))
                 .await
+        } else {
+            command.run_alone(store).await
         };
         match first {
-            Err(error) if error.key_held().is_some() => {
-                self.after_held(store, command, false, deadline, &stays)
-                    .await
-            }
+            Err(error) => match error.key_held() {
+                Some(shared) => {
+                    self.after_held(store, command, shared, deadline, gone)
+                        .await
+                }
+                None => Err(error),
+            },
             answered => answered,
         }
     }
