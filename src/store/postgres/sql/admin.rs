@@ -256,6 +256,44 @@ pub(in crate::store::postgres) const ERASE_KEY: &str = concat!(
 SELECT * FROM gone WHERE live"
 );
 
+/// One batch of an erasure of `$table`'s rows of owner `$1` (its `$owner` column) after name
+/// `$3` (its `$name` column, part of the primary key), at most `$2` of them: see
+/// [`ERASE_KEYS_BATCH`].
+macro_rules! erase_batch {
+    ($table:literal, $owner:literal, $name:literal) => {
+        concat!(
+            "
+WITH doomed AS (
+    SELECT ctid, ",
+            $name,
+            " FROM ",
+            $table,
+            "
+    WHERE ",
+            $owner,
+            " = $1 AND ",
+            $name,
+            " > $3
+    ORDER BY ",
+            $name,
+            "
+    LIMIT $2
+    FOR UPDATE SKIP LOCKED
+), gone AS (
+    DELETE FROM ",
+            $table,
+            "
+    WHERE ctid = ANY (ARRAY(SELECT ctid FROM doomed))
+    RETURNING 1
+)
+SELECT (SELECT count(*) FROM gone), count(*), max(",
+            $name,
+            ") FROM doomed
+"
+        )
+    };
+}
+
 /// One batch of a namespace's erasure: at most `$2` keys of namespace `$1`, the first ones after
 /// key `$3` (`''`, which no key is, from the start), rows another transaction holds skipped, to
 /// be taken by a later pass. The key range's start is an index bound, and the delete finds the
@@ -265,20 +303,8 @@ SELECT * FROM gone WHERE live"
 /// (where the next batch starts): a row updated since the statement began is locked in a
 /// version the delete does not see, and is left behind the cursor for the next pass, without
 /// ending this one. The transaction also runs [`ANNOUNCE_ERASED`].
-pub(in crate::store::postgres) const ERASE_KEYS_BATCH: &str = r#"
-WITH doomed AS (
-    SELECT ctid, key FROM idempotency_keys
-    WHERE namespace = $1 AND key > $3
-    ORDER BY key
-    LIMIT $2
-    FOR UPDATE SKIP LOCKED
-), gone AS (
-    DELETE FROM idempotency_keys
-    WHERE ctid = ANY (ARRAY(SELECT ctid FROM doomed))
-    RETURNING 1
-)
-SELECT (SELECT count(*) FROM gone), count(*), max(key) FROM doomed
-"#;
+pub(in crate::store::postgres) const ERASE_KEYS_BATCH: &str =
+    erase_batch!("idempotency_keys", "namespace", "key");
 
 /// Announces an erasure on [`ERASED_CHANNEL`] when its transaction commits (payload `$1`).
 pub(in crate::store::postgres) const ANNOUNCE_ERASED: &str =
@@ -286,20 +312,8 @@ pub(in crate::store::postgres) const ANNOUNCE_ERASED: &str =
 
 /// One batch of the erasure of consumer `$1`'s processed events, after event id `$3`, like
 /// [`ERASE_KEYS_BATCH`].
-pub(in crate::store::postgres) const ERASE_EVENTS_BATCH: &str = r#"
-WITH doomed AS (
-    SELECT ctid, event_id FROM processed_events
-    WHERE consumer = $1 AND event_id > $3
-    ORDER BY event_id
-    LIMIT $2
-    FOR UPDATE SKIP LOCKED
-), gone AS (
-    DELETE FROM processed_events
-    WHERE ctid = ANY (ARRAY(SELECT ctid FROM doomed))
-    RETURNING 1
-)
-SELECT (SELECT count(*) FROM gone), count(*), max(event_id) FROM doomed
-"#;
+pub(in crate::store::postgres) const ERASE_EVENTS_BATCH: &str =
+    erase_batch!("processed_events", "consumer", "event_id");
 
 /// Whether namespace `$1` still has any key or processed event (rows skipped because they
 /// were held, or written since).
