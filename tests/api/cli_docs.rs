@@ -4,7 +4,7 @@
 //! page of `admin keys list` naming its flags with their help; and the bad inputs, each with
 //! its message and exit status.
 
-use crate::support::process::coordinator;
+use crate::support::process::{both_outputs, operator_bash};
 use crate::support::written::commands_marked;
 
 const MARK: &str = "<!-- run as written by tests/api/cli_docs.rs -->";
@@ -12,34 +12,12 @@ const MARK: &str = "<!-- run as written by tests/api/cli_docs.rs -->";
 /// Runs `script` in bash with the binary on the PATH and `home` as HOME; its exit status and
 /// its output (standard output and error).
 fn bash(home: &std::path::Path, script: &str) -> (bool, String) {
-    let binary = coordinator();
-    let folder = binary
-        .path()
-        .parent()
-        .expect("the binary's folder")
-        .to_owned();
-    let path = format!(
-        "{}:{}",
-        folder.display(),
-        std::env::var("PATH").unwrap_or_default()
-    );
-    let output = std::process::Command::new("bash")
-        .args(["-c", &format!("set -euo pipefail\n{script}")])
-        .current_dir(home)
-        .env("HOME", home)
-        .env("PATH", path)
+    let output = operator_bash(home, script)
         .env("MANPAGER", "cat")
         .env("MANWIDTH", "100")
         .output()
         .expect("bash");
-    (
-        output.status.success(),
-        format!(
-            "{}{}",
-            String::from_utf8_lossy(&output.stdout),
-            String::from_utf8_lossy(&output.stderr)
-        ),
-    )
+    (output.status.success(), both_outputs(&output))
 }
 
 #[test]

@@ -90,18 +90,12 @@ async fn the_cli_names_why_it_cannot_reach_the_coordinator(backend: Backend) {
     let servers = Pki::new("server CA");
     let (tls_app, pem_files) = start_with_tls(backend, &servers, None).await;
     let plain_app = TestApp::spawn(backend).await;
-    let write = |name: &str, text: &str| {
-        let path = pem_files.path().join(name);
-        std::fs::write(&path, text).expect("write a PEM file");
-        path.display().to_string()
-    };
-    let ca = write("ca.pem", &servers.ca_pem());
-    let stranger = write("stranger.pem", &Pki::new("another CA").ca_pem());
-    let junk = write("junk.pem", "not a certificate\n");
-    let closed = {
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("a free port");
-        listener.local_addr().expect("its address").port()
-    };
+    let TransportFaults {
+        ca,
+        stranger,
+        junk,
+        closed,
+    } = TransportFaults::write(pem_files.path(), &servers);
     let tls_port = tls_app.addr.port();
     let stats = ["stats", "--namespace", NAMESPACE];
     let cases: Vec<(String, Vec<&str>, i32, String)> = vec![

@@ -14,7 +14,7 @@ use std::time::Duration;
 use idempotency_coordinator::proto::idempotency::v1 as pb;
 
 use super::*;
-use crate::support::process::{ServerProcess, coordinator};
+use crate::support::process::{ServerProcess, both_outputs, operator_bash};
 use crate::support::security::*;
 use crate::support::written::commands_marked;
 
@@ -30,24 +30,9 @@ struct Shell {
 /// A shell as the operator's: the binary on the PATH, the guide's variables, `home` as HOME and
 /// the working folder.
 fn shell(home: &Path, tokens: &Path, server: &ServerProcess) -> impl Fn(&str) -> Shell {
-    let binary = coordinator();
-    let folder = binary
-        .path()
-        .parent()
-        .expect("the binary's folder")
-        .to_owned();
-    let path = format!(
-        "{}:{}",
-        folder.display(),
-        std::env::var("PATH").unwrap_or_default()
-    );
     let (home, tokens, address) = (home.to_owned(), tokens.to_owned(), server.addr.to_string());
     move |script: &str| {
-        let output = std::process::Command::new("bash")
-            .args(["-c", &format!("set -euo pipefail\n{script}")])
-            .current_dir(&home)
-            .env("HOME", &home)
-            .env("PATH", &path)
+        let output = operator_bash(&home, script)
             .env("SHELL", "/bin/bash")
             .env("TOKENS_FILE", &tokens)
             .env("COORDINATOR", &address)
@@ -57,11 +42,7 @@ fn shell(home: &Path, tokens: &Path, server: &ServerProcess) -> impl Fn(&str) ->
             .expect("bash");
         Shell {
             success: output.status.success(),
-            output: format!(
-                "{}{}",
-                String::from_utf8_lossy(&output.stdout),
-                String::from_utf8_lossy(&output.stderr)
-            ),
+            output: both_outputs(&output),
         }
     }
 }

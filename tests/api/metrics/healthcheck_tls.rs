@@ -53,18 +53,12 @@ async fn healthcheck_reaches_plain_and_tls_coordinators_and_names_each_failure(b
     serving_over_tls(&tls_app, &servers, None).await;
     let plain_app = TestApp::spawn(backend).await;
     plain_app.wait_for_status(ServingStatus::Serving).await;
-    let write = |name: &str, text: &str| {
-        let path = pem_files.path().join(name);
-        std::fs::write(&path, text).expect("write a PEM file");
-        path.display().to_string()
-    };
-    let ca = write("ca.pem", &servers.ca_pem());
-    let stranger = write("stranger.pem", &Pki::new("another CA").ca_pem());
-    let junk = write("junk.pem", "not a certificate\n");
-    let closed = {
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("a free port");
-        listener.local_addr().expect("its address").port()
-    };
+    let TransportFaults {
+        ca,
+        stranger,
+        junk,
+        closed,
+    } = TransportFaults::write(pem_files.path(), &servers);
     let tls = format!("https://localhost:{}", tls_app.addr.port());
     let tls_as_plain = format!("http://127.0.0.1:{}", tls_app.addr.port());
     let plain = plain_app.endpoint();

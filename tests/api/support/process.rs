@@ -102,3 +102,36 @@ impl ServerProcess {
         self.0.wait(limit).await.expect("the process exits")
     }
 }
+
+/// `script` in bash as an operator would run it (`set -euo pipefail`), with this build's binary
+/// first on the PATH and `home` as HOME and the working folder; the caller adds what else its
+/// guide's shell has.
+pub fn operator_bash(home: &std::path::Path, script: &str) -> std::process::Command {
+    let binary = coordinator();
+    let folder = binary
+        .path()
+        .parent()
+        .expect("the binary's folder")
+        .to_owned();
+    let path = format!(
+        "{}:{}",
+        folder.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let mut command = std::process::Command::new("bash");
+    command
+        .args(["-c", &format!("set -euo pipefail\n{script}")])
+        .current_dir(home)
+        .env("HOME", home)
+        .env("PATH", path);
+    command
+}
+
+/// A command's standard output and error, one after the other.
+pub fn both_outputs(output: &std::process::Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    )
+}

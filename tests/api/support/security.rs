@@ -216,3 +216,32 @@ pub async fn tls_channel(
         .connect()
         .await
 }
+
+/// What a test of a client's transport failures points it at, written into `dir`: the servers'
+/// CA, another CA, a file that holds no certificate (paths), and a port nothing listens on.
+pub struct TransportFaults {
+    pub ca: String,
+    pub stranger: String,
+    pub junk: String,
+    pub closed: u16,
+}
+
+impl TransportFaults {
+    pub fn write(dir: &std::path::Path, servers: &Pki) -> Self {
+        let write = |name: &str, text: &str| {
+            let path = dir.join(name);
+            std::fs::write(&path, text).expect("write a PEM file");
+            path.display().to_string()
+        };
+        let closed = {
+            let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("a free port");
+            listener.local_addr().expect("its address").port()
+        };
+        Self {
+            ca: write("ca.pem", &servers.ca_pem()),
+            stranger: write("stranger.pem", &Pki::new("another CA").ca_pem()),
+            junk: write("junk.pem", "not a certificate\n"),
+            closed,
+        }
+    }
+}
