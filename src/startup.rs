@@ -21,6 +21,7 @@ use crate::grpc::{self, Security, TlsMaterial};
 use crate::health::{HealthState, ServingStatus};
 use crate::readiness;
 use crate::reaper;
+use crate::service::erasures::Confirmation;
 use crate::service::held_keys::HeldKeys;
 use crate::service::waiting::{DatabaseClock, Waiters};
 use crate::service::{Coordinator, InFlight, ReplayCache, Waiting};
@@ -202,20 +203,25 @@ impl Application {
                     .follow(store.key_events(), shutdown.clone()),
             )
         });
-        let replays = ReplayCache::new(settings.replay_cache_bytes, clock.clone());
+        let confirmation = if store.has_replicas() {
+            Confirmation::by_heartbeats()
+        } else {
+            Confirmation::always()
+        };
+        let replays = ReplayCache::new(settings.replay_cache_bytes, clock.clone(), confirmation);
         // Erasures by any replica (this one's too) empty this replica's replay cache of what
-        // they erased. Subscribed before serving begins, so that none is missed.
-        if let Some(replays) = &replays {
-            supervisor.spawn(
-                "erasure follower",
-                &shutdown,
-                crate::service::admin::follow_erasures(
-                    store.erasures(),
-                    replays.clone(),
-                    shutdown.clone(),
-                ),
-            );
-        }
+        // they erased, and each eraser's request is acknowledged. Subscribed before serving
+        // begins, so that none is missed.
+        supervisor.spawn(
+            "erasure follower",
+            &shutdown,
+            crate::service::erasures::follow_erasures(
+                store.clone(),
+                store.erasures(),
+                replays.clone(),
+                shutdown.clone(),
+            ),
+        );
         let held_keys = HeldKeys::for_capacity(
             settings.store.concurrent_statements,
             settings.operation_timeout,

@@ -196,11 +196,15 @@ fn describe() {
     );
     describe_counter!(
         "idempotency_replay_cache_lookups_total",
-        "TryStarts and Lookups the replay cache answered (hit) or passed to the store (miss)."
+        "TryStarts and Lookups the replay cache answered (hit) or passed to the store (miss; unconfirmed: not looked at, no heartbeat heard back lately)."
     );
     describe_gauge!(
         "idempotency_replay_cache_bytes",
         "Bytes the replay cache holds, by its weights."
+    );
+    describe_gauge!(
+        "idempotency_replay_cache_confirmed",
+        "1 while a heartbeat heard back within the last second confirms that the replay cache has applied every erasure announced before it (it may serve), else 0."
     );
     describe_gauge!(
         "idempotency_held_keys",

@@ -1,8 +1,7 @@
 //! The operator's actions (the admin API) on the store: listings a page at a time, a key's
 //! record, a namespace's numbers, and the recorded changes (ForceRelease, EraseKey,
-//! EraseNamespace), after which this replica's replay cache forgets what was erased at once
-//! (other replicas hear it from the store: `AdminStore::erasures`, followed by
-//! [`follow_erasures`]).
+//! EraseNamespace), after which this replica's replay cache forgets what was erased at once,
+//! and the erasure answers only once every other replica has too (`service/erasures.rs`).
 //!
 //! Nothing here is on the path of the contract's calls: an erasure runs one bounded batch at a
 //! time on one connection, each after the last key the one before it erased, and rests
@@ -10,18 +9,19 @@
 
 use std::time::{Duration, Instant};
 
-use tokio::sync::{broadcast, watch};
+use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use super::ReplayCache;
+use super::erasures::{Honoured, every_replica_honoured};
 use super::held_keys::{EraseKey, ForceRelease, HeldKeys, RunsAlone};
 use crate::domain::admin::{
     AdminAction, AuditEntry, AuditEvent, AuditFilter, EraseBatch, ForceReleased, FullKey,
     KeyFilter, KeySummary, NamespaceStats, PageCursor, PageSize, Reason,
 };
 use crate::domain::{Key, Scope};
-use crate::store::{AdminStore, AnyStore, EraseCursor, Erasure, StoreError};
+use crate::store::{AdminStore, AnyStore, EraseCursor, StoreError};
 use crate::telemetry::error_chain;
 
 /// How long the audit trail keeps an event by default (`--audit-retention`).
@@ -195,9 +195,11 @@ impl Admin {
             key: key.clone(),
         };
         let erased = self.on_held_key(&erase).await?;
+        let committed = Instant::now();
         if let Some(replays) = &self.replays {
             replays.forget_key(namespace.as_str(), key.as_str());
         }
+        self.until_every_replica_honoured(committed, erased.1).await;
         tracing::warn!(
             actor = actor.name,
             namespace = namespace.as_str(),
@@ -235,6 +237,8 @@ impl Admin {
         let namespace = namespace.clone();
         self.tasks.spawn(async move {
             let last = this.erase_all(&namespace, batch, audit_id, &progress).await;
+            this.until_every_replica_honoured(Instant::now(), audit_id)
+                .await;
             done.outcome_json = Some(
                 serde_json::json!({
                     "erase_namespace_audit_id": audit_id,
@@ -358,25 +362,20 @@ impl Admin {
     }
 }
 
-/// Applies the erasures every replica announces to this replica's replay cache, until
-/// shutdown. The receiver is taken before serving begins, so that none is missed.
-pub async fn follow_erasures(
-    mut erasures: broadcast::Receiver<Erasure>,
-    replays: ReplayCache,
-    shutdown: CancellationToken,
-) {
-    loop {
-        let next = tokio::select! {
-            () = shutdown.cancelled() => return,
-            next = erasures.recv() => next,
-        };
-        match next {
-            Ok(Erasure::Key { namespace, key }) => replays.forget_key(&namespace, &key),
-            Ok(Erasure::Namespace(namespace)) => replays.forget_namespace(&namespace),
-            Ok(Erasure::Missed) | Err(broadcast::error::RecvError::Lagged(_)) => {
-                replays.forget_everything();
-            }
-            Err(broadcast::error::RecvError::Closed) => return,
+impl Admin {
+    /// Waits until no replica can replay what the erasure recorded as `audit_id` erased, whose
+    /// commits had all been answered at `committed` (`service/erasures.rs`).
+    async fn until_every_replica_honoured(&self, committed: Instant, audit_id: i64) {
+        match every_replica_honoured(&self.store, committed).await {
+            Honoured::Acknowledged => {}
+            Honoured::OutlastedBy(silent) => tracing::warn!(audit_id, replicas = ?silent,
+                "replicas did not acknowledge an erasure in time; they serve no replay from \
+                 memory until they have caught up"),
+            Honoured::Unasked => tracing::warn!(
+                audit_id,
+                "the replicas could not be asked to acknowledge an erasure; it answered once \
+                 none could serve a replay from memory without having caught up"
+            ),
         }
     }
 }

@@ -28,6 +28,7 @@ use tokio_util::task::TaskTracker;
 
 pub mod admin;
 pub mod coalesce;
+pub mod erasures;
 pub mod held_keys;
 pub mod in_flight;
 pub mod replay_cache;
@@ -383,6 +384,7 @@ impl Coordinator {
             command.key.clone(),
             command.fingerprint.clone(),
         );
+        let ticket = replays.ticket();
         let outcome = self.try_start_in_store(command).await?;
         match &outcome {
             // A replay matched the caller's fingerprint: it is the record's.
@@ -390,6 +392,7 @@ impl Coordinator {
                 response,
                 completion,
             } => replays.remember(
+                ticket,
                 &namespace,
                 &key,
                 fingerprint.as_bytes(),
@@ -428,9 +431,17 @@ impl Coordinator {
         let response = replays
             .awaits_completion(token)
             .then(|| command.response.clone());
+        let ticket = replays.ticket();
         let completion = self.complete_in_store(command).await?;
         if let Some(response) = response {
-            replays.completed(&namespace, &key, token, response.as_bytes(), &completion);
+            replays.completed(
+                ticket,
+                &namespace,
+                &key,
+                token,
+                response.as_bytes(),
+                &completion,
+            );
         }
         Ok(completion)
     }
@@ -496,6 +507,7 @@ impl Coordinator {
             return Ok(state);
         }
         let (namespace, key) = (query.namespace.clone(), query.key.clone());
+        let ticket = replays.ticket();
         let state = in_store(query).await?;
         if let KeyState::Completed {
             response,
@@ -503,7 +515,7 @@ impl Coordinator {
             completion,
         } = &state
         {
-            replays.remember(&namespace, &key, fingerprint, response, completion);
+            replays.remember(ticket, &namespace, &key, fingerprint, response, completion);
         }
         Ok(state)
     }

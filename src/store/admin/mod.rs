@@ -62,6 +62,16 @@ pub enum Erasure {
     },
     /// Erasures may have been missed (the store's listener reconnected): forget everything.
     Missed,
+    /// Every erasure that committed before a heartbeat this replica sent at this instant has
+    /// been announced before this: a replay cache that applied them is confirmed from then.
+    Caught(std::time::Instant),
+    /// An eraser asks every replica to acknowledge, once it has applied what came before.
+    Barrier(u64),
+    /// `replica` (as [`AdminStore::replicas_seen_within`] names it) acknowledged `barrier`.
+    Acknowledged {
+        barrier: u64,
+        replica: String,
+    },
 }
 
 impl Erasure {
@@ -70,7 +80,9 @@ impl Erasure {
         match self {
             Self::Namespace(namespace) => namespace.clone(),
             Self::Key { namespace, key } => format!("{namespace}\u{1f}{key}"),
-            Self::Missed => String::new(),
+            Self::Missed | Self::Caught(_) | Self::Barrier(_) | Self::Acknowledged { .. } => {
+                String::new()
+            }
         }
     }
 
@@ -162,8 +174,35 @@ pub trait AdminStore: Store {
     /// Stuck keys across all namespaces, from the in-progress keys' index.
     fn stuck_keys(&self) -> impl Future<Output = Result<StuckSummary, StoreError>> + Send;
 
-    /// Erasures announced by any replica (this one included), as they commit.
+    /// Erasures announced by any replica (this one included), as they commit, and what the
+    /// replicas announce of them.
     fn erasures(&self) -> tokio::sync::broadcast::Receiver<Erasure>;
+
+    /// Whether other processes may serve this store (PostgreSQL): an erasure then waits for
+    /// their acknowledgements, and this replica's replay cache serves only while its heartbeat
+    /// confirms it ([`Erasure::Caught`]). The embedded store serves one process, whose replay
+    /// cache forgets an erasure as it commits.
+    fn has_replicas(&self) -> bool;
+
+    /// Asks every replica to acknowledge [`Erasure::Barrier`] `barrier` once it has applied
+    /// every erasure that committed before.
+    fn ask_acknowledgements(
+        &self,
+        barrier: u64,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send;
+
+    /// The replicas whose heartbeat the store's clock saw within `within`.
+    fn replicas_seen_within(
+        &self,
+        within: std::time::Duration,
+    ) -> impl Future<Output = Result<Vec<String>, StoreError>> + Send;
+
+    /// Sends this replica's acknowledgement of `barrier` (soon, without waiting).
+    fn acknowledge(&self, barrier: u64);
+
+    /// This replica leaves (it shuts down, and its replay cache has stopped serving): erasures
+    /// need not wait for it any more.
+    fn depart(&self) -> impl Future<Output = ()> + Send;
 }
 
 /// Calls the same method on whichever store this is.
@@ -249,5 +288,31 @@ impl AdminStore for AnyStore {
             Self::Postgres(store) => store.erasures(),
             Self::Sqlite(store) => store.erasures(),
         }
+    }
+
+    fn has_replicas(&self) -> bool {
+        matches!(self, Self::Postgres(_))
+    }
+
+    async fn ask_acknowledgements(&self, barrier: u64) -> Result<(), StoreError> {
+        delegate!(self, store => store.ask_acknowledgements(barrier))
+    }
+
+    async fn replicas_seen_within(
+        &self,
+        within: std::time::Duration,
+    ) -> Result<Vec<String>, StoreError> {
+        delegate!(self, store => store.replicas_seen_within(within))
+    }
+
+    fn acknowledge(&self, barrier: u64) {
+        match self {
+            Self::Postgres(store) => store.acknowledge(barrier),
+            Self::Sqlite(store) => store.acknowledge(barrier),
+        }
+    }
+
+    async fn depart(&self) {
+        delegate!(self, store => AdminStore::depart(store))
     }
 }

@@ -113,6 +113,9 @@ impl PgStore {
             listen: Arc::new(|options: PgConnectOptions| {
                 options.application_name("idempotency-coordinator listener")
             }),
+            heartbeat: Arc::new(|options: PgConnectOptions| {
+                options.application_name("idempotency-coordinator heartbeat")
+            }),
         };
         let calls_follower = follower.clone();
         let pool = followed_pool(&follower, settings.pool_size, budget.connection_wait)
@@ -150,12 +153,22 @@ impl PgStore {
         // new host meanwhile.
         let listen_pool = followed_pool(&listen_follower, 2, budget.connection_wait)
             .connect_lazy_with(listen_follower.current_options(&shapes.listen));
+        let beat_follower = listen_follower.clone();
+        let beat_pool = followed_pool(&listen_follower, 1, budget.connection_wait)
+            .before_acquire(move |_, metadata| {
+                let moved = beat_follower.predates_move(metadata.age)
+                    || beat_follower.idle_since_trouble(metadata.idle_for);
+                Box::pin(async move { Ok(!moved) })
+            })
+            .connect_lazy_with(listen_follower.current_options(&shapes.heartbeat));
         Ok(Self {
             connections: Arc::new(KeptConnections::new(pool, follower.clone())),
             probe_pool,
             listen_pool,
             events: broadcast::channel(EVENTS_QUEUED).0,
             erasures: broadcast::channel(EVENTS_QUEUED).0,
+            replica: Arc::new(super::replicas::Replica::new()),
+            beat_pool,
             follower,
             listen_follower,
             shapes: Arc::new(shapes),
@@ -194,6 +207,7 @@ pub(super) struct Shapes {
     pub calls: Shape,
     pub probe: Shape,
     pub listen: Shape,
+    pub heartbeat: Shape,
 }
 
 /// The hosts of `url` and the credentials that log in to them.

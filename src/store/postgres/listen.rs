@@ -10,7 +10,7 @@ use tokio_util::sync::CancellationToken;
 use super::PgStore;
 use super::error::classify;
 use super::rows::{MarkedKeyRow, WatchedKeyRow};
-use super::sql::{ERASED_CHANNEL, KEY_CHANNEL, LOOKUP_WATCHED, WATCH_KEY};
+use super::sql::{ERASED_CHANNEL, KEY_CHANNEL, LOOKUP_WATCHED, REPLICAS_CHANNEL, WATCH_KEY};
 use crate::domain::{KeyHash, KeyState, LookupQuery};
 use crate::store::{Erasure, KeyEvent, StoreError};
 
@@ -52,11 +52,21 @@ impl PgStore {
             }
             Err(other) => return Err(other),
         };
-        listener.listen_all([KEY_CHANNEL, ERASED_CHANNEL]).await?;
+        listener
+            .listen_all([
+                KEY_CHANNEL,
+                ERASED_CHANNEL,
+                REPLICAS_CHANNEL,
+                self.replica.channel.as_str(),
+            ])
+            .await?;
         // Whatever committed while nobody listened is unknown: every waiter looks again, and
-        // every replay cache forgets what it holds (an erasure may have been missed).
+        // every replay cache forgets what it holds (an erasure may have been missed). Sent
+        // before anything heard on this connection, so that a heartbeat heard after it
+        // confirms a cache that has forgotten.
         let _ = self.events.send(KeyEvent::Missed);
         let _ = self.erasures.send(Erasure::Missed);
+        self.replica.listening();
         loop {
             let next = tokio::select! {
                 () = shutdown.cancelled() => return Ok(()),
@@ -73,6 +83,14 @@ impl PgStore {
                         .send(Erasure::from_payload(notification.payload()));
                     // A waiter on an erased key must look again.
                     let _ = self.events.send(KeyEvent::Missed);
+                }
+                Some(notification) if notification.channel() != KEY_CHANNEL => {
+                    if let Some(heard) = self
+                        .replica
+                        .heard(notification.channel(), notification.payload())
+                    {
+                        let _ = self.erasures.send(heard);
+                    }
                 }
                 Some(notification) => match KeyHash::from_hex(notification.payload()) {
                     Some(hash) => {

@@ -30,6 +30,7 @@ mod opening;
 mod primary;
 mod privileges;
 mod refusal;
+mod replicas;
 mod rows;
 mod sql;
 mod statements;
@@ -149,8 +150,14 @@ pub struct PgStore {
     /// The one connection that `LISTEN`s for committed changes, held by [`Store::watch_keys`].
     listen_pool: PgPool,
     events: broadcast::Sender<KeyEvent>,
-    /// Erasures heard on [`sql::ERASED_CHANNEL`], for every replica's replay cache.
+    /// Erasures heard on [`sql::ERASED_CHANNEL`], for every replica's replay cache, and what
+    /// the replicas announce of them (`replicas.rs`).
     erasures: broadcast::Sender<super::Erasure>,
+    /// This replica: its id, its heartbeat's channel, the acknowledgements it owes.
+    replica: Arc<replicas::Replica>,
+    /// The one connection that writes this replica's heartbeat and acknowledgements (on the
+    /// listener's hosts: the announcements must reach the listeners).
+    beat_pool: PgPool,
     /// The database URL's hosts and the one the calls' and the probe's pools connect to.
     follower: Arc<Follower>,
     /// The `LISTEN` connection's (the same as `follower` without `--notify-database-url`).
@@ -474,6 +481,7 @@ impl Store for PgStore {
 
     async fn close(&self) {
         self.listen_pool.close().await;
+        self.beat_pool.close().await;
         self.probe_pool.close().await;
         self.connections.close().await;
     }
@@ -491,7 +499,10 @@ impl Store for PgStore {
     }
 
     async fn watch_keys(&self, shutdown: CancellationToken) {
-        self.listen_with_retries(shutdown).await;
+        tokio::join!(
+            self.listen_with_retries(shutdown.clone()),
+            self.beat_until(&shutdown)
+        );
     }
 
     async fn rows_held(&self, rows: &[crate::store::Row<'_>]) -> Result<Vec<bool>, StoreError> {

@@ -3,9 +3,10 @@
 //! `migrate --grant-to <role>` (docs/operations.md, "Two roles").
 //!
 //! Each right is used by a statement of `sql.rs` or a function of `migrations/postgres/`:
-//! the three tables are read, inserted, updated (a claim's takeover, a mark's conflict, and
-//! `FOR UPDATE`, which the reaper's and the erasure's batches take) and deleted from (Release,
-//! the reaper, the erasure); the two sequences give tokens and mark batches (`nextval`, and
+//! the three tables of data are read, inserted, updated (a claim's takeover, a mark's conflict,
+//! and `FOR UPDATE`, which the reaper's and the erasure's batches take) and deleted from
+//! (Release, the reaper, the erasure), and so is the replicas' table (a heartbeat is an upsert;
+//! a starting replica deletes the rows of replicas long gone); the two sequences give tokens and mark batches (`nextval`, and
 //! `pg_sequence_last_value`, which needs `USAGE` or `SELECT`); the migrations' table is only
 //! read (the schema's version); TryStart's functions are executed. Nothing else: no `CREATE`,
 //! no ownership, no `TRUNCATE`, no `REFERENCES`, no `TRIGGER`.
@@ -48,6 +49,11 @@ const SERVICE_RIGHTS: &[Right] = &[
     Right {
         object: Object::Table,
         name: "admin_audit_events",
+        privileges: DATA,
+    },
+    Right {
+        object: Object::Table,
+        name: "idempotency_replicas",
         privileges: DATA,
     },
     Right {

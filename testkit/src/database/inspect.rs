@@ -40,6 +40,7 @@ impl TestDatabase {
             "idempotency_keys" => "SELECT count(*) FROM idempotency_keys",
             "processed_events" => "SELECT count(*) FROM processed_events",
             "admin_audit_events" => "SELECT count(*) FROM admin_audit_events",
+            "idempotency_replicas" => "SELECT count(*) FROM idempotency_replicas",
             other => panic!("unknown table {other}"),
         };
         let (count,): (i64,) = match &self.inspector {

@@ -2,7 +2,8 @@
 //! server, on both stores: listings and their filters, orders and pages (`keys`), the recorded
 //! changes and the audit trail (`changes`; its filters by key and operator, `audit_filters`), who may call it (`access`), its metrics
 //! (`metrics`), the CLI as a real process (`cli`), its
-//! own refusals (`cli_checks`) and its guarded erasures (`erase_guard`), a released key shown
+//! own refusals (`cli_checks`) and its guarded erasures (`erase_guard`), an erasure honoured by
+//! every replica before it returns (`honoured`, PostgreSQL), a released key shown
 //! as released (`released`), the operations guide's walkthrough run as
 //! written (`walkthrough`), and its cost on a large table (`scale`,
 //! PostgreSQL).
@@ -14,6 +15,7 @@ mod cli;
 mod cli_checks;
 mod erase_guard;
 mod holders;
+mod honoured;
 mod keys;
 mod metrics;
 mod released;

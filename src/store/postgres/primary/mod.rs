@@ -281,6 +281,10 @@ impl PgStore {
                 pool: &self.listen_pool,
                 shape: &self.shapes.listen,
             });
+            pools.push(Followed {
+                pool: &self.beat_pool,
+                shape: &self.shapes.heartbeat,
+            });
         }
         (follower, pools)
     }

@@ -431,5 +431,7 @@ pub(super) const SESSION_WRITABLE: &str =
 
 mod admin;
 mod held;
+mod replicas;
 pub(super) use admin::*;
 pub(super) use held::HELD_ROWS;
+pub(super) use replicas::*;

@@ -18,17 +18,24 @@
 //! It fills from the store's answers: a TryStart or Lookup that found the key completed, and a
 //! Complete of a claim this replica handed out (whose fingerprint it noted with the token).
 //!
+//! An erasure is the one other way a record goes early (the admin API). This replica's cache
+//! forgets what any replica erased as the announcement arrives, serves only while its
+//! heartbeat confirms that it has applied every erasure announced before
+//! ([`Confirmation`], `service/erasures.rs`), and never keeps a record read before an erasure
+//! it applied meanwhile ([`Ticket`]).
+//!
 //! The cache is bounded by bytes (`--replay-cache-bytes`): each entry weighs its key, response
 //! and fingerprint plus a fixed overhead, and `quick_cache` evicts (CLOCK-Pro, scan resistant)
 //! to stay within the bound.
 
 use std::hash::{Hash, Hasher};
-use std::sync::Arc;
+use std::sync::{Arc, PoisonError, RwLock};
 use std::time::Duration;
 
 use quick_cache::sync::Cache;
 use quick_cache::{Equivalent, Weighter};
 
+use super::erasures::Confirmation;
 use super::waiting::DatabaseClock;
 use crate::domain::{Completion, Fingerprint, Key, KeyState, Scope, TryStartOutcome};
 
@@ -127,8 +134,23 @@ pub struct ReplayCache {
     /// Complete with the token completed has this fingerprint.
     claims: Arc<Cache<i64, Arc<CacheKeyAndFingerprint>, ClaimWeight>>,
     clock: DatabaseClock,
+    /// Whether the cache may serve now: one process's always may; a replica's only while its
+    /// heartbeat confirms it.
+    confirmation: Confirmation,
+    /// How many times the cache has forgotten erased records: a record read from the store
+    /// before one of them (whose [`Ticket`] is older) is not kept, since the erasure may
+    /// have removed it after it was read. A forgetting holds it for writing while it counts
+    /// and walks the cache; a record is checked and inserted under it held for reading, so
+    /// that no erased record is ever in the cache, even for a moment, once it was forgotten.
+    erasures_applied: Arc<RwLock<u64>>,
     meters: Arc<Meters>,
 }
+
+/// Taken before a record is read from the store, and shown when it is remembered: a record
+/// read before an erasure this cache applied since is not kept.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[must_use]
+pub struct Ticket(u64);
 
 /// The cache's metrics, registered once (no label hashing per call).
 struct Meters {
@@ -140,6 +162,8 @@ struct Meters {
 struct Outcomes {
     hit: metrics::Counter,
     miss: metrics::Counter,
+    /// Not looked at: the cache was not confirmed (its heartbeat not heard lately).
+    unconfirmed: metrics::Counter,
 }
 
 impl Outcomes {
@@ -151,14 +175,19 @@ impl Outcomes {
         Self {
             hit: counter("hit"),
             miss: counter("miss"),
+            unconfirmed: counter("unconfirmed"),
         }
     }
 }
 
 impl ReplayCache {
     /// A cache of at most `capacity_bytes` (see [`ENTRY_OVERHEAD_BYTES`]), judging expiry by
-    /// `clock`; `None` for 0 (no cache).
-    pub fn new(capacity_bytes: u64, clock: DatabaseClock) -> Option<Self> {
+    /// `clock`, serving while `confirmation` holds; `None` for 0 (no cache).
+    pub fn new(
+        capacity_bytes: u64,
+        clock: DatabaseClock,
+        confirmation: Confirmation,
+    ) -> Option<Self> {
         if capacity_bytes == 0 {
             return None;
         }
@@ -180,6 +209,8 @@ impl ReplayCache {
                 ClaimWeight,
             )),
             clock,
+            confirmation,
+            erasures_applied: Arc::new(RwLock::new(0)),
             meters: Arc::new(Meters {
                 try_start: Outcomes::of("TryStart"),
                 lookup: Outcomes::of("Lookup"),
@@ -217,10 +248,33 @@ impl ReplayCache {
         })
     }
 
-    /// Remembers a completed record the store answered. A record that is already past (or
-    /// within the margin of) its retention is not kept.
+    /// To be taken before reading from the store what [`Self::remember`] or
+    /// [`Self::completed`] will be given.
+    pub fn ticket(&self) -> Ticket {
+        Ticket(
+            *self
+                .erasures_applied
+                .read()
+                .unwrap_or_else(PoisonError::into_inner),
+        )
+    }
+
+    /// A heartbeat sent at `sent` was heard after every erasure before it was applied.
+    pub fn confirm(&self, sent: std::time::Instant) {
+        self.confirmation.renew(sent);
+    }
+
+    /// Whether the cache may serve now.
+    pub fn confirmed(&self) -> bool {
+        self.confirmation.holds()
+    }
+
+    /// Remembers a completed record the store answered after `ticket` was taken. A record
+    /// that is already past (or within the margin of) its retention is not kept, nor one read
+    /// before an erasure this cache has applied since.
     pub fn remember(
         &self,
+        ticket: Ticket,
         namespace: &Scope,
         key: &Key,
         fingerprint: &[u8],
@@ -235,13 +289,22 @@ impl ReplayCache {
             response: response.to_vec(),
             completion: completion.clone(),
         });
-        self.records.insert(
-            CacheKey {
-                namespace: namespace.clone(),
-                key: key.clone(),
-            },
-            record,
-        );
+        {
+            let applied = self
+                .erasures_applied
+                .read()
+                .unwrap_or_else(PoisonError::into_inner);
+            if *applied != ticket.0 {
+                return;
+            }
+            self.records.insert(
+                CacheKey {
+                    namespace: namespace.clone(),
+                    key: key.clone(),
+                },
+                record,
+            );
+        }
         self.meters.bytes.set(self.weight() as f64);
     }
 
@@ -265,9 +328,10 @@ impl ReplayCache {
     }
 
     /// Remembers the record a Complete with `token` completed, if this replica handed out the
-    /// claim (otherwise the first replay fills the cache).
+    /// claim (otherwise the first replay fills the cache), as [`Self::remember`] does.
     pub fn completed(
         &self,
+        ticket: Ticket,
         namespace: &Scope,
         key: &Key,
         token: i64,
@@ -279,12 +343,21 @@ impl ReplayCache {
         };
         // Tokens are unique across keys; the check costs nothing and keeps it obvious.
         if claim.key.namespace == *namespace && claim.key.key == *key {
-            self.remember(namespace, key, &claim.fingerprint, response, completion);
+            self.remember(
+                ticket,
+                namespace,
+                key,
+                &claim.fingerprint,
+                response,
+                completion,
+            );
         }
     }
 
     /// Forgets whatever is cached of `key` (an operator erased it).
     pub fn forget_key(&self, namespace: &str, key: &str) {
+        let mut applied = self.forgetting();
+        *applied += 1;
         self.records.retain(|cached, _| {
             !(cached.namespace.as_str() == namespace && cached.key.as_str() == key)
         });
@@ -294,6 +367,8 @@ impl ReplayCache {
     /// Forgets every record of `namespace` (an operator erased it). A walk over the cache:
     /// erasures are rare, and the cache is bounded.
     pub fn forget_namespace(&self, namespace: &str) {
+        let mut applied = self.forgetting();
+        *applied += 1;
         self.records
             .retain(|cached, _| cached.namespace.as_str() != namespace);
         self.meters.bytes.set(self.weight() as f64);
@@ -301,8 +376,23 @@ impl ReplayCache {
 
     /// Forgets everything (erasures may have been missed).
     pub fn forget_everything(&self) {
+        let mut applied = self.forgetting();
+        *applied += 1;
         self.records.clear();
         self.meters.bytes.set(self.weight() as f64);
+    }
+
+    /// The count of erasures applied, held for writing while one is (see `erasures_applied`).
+    fn forgetting(&self) -> std::sync::RwLockWriteGuard<'_, u64> {
+        self.erasures_applied
+            .write()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Stops serving at once, for good (this replica is shutting down and about to tell the
+    /// others not to wait for it).
+    pub fn stop_serving(&self) {
+        self.confirmation.revoke();
     }
 
     /// The bytes the cache holds now, by its weights (claims awaiting their Complete
@@ -316,8 +406,13 @@ impl ReplayCache {
         self.records.capacity() + self.claims.capacity()
     }
 
-    /// The cached record of this key, if it is live; an expired one is dropped.
+    /// The cached record of this key, if it is live and the cache confirmed; an expired one is
+    /// dropped.
     fn live(&self, namespace: &Scope, key: &Key, outcomes: &Outcomes) -> Option<Arc<Record>> {
+        if !self.confirmation.holds() {
+            outcomes.unconfirmed.increment(1);
+            return None;
+        }
         let wanted = KeyRef { namespace, key };
         let found = self.records.get(&wanted);
         let live = match found {
@@ -348,124 +443,4 @@ impl ReplayCache {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn scope() -> Scope {
-        Scope::parse("ns".into()).expect("scope")
-    }
-
-    fn key(name: &str) -> Key {
-        Key::parse(name.into()).expect("key")
-    }
-
-    fn fingerprint(bytes: &[u8]) -> Fingerprint {
-        Fingerprint::parse(bytes.to_vec()).expect("fingerprint")
-    }
-
-    /// A clock whose last reading of the database said `database_now`, just now.
-    fn clock_reading(database_now: chrono::DateTime<chrono::Utc>) -> DatabaseClock {
-        let clock = DatabaseClock::default();
-        let now = chrono::Utc::now();
-        clock.record(now, database_now, now, tokio::time::Instant::now());
-        clock
-    }
-
-    fn completion_expiring(at: chrono::DateTime<chrono::Utc>) -> Completion {
-        Completion {
-            completed_at: at - chrono::Duration::hours(1),
-            expires_at: at,
-        }
-    }
-
-    #[test]
-    fn a_live_record_replays_and_checks_the_fingerprint() {
-        let database_now = chrono::Utc::now() - chrono::Duration::hours(5);
-        let cache = ReplayCache::new(1 << 20, clock_reading(database_now)).expect("a cache");
-        let completion = completion_expiring(database_now + chrono::Duration::seconds(10));
-        cache.remember(&scope(), &key("k"), b"fp", b"answer", &completion);
-        assert_eq!(
-            cache.try_start(&scope(), &key("k"), &fingerprint(b"fp")),
-            Some(TryStartOutcome::Completed {
-                response: b"answer".to_vec(),
-                completion: completion.clone(),
-            })
-        );
-        assert_eq!(
-            cache.try_start(&scope(), &key("k"), &fingerprint(b"other")),
-            Some(TryStartOutcome::FingerprintMismatch)
-        );
-        assert_eq!(
-            cache.lookup(&scope(), &key("k")),
-            Some(KeyState::Completed {
-                response: b"answer".to_vec(),
-                fingerprint: b"fp".to_vec(),
-                completion,
-            })
-        );
-        assert_eq!(cache.lookup(&scope(), &key("unknown")), None);
-    }
-
-    #[test]
-    fn a_complete_of_a_claim_handed_out_here_is_remembered_with_its_fingerprint() {
-        let database_now = chrono::Utc::now();
-        let cache = ReplayCache::new(1 << 20, clock_reading(database_now)).expect("a cache");
-        let completion = completion_expiring(database_now + chrono::Duration::hours(1));
-        cache.claimed(&scope(), &key("mine"), &fingerprint(b"fp"), 41);
-        // A token this replica did not hand out: nothing to remember it by.
-        cache.completed(&scope(), &key("theirs"), 42, b"r", &completion);
-        assert_eq!(cache.lookup(&scope(), &key("theirs")), None);
-        cache.completed(&scope(), &key("mine"), 41, b"r", &completion);
-        assert_eq!(
-            cache.try_start(&scope(), &key("mine"), &fingerprint(b"fp")),
-            Some(TryStartOutcome::Completed {
-                response: b"r".to_vec(),
-                completion,
-            })
-        );
-    }
-
-    #[test]
-    fn a_record_within_the_margin_of_its_retention_is_not_served() {
-        // The service's own clock is far off the database's: only the database's counts.
-        let database_now = chrono::Utc::now() + chrono::Duration::hours(3);
-        let cache = ReplayCache::new(1 << 20, clock_reading(database_now)).expect("a cache");
-        let margin = chrono::Duration::from_std(EXPIRY_MARGIN).expect("margin");
-        let almost = completion_expiring(database_now + margin);
-        cache.remember(&scope(), &key("almost"), b"fp", b"r", &almost);
-        assert_eq!(cache.weight(), 0, "not even kept");
-        assert_eq!(cache.lookup(&scope(), &key("almost")), None);
-    }
-
-    #[test]
-    fn nothing_is_served_before_the_first_clock_reading() {
-        let cache = ReplayCache::new(1 << 20, DatabaseClock::default()).expect("a cache");
-        let far = completion_expiring(chrono::Utc::now() + chrono::Duration::days(300));
-        cache.remember(&scope(), &key("k"), b"fp", b"r", &far);
-        assert_eq!(cache.lookup(&scope(), &key("k")), None);
-    }
-
-    #[test]
-    fn zero_bytes_is_no_cache_and_the_bound_holds() {
-        assert!(ReplayCache::new(0, DatabaseClock::default()).is_none());
-        let database_now = chrono::Utc::now();
-        let capacity = 64 * 1024;
-        let cache = ReplayCache::new(capacity, clock_reading(database_now)).expect("a cache");
-        let completion = completion_expiring(database_now + chrono::Duration::hours(1));
-        for index in 0..1000 {
-            cache.remember(
-                &scope(),
-                &key(&format!("key-{index}")),
-                b"fp",
-                &[b'r'; 1000],
-                &completion,
-            );
-            assert!(
-                cache.weight() <= capacity,
-                "{} > {capacity}",
-                cache.weight()
-            );
-        }
-        assert!(cache.weight() > capacity / 2, "it does fill up");
-    }
-}
+mod tests;
