@@ -68,26 +68,24 @@ class Rules(unittest.TestCase):
         self.assertIn('grpc_code=~"Unavailable', rules["IdempotencyHighErrorRatio"])
         self.assertTrue(rules["IdempotencyHighErrorRatio"].endswith("> 0.01"))
 
+    def assert_only_problem(self, old: str, new: str, problem: str) -> None:
+        """The rules with `old` replaced by `new` have one problem, `problem`."""
+        self.assertEqual(check_files(rules=RULES_TEXT.replace(old, new)), [problem])
+
     def test_a_misspelled_metric_in_a_rule_is_reported(self):
-        broken = RULES_TEXT.replace("max(idempotency_stuck_keys)", "max(idempotency_stuck_key)")
-        self.assertEqual(
-            check_files(rules=broken),
-            [
-                "rule IdempotencyStuckKeysPilingUp: idempotency_stuck_key is not a "
-                "metric the service exports (docs/metrics.md)"
-            ],
+        self.assert_only_problem(
+            "max(idempotency_stuck_keys)",
+            "max(idempotency_stuck_key)",
+            "rule IdempotencyStuckKeysPilingUp: idempotency_stuck_key is not a "
+            "metric the service exports (docs/metrics.md)",
         )
 
     def test_a_bare_histogram_name_in_a_rule_is_reported(self):
-        broken = RULES_TEXT.replace(
-            "grpc_server_handling_seconds_bucket{", "grpc_server_handling_seconds{"
-        )
-        self.assertEqual(
-            check_files(rules=broken),
-            [
-                "rule IdempotencyHighLatencyP99: grpc_server_handling_seconds is not a metric the "
-                "service exports (docs/metrics.md)"
-            ],
+        self.assert_only_problem(
+            "grpc_server_handling_seconds_bucket{",
+            "grpc_server_handling_seconds{",
+            "rule IdempotencyHighLatencyP99: grpc_server_handling_seconds is not a metric the "
+            "service exports (docs/metrics.md)",
         )
 
     def test_a_layout_it_cannot_read_is_refused(self):
@@ -110,23 +108,25 @@ class Rules(unittest.TestCase):
 
     def test_an_alert_without_a_quiet_test_is_reported(self):
         quiet_test = "  - name: waiters below the mark do not fire, even many replicas' together\n"
-        self.assertEqual(
-            self.bite_problems("IdempotencyWaitersNearLimit", quiet_test),
-            [
-                "IdempotencyWaitersNearLimit: no test fails when it always fires "
-                "(no test expects it quiet)"
-            ],
+        self.assert_bite_problem(
+            quiet_test,
+            "IdempotencyWaitersNearLimit: no test fails when it always fires "
+            "(no test expects it quiet)",
         )
 
     def test_an_alert_without_a_firing_test_is_reported(self):
         firing_test = "  - name: more than 8000 waiters on one replica for 5 minutes fire\n"
-        self.assertEqual(
-            self.bite_problems("IdempotencyWaitersNearLimit", firing_test),
-            [
-                "IdempotencyWaitersNearLimit: no test fails when it never fires "
-                "(no test expects it to fire)"
-            ],
+        self.assert_bite_problem(
+            firing_test,
+            "IdempotencyWaitersNearLimit: no test fails when it never fires "
+            "(no test expects it to fire)",
         )
+
+    def assert_bite_problem(self, removed_test_start: str, problem: str) -> None:
+        """With the test starting so removed, the mutation check of IdempotencyWaitersNearLimit
+        says `problem`, and only it."""
+        alert = "IdempotencyWaitersNearLimit"
+        self.assertEqual(self.bite_problems(alert, removed_test_start), [problem])
 
     @staticmethod
     def bite_problems(alert: str, removed_test_start: str) -> list[str]:

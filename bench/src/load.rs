@@ -226,6 +226,12 @@ pub fn run_id() -> String {
     uuid::Uuid::new_v4().simple().to_string()
 }
 
+/// The outcome of a TryStart of `key`; `None` when the call failed.
+async fn outcome(client: &mut IdempotencyServiceClient<Channel>, key: String) -> Option<Outcome> {
+    let answer = client.try_start(try_start(key)).await.ok()?;
+    answer.into_inner().outcome
+}
+
 fn try_start(key: String) -> TryStartRequest {
     TryStartRequest {
         namespace: "bench".into(),
@@ -276,22 +282,12 @@ async fn call(
     let succeeded = match workload {
         Workload::TryStart => {
             let key = format!("{run}:{caller}:{sequence}");
-            matches!(
-                client
-                    .try_start(try_start(key))
-                    .await
-                    .map(|a| a.into_inner().outcome),
-                Ok(Some(Outcome::Started(_)))
-            )
+            matches!(outcome(&mut client, key).await, Some(Outcome::Started(_)))
         }
         Workload::Lifecycle => {
             let key = format!("{run}:{caller}:{sequence}");
-            match client
-                .try_start(try_start(key.clone()))
-                .await
-                .map(|a| a.into_inner().outcome)
-            {
-                Ok(Some(Outcome::Started(started))) => client
+            match outcome(&mut client, key.clone()).await {
+                Some(Outcome::Started(started)) => client
                     .complete(CompleteRequest {
                         namespace: "bench".into(),
                         key,
@@ -306,13 +302,7 @@ async fn call(
         }
         Workload::Replay => {
             let key = replay_key(replay_keys, caller, sequence).to_owned();
-            matches!(
-                client
-                    .try_start(try_start(key))
-                    .await
-                    .map(|a| a.into_inner().outcome),
-                Ok(Some(Outcome::Completed(_)))
-            )
+            matches!(outcome(&mut client, key).await, Some(Outcome::Completed(_)))
         }
         Workload::Health => tonic_health::pb::health_client::HealthClient::new(channel)
             .check(tonic_health::pb::HealthCheckRequest {

@@ -228,6 +228,18 @@ def figures(
     )
 
 
+def verdict(problems: Sequence[str], held: str) -> int:
+    """The suite's last words and exit status: the assertions that failed (1), or, when none
+    did, `held`, what every assertion showed (0)."""
+    if problems:
+        print(f"FAILED: {len(problems)} assertions", flush=True)
+        for problem in problems:
+            print(f"  - {problem}", flush=True)
+        return 1
+    print(held, flush=True)
+    return 0
+
+
 def problems(f: FaultFigures) -> list[str]:
     """What the suite asserts of a fault; each problem is one line."""
     run = f.run

@@ -43,6 +43,7 @@ from figures import (
     figures,
     problems,
     table,
+    verdict,
     violations,
 )
 from load import Load, Recorder, RecordingClient, Verifier, expected_responses
@@ -266,14 +267,11 @@ class Suite:
         say(f"== summary ({now() - started:.0f} s)")
         say(table(self.figures))
         say("")
-        if self.problems:
-            say(f"FAILED: {len(self.problems)} assertions")
-            for problem in self.problems:
-                say(f"  - {problem}")
-            return 1
-        say("every assertion held: no acknowledged result lost, no work run twice, tokens in")
-        say("order, calls through every coordinator within 2 s of the new primary taking writes")
-        return 0
+        return verdict(
+            self.problems,
+            "every assertion held: no acknowledged result lost, no work run twice, tokens in\n"
+            "order, calls through every coordinator within 2 s of the new primary taking writes",
+        )
 
     async def _stop(self, quick: bool) -> None:
         with contextlib.suppress(SuiteFailure):

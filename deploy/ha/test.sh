@@ -24,12 +24,9 @@
 # those), HA_ASYNC (1: measure the asynchronous mode at the end, the default; 0: skip).
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
-repo="$(cd "$here/../.." && pwd)"
-started_at=$SECONDS
-
-# A relative path is the caller's: made absolute before anything changes the folder.
-absolute() { case "$1" in /*) echo "$1" ;; *) echo "$PWD/$1" ;; esac; }
-BIN="$(absolute "${IDEMPOTENCY_COORDINATOR_BIN:-$repo/target/debug/idempotency-coordinator}")"
+# $repo, $started_at, $BIN (the coordinator binary, absolute).
+# shellcheck source=../suite_start.sh
+source "$here/../suite_start.sh"
 
 # Names and addresses, chosen not to meet anything else on the machine: a /24 of its own on a
 # bridge of its own, namespaces and links with a prefix of their own.

@@ -16,12 +16,9 @@
 # failure.
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
-repo="$(cd "$here/../.." && pwd)"
-started_at=$SECONDS
-
-# A relative path is the caller's: made absolute before anything changes the folder.
-absolute() { case "$1" in /*) echo "$1" ;; *) echo "$PWD/$1" ;; esac; }
-BIN="$(absolute "${IDEMPOTENCY_COORDINATOR_BIN:-$repo/target/debug/idempotency-coordinator}")"
+# $repo, $started_at, $BIN (the coordinator binary, absolute).
+# shellcheck source=../suite_start.sh
+source "$here/../suite_start.sh"
 
 SERVER_URL=postgres://postgres@127.0.0.1:5432
 DATABASE_PREFIX=idempotency_upgrade_

@@ -27,7 +27,7 @@ from pathlib import Path
 
 from cluster import SuiteFailure, failure, until
 from coordinators import Coordinator, log_summary
-from figures import check_the_checks, violations
+from figures import check_the_checks, verdict, violations
 from load import Load, Recorder, RecordingClient, Verifier, expected_responses
 from migration import (
     HOLD_SECONDS,
@@ -145,15 +145,12 @@ class Scenario:
             raise
         await self.stop(interrupted=False)
         self.report(now() - started)
-        if self.problems:
-            say(f"FAILED: {len(self.problems)} assertions")
-            for problem in self.problems:
-                say(f"  - {problem}")
-            return 1
-        say("every assertion held: no call failed after the client's retries, no acknowledged")
-        say("result lost, tokens in order, every waiter answered, calls kept their latency while")
-        say("the migration waited for its lock")
-        return 0
+        return verdict(
+            self.problems,
+            "every assertion held: no call failed after the client's retries, no acknowledged\n"
+            "result lost, tokens in order, every waiter answered, calls kept their latency while\n"
+            "the migration waited for its lock",
+        )
 
     # -----------------------------------------------------------------------------------------
     # The steps.

@@ -17,6 +17,15 @@ fn parse(args: &[&str]) -> Result<Cli, clap::Error> {
     )
 }
 
+/// The environment variable `serve`'s flag `id` is declared with (read by clap at parse time).
+fn declared_env(id: &str) -> Option<String> {
+    <ServeArgs as clap::Args>::augment_args(clap::Command::new("t"))
+        .get_arguments()
+        .find(|a| a.get_id() == id)
+        .and_then(|a| a.get_env())
+        .map(|v| v.to_string_lossy().into_owned())
+}
+
 #[test]
 fn serve_is_the_default_and_defaults_match_the_contract() {
     let Command::Serve(args) = parse(&[]).expect("parses").into_command() else {
@@ -114,12 +123,7 @@ fn the_url_scheme_selects_the_store() {
 
 #[test]
 fn a_non_loopback_address_needs_tokens_mtls_or_a_deliberate_flag() {
-    let settings = |args: &[&str]| {
-        let Command::Serve(serve) = parse(args).expect("parses").into_command() else {
-            panic!("expected serve");
-        };
-        serve.settings()
-    };
+    let settings = parsed_serve_settings;
     let error = settings(&["--listen", "0.0.0.0:50051"]).expect_err("refused");
     assert_eq!(error.flag, "allow-unauthenticated");
     assert!(error.to_string().contains("--allow-unauthenticated"));
@@ -148,12 +152,7 @@ fn a_non_loopback_address_needs_tokens_mtls_or_a_deliberate_flag() {
 
 #[test]
 fn security_flags_come_in_sensible_combinations() {
-    let settings = |args: &[&str]| {
-        let Command::Serve(serve) = parse(args).expect("parses").into_command() else {
-            panic!("expected serve");
-        };
-        serve.settings()
-    };
+    let settings = parsed_serve_settings;
     assert_eq!(
         settings(&["--tls-cert", "c"]).expect_err("no key").flag,
         "tls-cert"
@@ -186,6 +185,14 @@ fn defaults_outside_the_contract_bounds_are_refused() {
     assert!(parse(&["--max-response-bytes", "262143"]).is_err());
     assert!(parse(&["--max-response-bytes", "262144"]).is_ok());
     assert!(parse(&["--reaper-interval", "soon"]).is_err());
+}
+
+/// `serve`'s settings from `args`, which must parse.
+fn parsed_serve_settings(args: &[&str]) -> Result<Settings, SettingError> {
+    let Command::Serve(serve) = parse(args).expect("parses").into_command() else {
+        panic!("expected serve");
+    };
+    serve.settings()
 }
 
 fn serve_settings(args: &[&str]) -> Result<Settings, String> {
@@ -327,13 +334,9 @@ fn pooler_is_refused_for_the_embedded_store_and_read_from_its_variable() {
     let error = serve.settings().expect_err("SQLite has no pooler");
     assert!(error.to_string().contains("pooler"), "{error}");
     // The variable is declared on the flag (read by clap at parse time).
-    let declared = <ServeArgs as clap::Args>::augment_args(clap::Command::new("t"))
-        .get_arguments()
-        .find(|a| a.get_id() == "pooler")
-        .and_then(|a| a.get_env().map(|v| v.to_owned()));
     assert_eq!(
-        declared.as_deref(),
-        Some(std::ffi::OsStr::new("IDEMPOTENCY_POOLER"))
+        declared_env("pooler").as_deref(),
+        Some("IDEMPOTENCY_POOLER")
     );
 }
 
@@ -351,13 +354,9 @@ fn the_replay_cache_has_a_default_bounds_and_its_variable() {
         let error = serve_settings(&[&format!("{flag}={refused}")]).expect_err(refused);
         assert!(error.contains(flag), "{refused}: {error}");
     }
-    let declared = <ServeArgs as clap::Args>::augment_args(clap::Command::new("t"))
-        .get_arguments()
-        .find(|a| a.get_id() == "replay_cache_bytes")
-        .and_then(|a| a.get_env().map(|v| v.to_owned()));
     assert_eq!(
-        declared.as_deref(),
-        Some(std::ffi::OsStr::new("IDEMPOTENCY_REPLAY_CACHE_BYTES"))
+        declared_env("replay_cache_bytes").as_deref(),
+        Some("IDEMPOTENCY_REPLAY_CACHE_BYTES")
     );
 }
 

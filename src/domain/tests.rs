@@ -90,27 +90,22 @@ fn claim_actions_follow_the_contract_order() {
     };
     assert_eq!(claim_action(Some(&expired), now, &cmd), ClaimAction::Fresh);
     let other = command(b"other", Some("a"));
-    assert_eq!(
-        claim_action(Some(&live(now, Some("a"), false)), now, &other),
-        ClaimAction::Answer
-    );
-    assert_eq!(
-        claim_action(Some(&live(past, Some("a"), true)), now, &cmd),
-        ClaimAction::Answer
-    );
-    assert_eq!(
-        claim_action(Some(&live(past, Some("a"), false)), now, &cmd),
-        ClaimAction::Reenter
-    );
     let running = now + chrono::Duration::seconds(5);
-    assert_eq!(
-        claim_action(Some(&live(running, Some("b"), false)), now, &cmd),
-        ClaimAction::Answer
-    );
-    assert_eq!(
-        claim_action(Some(&live(past, Some("b"), false)), now, &cmd),
-        ClaimAction::Takeover
-    );
+    // (the stored key, the later claim, what it does)
+    let cases = [
+        (live(now, Some("a"), false), &other, ClaimAction::Answer),
+        (live(past, Some("a"), true), &cmd, ClaimAction::Answer),
+        (live(past, Some("a"), false), &cmd, ClaimAction::Reenter),
+        (live(running, Some("b"), false), &cmd, ClaimAction::Answer),
+        (live(past, Some("b"), false), &cmd, ClaimAction::Takeover),
+    ];
+    for (stored, later, action) in cases {
+        assert_eq!(
+            claim_action(Some(&stored), now, later),
+            action,
+            "{stored:?}"
+        );
+    }
 }
 
 #[test]
@@ -145,32 +140,36 @@ fn refusals_follow_the_contract_order() {
         expires_at: Utc::now(),
     };
     assert_eq!(classify_refusal(None, token), Err(Rejection::KeyNotFound));
-    let completed_by_other = GuardedKey {
-        lease_token: LeaseToken::from_stored(6),
+    let completed = |lease_token, same_response| GuardedKey {
+        lease_token,
         completion: Some(completion.clone()),
-        same_response: false,
+        same_response,
     };
+    // Completed by another holder, by this one with another response, with the same response.
+    let cases = [
+        (
+            completed(LeaseToken::from_stored(6), false),
+            Err(Rejection::LeaseLost),
+        ),
+        (completed(token, false), Err(Rejection::AlreadyCompleted)),
+        (completed(token, true), Ok(Some(completion.clone()))),
+    ];
+    for (guarded, refusal) in cases {
+        assert_eq!(classify_refusal(Some(guarded), token), refusal);
+    }
+}
+
+/// After `answer` to `earlier`, the holder's own attempt (`holder`) re-enters with the same
+/// request (it writes), and is refused with another.
+fn assert_the_holder_re_enters(earlier: &TryStartCommand, answer: &TryStartOutcome, holder: &str) {
     assert_eq!(
-        classify_refusal(Some(completed_by_other), token),
-        Err(Rejection::LeaseLost)
+        answer_after(earlier, answer, &command(b"fp", Some(holder))),
+        None,
+        "the holder's own attempt re-enters: it writes"
     );
-    let completed_other_response = GuardedKey {
-        lease_token: token,
-        completion: Some(completion.clone()),
-        same_response: false,
-    };
     assert_eq!(
-        classify_refusal(Some(completed_other_response), token),
-        Err(Rejection::AlreadyCompleted)
-    );
-    let completed_same_response = GuardedKey {
-        lease_token: token,
-        completion: Some(completion.clone()),
-        same_response: true,
-    };
-    assert_eq!(
-        classify_refusal(Some(completed_same_response), token),
-        Ok(Some(completion))
+        answer_after(earlier, answer, &command(b"other", Some(holder))),
+        Some(TryStartOutcome::FingerprintMismatch)
     );
 }
 
@@ -199,15 +198,7 @@ fn a_duplicate_after_a_claim_is_in_progress_unless_it_reenters_or_mismatches() {
     for later in [command(b"fp", None), command(b"fp", Some("b"))] {
         assert_eq!(answer_after(&earlier, &answer, &later), Some(held.clone()));
     }
-    assert_eq!(
-        answer_after(&earlier, &answer, &command(b"fp", Some("a"))),
-        None,
-        "the holder's own attempt re-enters: it writes"
-    );
-    assert_eq!(
-        answer_after(&earlier, &answer, &command(b"other", Some("a"))),
-        Some(TryStartOutcome::FingerprintMismatch)
-    );
+    assert_the_holder_re_enters(&earlier, &answer, "a");
     // A claim without an attempt_id is re-entered by nobody: every later attempt is held off.
     let (anonymous, answer) = started(None);
     for later in [command(b"fp", None), command(b"fp", Some("x"))] {
@@ -234,15 +225,7 @@ fn a_duplicate_after_in_progress_follows_unless_it_is_the_holders_own_attempt() 
     ] {
         assert_eq!(answer_after(&earlier, &held, &later), Some(held.clone()));
     }
-    assert_eq!(
-        answer_after(&earlier, &held, &command(b"fp", Some("h"))),
-        None,
-        "the holder's own attempt re-enters: it writes"
-    );
-    assert_eq!(
-        answer_after(&earlier, &held, &command(b"other", Some("h"))),
-        Some(TryStartOutcome::FingerprintMismatch)
-    );
+    assert_the_holder_re_enters(&earlier, &held, "h");
     // A holder without an attempt_id is re-entered by nobody.
     let anonymous = held_by(None);
     assert_eq!(

@@ -152,14 +152,28 @@ fn store_failed(error: StoreError, rpc: &'static str, namespace: &str) -> Status
     failed(CoordinatorError::Store(error), rpc, namespace)
 }
 
-/// Who changes which key, and why: the checked namespace, key and reason of a change to one key
-/// (every bad field reported at once).
-fn key_change(
-    name: String,
-    namespace: String,
-    key: String,
-    reason: String,
-) -> Result<(Actor, Scope, Key), Status> {
+/// A request to change one key: `ForceRelease` and `EraseKey` name the key and give a reason.
+trait KeyChangeRequest {
+    /// The request's namespace, key and reason, unchecked.
+    fn fields(self) -> (String, String, String);
+}
+
+impl KeyChangeRequest for pb::ForceReleaseRequest {
+    fn fields(self) -> (String, String, String) {
+        (self.namespace, self.key, self.reason)
+    }
+}
+
+impl KeyChangeRequest for pb::EraseKeyRequest {
+    fn fields(self) -> (String, String, String) {
+        (self.namespace, self.key, self.reason)
+    }
+}
+
+/// Who changes which key, and why: the caller, and the checked namespace, key and reason of a
+/// change to one key (every bad field reported at once).
+fn key_change(name: String, request: impl KeyChangeRequest) -> Result<(Actor, Scope, Key), Status> {
+    let (namespace, key, reason) = request.fields();
     let mut violations = Violations::default();
     let namespace = violations.check("namespace", Scope::parse(namespace));
     let key = violations.check("key", Key::parse(key));
@@ -208,307 +222,281 @@ type EraseStream = Pin<Box<dyn Stream<Item = Result<pb::EraseNamespaceResponse, 
 /// ones (each carries the totals so far), never the last.
 const PROGRESS_QUEUED: usize = 4;
 
-#[tonic::async_trait]
-impl AdminService for AdminApi {
-    async fn list_keys(
-        &self,
-        request: Request<pb::ListKeysRequest>,
-    ) -> Result<Response<pb::ListKeysResponse>, Status> {
-        let request = request.into_inner();
-        let answer = async {
-            let mut violations = Violations::default();
-            let namespace = violations.check("namespace", Scope::parse(request.namespace));
-            let state = violations.check("state", state_filter(request.state));
-            let key_prefix = violations.check("key_prefix", KeyPrefix::parse(request.key_prefix));
-            let mut instant_field = |field: &str, raw: Option<prost_types::Timestamp>| match raw {
-                None => Some(None),
-                Some(raw) => violations.check(field, instant(raw)).map(Some),
-            };
-            let completed_after = instant_field("completed_after", request.completed_after);
-            let completed_before = instant_field("completed_before", request.completed_before);
-            let claimed_after = instant_field("claimed_after", request.claimed_after);
-            let claimed_before = instant_field("claimed_before", request.claimed_before);
-            let page = violations.check("page_size", PageSize::parse(request.page_size));
-            let by_completion =
-                completed_after.flatten().is_some() || completed_before.flatten().is_some();
-            let by_claim = claimed_after.flatten().is_some() || claimed_before.flatten().is_some();
-            let state_given = state.flatten();
-            if state_given.is_some_and(|s| s != AdminKeyState::Completed) && by_completion {
-                violations.0.push((
-                    "state".to_owned(),
-                    "completed_after and completed_before select completed keys only".to_owned(),
-                ));
-            }
-            if by_claim && (by_completion || state_given == Some(AdminKeyState::Completed)) {
-                violations.0.push((
-                    "claimed_after".to_owned(),
-                    "claimed_after and claimed_before select keys in progress only (a completed \
-                     key is found by completed_after and completed_before)"
-                        .to_owned(),
-                ));
-            }
-            let (
-                Some(namespace),
-                Some(state),
-                Some(key_prefix),
-                Some(completed_after),
-                Some(completed_before),
-                Some(claimed_after),
-                Some(claimed_before),
-                Some(page),
-            ) = (
-                namespace,
-                state,
-                key_prefix,
-                completed_after,
-                completed_before,
-                claimed_after,
-                claimed_before,
-                page,
-            )
-            else {
-                return Err(violations.into_status());
-            };
-            violations.done()?;
-            let filter = KeyFilter {
-                namespace,
-                state,
-                key_prefix,
-                completed_after,
-                completed_before,
-                claimed_after,
-                claimed_before,
-            };
-            let after = if request.page_token.is_empty() {
-                None
-            } else {
-                Some(
-                    PageCursor::decode(&request.page_token, filter.order())
-                        .map_err(|Invalid(description)| bad_field("page_token", description))?,
-                )
-            };
-            let (keys, next) = self
-                .admin
-                .list_keys(&filter, after.as_ref(), page)
-                .await
-                .map_err(|error| store_failed(error, "ListKeys", filter.namespace.as_str()))?;
-            Ok(Response::new(pb::ListKeysResponse {
-                keys: keys.into_iter().map(key_entry).collect(),
-                next_page_token: next.map(|cursor| cursor.encode()).unwrap_or_default(),
-            }))
-        };
-        counted("list_keys", answer.await)
-    }
+/// What an RPC answers: its message, or the status it fails with.
+type Answer<T> = Result<T, Status>;
 
-    async fn get_key(
-        &self,
-        request: Request<pb::GetKeyRequest>,
-    ) -> Result<Response<pb::GetKeyResponse>, Status> {
-        let request = request.into_inner();
-        let answer = async {
-            let mut violations = Violations::default();
-            let namespace = violations.check("namespace", Scope::parse(request.namespace));
-            let key = violations.check("key", Key::parse(request.key));
-            let (Some(namespace), Some(key)) = (namespace, key) else {
-                return Err(violations.into_status());
-            };
-            let found = self
-                .admin
-                .get_key(&namespace, &key)
-                .await
-                .map_err(|error| store_failed(error, "GetKey", namespace.as_str()))?
-                .ok_or_else(|| Status::not_found("the key is absent"))?;
-            Ok(Response::new(pb::GetKeyResponse {
-                key: Some(key_entry(found.summary)),
-                response: found.response.unwrap_or_default(),
-                checkpoint: found.checkpoint,
-            }))
-        };
-        counted("get_key", answer.await)
-    }
+/// The service's methods, all of one shape: each hands its request's message (and, for a
+/// change, the caller) to the function of the same name below, which checks it, calls the
+/// service and encodes its answer, and counts that answer under the method's name (the `action`
+/// label).
+macro_rules! counted_rpcs {
+    ($($rpc:ident($request:ty $(, $who:ident)?) -> $response:ty;)*) => {
+        #[tonic::async_trait]
+        impl AdminService for AdminApi {
+            type EraseNamespaceStream = EraseStream;
 
-    async fn namespace_stats(
-        &self,
-        request: Request<pb::NamespaceStatsRequest>,
-    ) -> Result<Response<pb::NamespaceStatsResponse>, Status> {
-        let request = request.into_inner();
-        let answer = async {
-            let namespace = Scope::parse(request.namespace)
-                .map_err(|Invalid(description)| bad_field("namespace", description))?;
-            let stats = self
-                .admin
-                .namespace_stats(&namespace)
-                .await
-                .map_err(|error| store_failed(error, "NamespaceStats", namespace.as_str()))?;
-            let (oldest_key, oldest_at) = match stats.oldest_stuck {
-                Some((key, at)) => (key, Some(timestamp(at))),
-                None => (String::new(), None),
-            };
-            Ok(Response::new(pb::NamespaceStatsResponse {
-                in_progress_keys: stats.in_progress,
-                stuck_keys: stats.stuck,
-                released_keys: stats.released,
-                completed_keys: stats.completed,
-                processed_events: stats.processed_events,
-                oldest_stuck_key: oldest_key,
-                oldest_stuck_lease_expired_at: oldest_at,
-                stored_bytes: stats.stored_bytes,
-                read_at: Some(timestamp(stats.read_at)),
-            }))
-        };
-        counted("namespace_stats", answer.await)
-    }
-
-    async fn force_release(
-        &self,
-        request: Request<pb::ForceReleaseRequest>,
-    ) -> Result<Response<pb::ForceReleaseResponse>, Status> {
-        let answer = async {
-            let name = caller(&request)?;
-            let request = request.into_inner();
-            let (actor, namespace, key) =
-                key_change(name, request.namespace, request.key, request.reason)?;
-            match self
-                .admin
-                .force_release(&actor, &namespace, &key)
-                .await
-                .map_err(|error| store_failed(error, "ForceRelease", namespace.as_str()))?
-            {
-                ForceReleased::Released { before, audit_id } => {
-                    Ok(Response::new(pb::ForceReleaseResponse {
-                        released: Some(key_entry(*before)),
-                        audit_event_id: audit_id.unsigned_abs(),
-                    }))
+            $(
+                async fn $rpc(
+                    &self,
+                    request: Request<$request>,
+                ) -> Result<Response<$response>, Status> {
+                    let answer = async {
+                        $rpc(&self.admin, $($who(&request)?,)? request.into_inner()).await
+                    };
+                    counted(stringify!($rpc), answer.await.map(Response::new))
                 }
-                ForceReleased::Completed => Err(Status::failed_precondition(
-                    "the key is completed: only an in-progress key can be released (EraseKey \
-                     deletes a completed one)",
-                )),
-                ForceReleased::Absent => Err(Status::not_found("the key is absent")),
+            )*
+        }
+    };
+}
+
+counted_rpcs! {
+    list_keys(pb::ListKeysRequest) -> pb::ListKeysResponse;
+    get_key(pb::GetKeyRequest) -> pb::GetKeyResponse;
+    namespace_stats(pb::NamespaceStatsRequest) -> pb::NamespaceStatsResponse;
+    force_release(pb::ForceReleaseRequest, caller) -> pb::ForceReleaseResponse;
+    erase_key(pb::EraseKeyRequest, caller) -> pb::EraseKeyResponse;
+    erase_namespace(pb::EraseNamespaceRequest, caller) -> EraseStream;
+    list_audit_events(pb::ListAuditEventsRequest) -> pb::ListAuditEventsResponse;
+}
+
+async fn list_keys(admin: &Admin, request: pb::ListKeysRequest) -> Answer<pb::ListKeysResponse> {
+    let mut violations = Violations::default();
+    let namespace = violations.check("namespace", Scope::parse(request.namespace));
+    let state = violations.check("state", state_filter(request.state));
+    let key_prefix = violations.check("key_prefix", KeyPrefix::parse(request.key_prefix));
+    let mut instant_field = |field: &str, raw: Option<prost_types::Timestamp>| match raw {
+        None => Some(None),
+        Some(raw) => violations.check(field, instant(raw)).map(Some),
+    };
+    let completed_after = instant_field("completed_after", request.completed_after);
+    let completed_before = instant_field("completed_before", request.completed_before);
+    let claimed_after = instant_field("claimed_after", request.claimed_after);
+    let claimed_before = instant_field("claimed_before", request.claimed_before);
+    let page = violations.check("page_size", PageSize::parse(request.page_size));
+    let by_completion = completed_after.flatten().is_some() || completed_before.flatten().is_some();
+    let by_claim = claimed_after.flatten().is_some() || claimed_before.flatten().is_some();
+    let state_given = state.flatten();
+    if state_given.is_some_and(|s| s != AdminKeyState::Completed) && by_completion {
+        violations.0.push((
+            "state".to_owned(),
+            "completed_after and completed_before select completed keys only".to_owned(),
+        ));
+    }
+    if by_claim && (by_completion || state_given == Some(AdminKeyState::Completed)) {
+        violations.0.push((
+            "claimed_after".to_owned(),
+            "claimed_after and claimed_before select keys in progress only (a completed \
+             key is found by completed_after and completed_before)"
+                .to_owned(),
+        ));
+    }
+    // The filter where every field of it was accepted (a refused one is None, and said).
+    let filter = (|| {
+        Some(KeyFilter {
+            namespace: namespace?,
+            state: state?,
+            key_prefix: key_prefix?,
+            completed_after: completed_after?,
+            completed_before: completed_before?,
+            claimed_after: claimed_after?,
+            claimed_before: claimed_before?,
+        })
+    })();
+    let (Some(filter), Some(page)) = (filter, page) else {
+        return Err(violations.into_status());
+    };
+    violations.done()?;
+    let after = if request.page_token.is_empty() {
+        None
+    } else {
+        Some(
+            PageCursor::decode(&request.page_token, filter.order())
+                .map_err(|Invalid(description)| bad_field("page_token", description))?,
+        )
+    };
+    let (keys, next) = admin
+        .list_keys(&filter, after.as_ref(), page)
+        .await
+        .map_err(|error| store_failed(error, "ListKeys", filter.namespace.as_str()))?;
+    Ok(pb::ListKeysResponse {
+        keys: keys.into_iter().map(key_entry).collect(),
+        next_page_token: next.map(|cursor| cursor.encode()).unwrap_or_default(),
+    })
+}
+
+async fn get_key(admin: &Admin, request: pb::GetKeyRequest) -> Answer<pb::GetKeyResponse> {
+    let mut violations = Violations::default();
+    let namespace = violations.check("namespace", Scope::parse(request.namespace));
+    let key = violations.check("key", Key::parse(request.key));
+    let (Some(namespace), Some(key)) = (namespace, key) else {
+        return Err(violations.into_status());
+    };
+    let found = admin
+        .get_key(&namespace, &key)
+        .await
+        .map_err(|error| store_failed(error, "GetKey", namespace.as_str()))?
+        .ok_or_else(|| Status::not_found("the key is absent"))?;
+    Ok(pb::GetKeyResponse {
+        key: Some(key_entry(found.summary)),
+        response: found.response.unwrap_or_default(),
+        checkpoint: found.checkpoint,
+    })
+}
+
+async fn namespace_stats(
+    admin: &Admin,
+    request: pb::NamespaceStatsRequest,
+) -> Answer<pb::NamespaceStatsResponse> {
+    let namespace = Scope::parse(request.namespace)
+        .map_err(|Invalid(description)| bad_field("namespace", description))?;
+    let stats = admin
+        .namespace_stats(&namespace)
+        .await
+        .map_err(|error| store_failed(error, "NamespaceStats", namespace.as_str()))?;
+    let (oldest_key, oldest_at) = match stats.oldest_stuck {
+        Some((key, at)) => (key, Some(timestamp(at))),
+        None => (String::new(), None),
+    };
+    Ok(pb::NamespaceStatsResponse {
+        in_progress_keys: stats.in_progress,
+        stuck_keys: stats.stuck,
+        released_keys: stats.released,
+        completed_keys: stats.completed,
+        processed_events: stats.processed_events,
+        oldest_stuck_key: oldest_key,
+        oldest_stuck_lease_expired_at: oldest_at,
+        stored_bytes: stats.stored_bytes,
+        read_at: Some(timestamp(stats.read_at)),
+    })
+}
+
+async fn force_release(
+    admin: &Admin,
+    caller: String,
+    request: pb::ForceReleaseRequest,
+) -> Answer<pb::ForceReleaseResponse> {
+    let (actor, namespace, key) = key_change(caller, request)?;
+    match admin
+        .force_release(&actor, &namespace, &key)
+        .await
+        .map_err(|error| store_failed(error, "ForceRelease", namespace.as_str()))?
+    {
+        ForceReleased::Released { before, audit_id } => Ok(pb::ForceReleaseResponse {
+            released: Some(key_entry(*before)),
+            audit_event_id: audit_id.unsigned_abs(),
+        }),
+        ForceReleased::Completed => Err(Status::failed_precondition(
+            "the key is completed: only an in-progress key can be released (EraseKey deletes a \
+             completed one)",
+        )),
+        ForceReleased::Absent => Err(Status::not_found("the key is absent")),
+    }
+}
+
+async fn erase_key(
+    admin: &Admin,
+    caller: String,
+    request: pb::EraseKeyRequest,
+) -> Answer<pb::EraseKeyResponse> {
+    let (actor, namespace, key) = key_change(caller, request)?;
+    let (before, audit_id) = admin
+        .erase_key(&actor, &namespace, &key)
+        .await
+        .map_err(|error| store_failed(error, "EraseKey", namespace.as_str()))?;
+    Ok(pb::EraseKeyResponse {
+        erased: before.map(key_entry),
+        audit_event_id: audit_id.unsigned_abs(),
+    })
+}
+
+async fn erase_namespace(
+    admin: &Admin,
+    caller: String,
+    request: pb::EraseNamespaceRequest,
+) -> Answer<EraseStream> {
+    let mut violations = Violations::default();
+    let namespace = violations.check("namespace", Scope::parse(request.namespace));
+    let reason = violations.check("reason", Reason::parse(request.reason));
+    let batch = violations.check("batch_size", EraseBatch::parse(request.batch_size));
+    let (Some(namespace), Some(reason), Some(batch)) = (namespace, reason, batch) else {
+        return Err(violations.into_status());
+    };
+    let actor = Actor {
+        name: caller,
+        reason,
+    };
+    let mut progress = admin
+        .erase_namespace(&actor, &namespace, batch)
+        .await
+        .map_err(|error| store_failed(error, "EraseNamespace", namespace.as_str()))?;
+    let (sender, receiver) = tokio::sync::mpsc::channel(PROGRESS_QUEUED);
+    // Forwards progress until the erasure is done or the caller has gone; the erasure itself
+    // goes on either way.
+    tokio::spawn(async move {
+        loop {
+            let now = *progress.borrow_and_update();
+            if sender.send(erase_item(now)).await.is_err() || now.done {
+                return;
             }
-        };
-        counted("force_release", answer.await)
-    }
-
-    async fn erase_key(
-        &self,
-        request: Request<pb::EraseKeyRequest>,
-    ) -> Result<Response<pb::EraseKeyResponse>, Status> {
-        let answer = async {
-            let name = caller(&request)?;
-            let request = request.into_inner();
-            let (actor, namespace, key) =
-                key_change(name, request.namespace, request.key, request.reason)?;
-            let (before, audit_id) = self
-                .admin
-                .erase_key(&actor, &namespace, &key)
-                .await
-                .map_err(|error| store_failed(error, "EraseKey", namespace.as_str()))?;
-            Ok(Response::new(pb::EraseKeyResponse {
-                erased: before.map(key_entry),
-                audit_event_id: audit_id.unsigned_abs(),
-            }))
-        };
-        counted("erase_key", answer.await)
-    }
-
-    type EraseNamespaceStream = EraseStream;
-
-    async fn erase_namespace(
-        &self,
-        request: Request<pb::EraseNamespaceRequest>,
-    ) -> Result<Response<Self::EraseNamespaceStream>, Status> {
-        let answer = async {
-            let name = caller(&request)?;
-            let request = request.into_inner();
-            let mut violations = Violations::default();
-            let namespace = violations.check("namespace", Scope::parse(request.namespace));
-            let reason = violations.check("reason", Reason::parse(request.reason));
-            let batch = violations.check("batch_size", EraseBatch::parse(request.batch_size));
-            let (Some(namespace), Some(reason), Some(batch)) = (namespace, reason, batch) else {
-                return Err(violations.into_status());
-            };
-            let actor = Actor { name, reason };
-            let mut progress = self
-                .admin
-                .erase_namespace(&actor, &namespace, batch)
-                .await
-                .map_err(|error| store_failed(error, "EraseNamespace", namespace.as_str()))?;
-            let (sender, receiver) = tokio::sync::mpsc::channel(PROGRESS_QUEUED);
-            // Forwards progress until the erasure is done or the caller has gone; the erasure
-            // itself goes on either way.
-            tokio::spawn(async move {
-                loop {
-                    let now = *progress.borrow_and_update();
-                    if sender.send(erase_item(now)).await.is_err() || now.done {
-                        return;
-                    }
-                    if progress.changed().await.is_err() {
-                        let last = *progress.borrow();
-                        if last != now {
-                            let _ = sender.send(erase_item(last)).await;
-                        }
-                        return;
-                    }
+            if progress.changed().await.is_err() {
+                let last = *progress.borrow();
+                if last != now {
+                    let _ = sender.send(erase_item(last)).await;
                 }
-            });
-            let stream: EraseStream =
-                Box::pin(tokio_stream::wrappers::ReceiverStream::new(receiver));
-            Ok(Response::new(stream))
-        };
-        counted("erase_namespace", answer.await)
-    }
+                return;
+            }
+        }
+    });
+    Ok(Box::pin(tokio_stream::wrappers::ReceiverStream::new(
+        receiver,
+    )))
+}
 
-    async fn list_audit_events(
-        &self,
-        request: Request<pb::ListAuditEventsRequest>,
-    ) -> Result<Response<pb::ListAuditEventsResponse>, Status> {
-        let request = request.into_inner();
-        let answer = async {
-            let mut violations = Violations::default();
-            let namespace = violations.check("namespace", Scope::parse(request.namespace));
-            let page = violations.check("page_size", PageSize::parse(request.page_size));
-            let before = violations.check("page_token", decode_audit_token(&request.page_token));
-            let key = if request.key.is_empty() {
-                Some(None)
-            } else {
-                violations.check("key", Key::parse(request.key)).map(Some)
-            };
-            let actor = violations.check("actor", parse_actor_filter(request.actor));
-            let (Some(namespace), Some(page), Some(before), Some(key), Some(actor)) =
-                (namespace, page, before, key, actor)
-            else {
-                return Err(violations.into_status());
-            };
-            let filter = AuditFilter {
-                namespace,
-                key,
-                actor,
-            };
-            let namespace = &filter.namespace;
-            let (events, next) = self
-                .admin
-                .list_audit(&filter, before, page)
-                .await
-                .map_err(|error| store_failed(error, "ListAuditEvents", namespace.as_str()))?;
-            Ok(Response::new(pb::ListAuditEventsResponse {
-                events: events
-                    .into_iter()
-                    .map(|event| pb::AuditEvent {
-                        id: event.id.unsigned_abs(),
-                        at: Some(timestamp(event.at)),
-                        actor: event.actor,
-                        action: event.action,
-                        namespace: event.namespace,
-                        key: event.key.unwrap_or_default(),
-                        reason: event.reason,
-                        record_before_json: event.record_before_json.unwrap_or_default(),
-                        outcome_json: event.outcome_json.unwrap_or_default(),
-                    })
-                    .collect(),
-                next_page_token: next.map(encode_audit_token).unwrap_or_default(),
-            }))
-        };
-        counted("list_audit_events", answer.await)
-    }
+async fn list_audit_events(
+    admin: &Admin,
+    request: pb::ListAuditEventsRequest,
+) -> Answer<pb::ListAuditEventsResponse> {
+    let mut violations = Violations::default();
+    let namespace = violations.check("namespace", Scope::parse(request.namespace));
+    let page = violations.check("page_size", PageSize::parse(request.page_size));
+    let before = violations.check("page_token", decode_audit_token(&request.page_token));
+    let key = if request.key.is_empty() {
+        Some(None)
+    } else {
+        violations.check("key", Key::parse(request.key)).map(Some)
+    };
+    let actor = violations.check("actor", parse_actor_filter(request.actor));
+    let (Some(namespace), Some(page), Some(before), Some(key), Some(actor)) =
+        (namespace, page, before, key, actor)
+    else {
+        return Err(violations.into_status());
+    };
+    let filter = AuditFilter {
+        namespace,
+        key,
+        actor,
+    };
+    let namespace = &filter.namespace;
+    let (events, next) = admin
+        .list_audit(&filter, before, page)
+        .await
+        .map_err(|error| store_failed(error, "ListAuditEvents", namespace.as_str()))?;
+    Ok(pb::ListAuditEventsResponse {
+        events: events
+            .into_iter()
+            .map(|event| pb::AuditEvent {
+                id: event.id.unsigned_abs(),
+                at: Some(timestamp(event.at)),
+                actor: event.actor,
+                action: event.action,
+                namespace: event.namespace,
+                key: event.key.unwrap_or_default(),
+                reason: event.reason,
+                record_before_json: event.record_before_json.unwrap_or_default(),
+                outcome_json: event.outcome_json.unwrap_or_default(),
+            })
+            .collect(),
+        next_page_token: next.map(encode_audit_token).unwrap_or_default(),
+    })
 }

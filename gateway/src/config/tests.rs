@@ -26,6 +26,14 @@ fn settings(extra: &[&str]) -> Result<Settings, SettingError> {
 }
 
 /// The flag a refused setting names.
+/// Asserts that `--flag value` is refused, naming `flag`, for each of `values`.
+fn assert_each_refused(flag: &str, values: &[&str]) {
+    let option = format!("--{flag}");
+    for value in values {
+        assert_eq!(refused_flag(&[&option, value]), flag, "{value:?}");
+    }
+}
+
 fn refused_flag(extra: &[&str]) -> &'static str {
     match settings(extra) {
         Ok(settings) => panic!("{extra:?} was accepted: {settings:?}"),
@@ -98,19 +106,15 @@ fn every_size_is_bounded() {
     }
     assert!(settings(&["--max-key-length", "1"]).is_ok());
     assert!(settings(&["--max-key-length", "190"]).is_ok());
-    assert_eq!(refused_flag(&["--max-key-length", "0"]), "max-key-length");
-    assert_eq!(refused_flag(&["--max-key-length", "191"]), "max-key-length");
+    assert_each_refused("max-key-length", &["0", "191"]);
 }
 
 #[test]
 fn methods_are_listed_in_capitals() {
     let put = settings(&["--methods", "PUT,POST,DELETE"]).expect("valid");
     assert_eq!(put.methods, [Method::PUT, Method::POST, Method::DELETE]);
-    assert_eq!(refused_flag(&["--methods", "post"]), "methods");
-    assert_eq!(refused_flag(&["--methods", "PO ST"]), "methods");
-    assert_eq!(refused_flag(&["--methods", ""]), "methods");
     let seventeen = vec!["POST"; 17].join(",");
-    assert_eq!(refused_flag(&["--methods", &seventeen]), "methods");
+    assert_each_refused("methods", &["post", "PO ST", "", &seventeen]);
 }
 
 #[test]
@@ -127,9 +131,7 @@ fn header_names_must_be_valid() {
         custom.identity_header.map(|h| h.as_str().to_owned()),
         Some("x-api-key".into())
     );
-    assert_eq!(refused_flag(&["--header", "bad header"]), "header");
-    assert_eq!(refused_flag(&["--header", ""]), "header");
-    assert_eq!(refused_flag(&["--header", &"x".repeat(65)]), "header");
+    assert_each_refused("header", &["bad header", "", &"x".repeat(65)]);
     assert_eq!(
         refused_flag(&["--identity-header", "caller:id"]),
         "identity-header"
@@ -140,19 +142,18 @@ fn header_names_must_be_valid() {
 fn required_key_prefixes_are_paths() {
     let required = settings(&["--require-key", "/orders,/payments/"]).expect("valid");
     assert_eq!(required.require_key, ["/orders", "/payments/"]);
-    assert_eq!(refused_flag(&["--require-key", "orders"]), "require-key");
-    assert_eq!(refused_flag(&["--require-key", "/a?b=1"]), "require-key");
     let many = vec!["/a"; 65].join(",");
-    assert_eq!(refused_flag(&["--require-key", &many]), "require-key");
+    assert_each_refused("require-key", &["orders", "/a?b=1", &many]);
 }
 
 #[test]
 fn endpoints_and_the_namespace_are_checked() {
     let prefixed = settings(&["--upstream", "http://api.internal:8000/v1/"]).expect("valid");
     assert_eq!(prefixed.upstream.path_prefix, "/v1");
-    assert_eq!(refused_flag(&["--upstream", "https://api:443"]), "upstream");
-    assert_eq!(refused_flag(&["--upstream", "api:3000"]), "upstream");
-    assert_eq!(refused_flag(&["--upstream", "http://a:1/?x=1"]), "upstream");
+    assert_each_refused(
+        "upstream",
+        &["https://api:443", "api:3000", "http://a:1/?x=1"],
+    );
     assert_eq!(
         refused_flag(&["--coordinator", "grpc://a:1"]),
         "coordinator"
@@ -163,9 +164,7 @@ fn endpoints_and_the_namespace_are_checked() {
         "coordinator-ca",
         "TLS needs the CA"
     );
-    assert_eq!(refused_flag(&["--namespace", "has space"]), "namespace");
-    assert_eq!(refused_flag(&["--namespace", ""]), "namespace");
-    assert_eq!(refused_flag(&["--namespace", &"n".repeat(65)]), "namespace");
+    assert_each_refused("namespace", &["has space", "", &"n".repeat(65)]);
 }
 
 #[test]

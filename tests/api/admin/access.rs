@@ -22,76 +22,48 @@ async fn every_admin_rpc(
 ) -> Vec<(&'static str, Result<(), tonic::Status>)> {
     let mut admin = admin.clone();
     let ns = || namespace.to_owned();
+    let (other_key, reason) = (format!("{key}-other"), || "test".to_owned());
+    let list_keys = pb::ListKeysRequest {
+        namespace: ns(),
+        ..Default::default()
+    };
+    let get_key = pb::GetKeyRequest {
+        namespace: ns(),
+        key: key.into(),
+    };
+    let stats = pb::NamespaceStatsRequest { namespace: ns() };
+    let audit = audit_of(namespace);
+    let release = pb::ForceReleaseRequest {
+        namespace: ns(),
+        key: key.into(),
+        reason: reason(),
+    };
+    let erase_key = pb::EraseKeyRequest {
+        namespace: ns(),
+        key: other_key,
+        reason: reason(),
+    };
+    let erase_namespace = pb::EraseNamespaceRequest {
+        namespace: ns(),
+        reason: reason(),
+        batch_size: 0,
+    };
     vec![
-        (
-            "ListKeys",
-            admin
-                .list_keys(pb::ListKeysRequest {
-                    namespace: ns(),
-                    ..Default::default()
-                })
-                .await
-                .map(drop),
-        ),
-        (
-            "GetKey",
-            admin
-                .get_key(pb::GetKeyRequest {
-                    namespace: ns(),
-                    key: key.into(),
-                })
-                .await
-                .map(drop),
-        ),
+        ("ListKeys", admin.list_keys(list_keys).await.map(drop)),
+        ("GetKey", admin.get_key(get_key).await.map(drop)),
         (
             "NamespaceStats",
-            admin
-                .namespace_stats(pb::NamespaceStatsRequest { namespace: ns() })
-                .await
-                .map(drop),
+            admin.namespace_stats(stats).await.map(drop),
         ),
         (
             "ListAuditEvents",
-            admin
-                .list_audit_events(pb::ListAuditEventsRequest {
-                    namespace: ns(),
-                    ..Default::default()
-                })
-                .await
-                .map(drop),
+            admin.list_audit_events(audit).await.map(drop),
         ),
-        (
-            "ForceRelease",
-            admin
-                .force_release(pb::ForceReleaseRequest {
-                    namespace: ns(),
-                    key: key.into(),
-                    reason: "test".into(),
-                })
-                .await
-                .map(drop),
-        ),
-        (
-            "EraseKey",
-            admin
-                .erase_key(pb::EraseKeyRequest {
-                    namespace: ns(),
-                    key: format!("{key}-other"),
-                    reason: "test".into(),
-                })
-                .await
-                .map(drop),
-        ),
+        ("ForceRelease", admin.force_release(release).await.map(drop)),
+        ("EraseKey", admin.erase_key(erase_key).await.map(drop)),
         (
             "EraseNamespace",
-            match admin
-                .erase_namespace(pb::EraseNamespaceRequest {
-                    namespace: ns(),
-                    reason: "test".into(),
-                    batch_size: 0,
-                })
-                .await
-            {
+            match admin.erase_namespace(erase_namespace).await {
                 // The stream to its end: the erasure is over before the next check.
                 Ok(stream) => {
                     let mut stream = stream.into_inner();
@@ -121,6 +93,13 @@ fn assert_denied(status: &tonic::Status, reason: &str, cause: &str) {
 }
 
 /// Claims `key` of `namespace` through `client` for ten minutes; answers the lease token.
+/// A server that admits the tokens of `lines`, and its tokens file (which must outlive it).
+async fn app_admitting(backend: Backend, lines: &[&str]) -> (TestApp, TokensFile) {
+    let tokens = TokensFile::new(lines);
+    let app = TestApp::spawn_with(backend, &["--tokens-file", &tokens.flag()]).await;
+    (app, tokens)
+}
+
 async fn held_key(client: &mut AuthedClient, namespace: &str, key: &str) -> u64 {
     let started = client
         .try_start(
@@ -150,13 +129,44 @@ async fn still_held(client: &AuthedClient, namespace: &str, key: &str, token: u6
         .is_ok()
 }
 
+/// A server that admits a service's token (`orders`, every namespace, no admin right) and
+/// `other_line`'s; a client of it with the service's token, which holds key `held` of the test
+/// namespace.
+struct HeldByAService {
+    app: TestApp,
+    _tokens: TokensFile,
+    /// The service's token.
+    service: String,
+    client: AuthedClient,
+    /// The lease token of key `held`.
+    token: u64,
+}
+
+impl HeldByAService {
+    async fn start(backend: Backend, other_line: &str) -> Self {
+        let (service, service_line) = token("orders", "*");
+        let (app, _tokens) = app_admitting(backend, &[&service_line, other_line]).await;
+        let mut client = authed_client(app.endpoint(), Bearer::token(&service)).await;
+        let token = held_key(&mut client, NAMESPACE, "held").await;
+        Self {
+            app,
+            _tokens,
+            service,
+            client,
+            token,
+        }
+    }
+}
+
 async fn a_service_token_may_make_no_admin_call(backend: Backend) {
-    let (plain, plain_line) = token("orders", "*");
     let (operator, operator_line) = admin_token("oncall", "*", AdminRight::Write);
-    let tokens = TokensFile::new(&[&plain_line, &operator_line]);
-    let app = TestApp::spawn_with(backend, &["--tokens-file", &tokens.flag()]).await;
-    let mut client = authed_client(app.endpoint(), Bearer::token(&plain)).await;
-    let token = held_key(&mut client, NAMESPACE, "held").await;
+    let HeldByAService {
+        app,
+        _tokens,
+        service: plain,
+        client,
+        token,
+    } = HeldByAService::start(backend, &operator_line).await;
 
     let admin = authed_admin(app.endpoint(), Bearer::token(&plain)).await;
     assert_all_denied(
@@ -186,10 +196,7 @@ async fn a_service_token_may_make_no_admin_call(backend: Backend) {
     assert_eq!(listed.keys[0].lease_token, token);
     let audit = operator
         .clone()
-        .list_audit_events(pb::ListAuditEventsRequest {
-            namespace: NAMESPACE.into(),
-            ..Default::default()
-        })
+        .list_audit_events(audit_of(NAMESPACE))
         .await
         .expect("an operator reads the trail")
         .into_inner();
@@ -197,12 +204,9 @@ async fn a_service_token_may_make_no_admin_call(backend: Backend) {
 }
 
 async fn a_read_right_reads_and_changes_nothing(backend: Backend) {
-    let (service, service_line) = token("orders", "*");
     let (reader, reader_line) = admin_token("dashboards", "*", AdminRight::Read);
-    let tokens = TokensFile::new(&[&service_line, &reader_line]);
-    let app = TestApp::spawn_with(backend, &["--tokens-file", &tokens.flag()]).await;
-    let mut client = authed_client(app.endpoint(), Bearer::token(&service)).await;
-    let token = held_key(&mut client, NAMESPACE, "held").await;
+    let held = HeldByAService::start(backend, &reader_line).await;
+    let (app, client, token) = (&held.app, &held.client, held.token);
 
     let admin = authed_admin(app.endpoint(), Bearer::token(&reader)).await;
     for (rpc, outcome) in every_admin_rpc(&admin, NAMESPACE, "held").await {
@@ -217,14 +221,13 @@ async fn a_read_right_reads_and_changes_nothing(backend: Backend) {
             ),
         }
     }
-    assert!(still_held(&client, NAMESPACE, "held", token).await);
+    assert!(still_held(client, NAMESPACE, "held", token).await);
 }
 
 async fn no_admin_call_reaches_beyond_the_tokens_scopes(backend: Backend) {
     let (service, service_line) = token("orders", "*");
     let (operator, operator_line) = admin_token("team-a-oncall", "team-a*", AdminRight::Write);
-    let tokens = TokensFile::new(&[&service_line, &operator_line]);
-    let app = TestApp::spawn_with(backend, &["--tokens-file", &tokens.flag()]).await;
+    let (app, _tokens) = app_admitting(backend, &[&service_line, &operator_line]).await;
     let mut client = authed_client(app.endpoint(), Bearer::token(&service)).await;
     let theirs = held_key(&mut client, "team-b", "theirs").await;
     let ours = held_key(&mut client, "team-a-payments", "ours").await;
@@ -244,10 +247,7 @@ async fn no_admin_call_reaches_beyond_the_tokens_scopes(backend: Backend) {
     }
     let audit = admin
         .clone()
-        .list_audit_events(pb::ListAuditEventsRequest {
-            namespace: "team-a-payments".into(),
-            ..Default::default()
-        })
+        .list_audit_events(audit_of("team-a-payments"))
         .await
         .expect("the trail")
         .into_inner();

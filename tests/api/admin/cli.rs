@@ -3,8 +3,6 @@
 //! it with a reason and sees that in the audit trail, and erases a namespace while traffic on
 //! another keeps flowing; tables for people, `--output json` for scripts, exit statuses.
 
-use std::time::Duration;
-
 use idempotency_coordinator::auth::AdminRight;
 use idempotency_coordinator::proto::idempotency::v1::idempotency_service_client as pb_client;
 use serde_json::Value;
@@ -20,6 +18,12 @@ pub(super) struct Run {
 }
 
 impl Run {
+    /// Asserts that the run exited with `status` and said `said` on standard error.
+    pub(super) fn assert_refused(&self, status: i32, said: &str) {
+        assert_eq!(self.status, Some(status), "{}", self.stderr);
+        assert!(self.stderr.contains(said), "{}", self.stderr);
+    }
+
     pub(super) fn json(&self) -> Value {
         assert_eq!(self.status, Some(0), "failed: {}", self.stderr);
         serde_json::from_str(&self.stdout)
@@ -46,6 +50,24 @@ pub(super) fn release<'a>(key: &'a str, reason: &'a str) -> [&'a str; 8] {
         NAMESPACE,
         "--key",
         key,
+        "--reason",
+        reason,
+    ]
+}
+
+/// A command line's words, as an operator types them (no word holds a space).
+pub(super) fn words(line: &str) -> Vec<&str> {
+    line.split_whitespace().collect()
+}
+
+/// `keys erase --all` of `namespace`, for `reason`: the erasure the CLI guards.
+pub(super) fn erase_all<'a>(namespace: &'a str, reason: &'a str) -> Vec<&'a str> {
+    vec![
+        "keys",
+        "erase",
+        "--namespace",
+        namespace,
+        "--all",
         "--reason",
         reason,
     ]
@@ -202,8 +224,7 @@ async fn an_operator_finds_reads_releases_and_erases_from_the_cli_alone(backend:
 
     // A completed key cannot be released: exit 1 with the refusal.
     let refused = admin(&app, &release("payment-18", "x")).await;
-    assert_eq!(refused.status, Some(1));
-    assert!(refused.stderr.contains("completed"), "{}", refused.stderr);
+    refused.assert_refused(1, "completed");
 }
 
 async fn a_namespace_is_erased_from_the_cli_while_traffic_keeps_flowing(backend: Backend) {
@@ -213,22 +234,12 @@ async fn a_namespace_is_erased_from_the_cli_while_traffic_keeps_flowing(backend:
     }
     // Callers of another namespace keep calling through the erasure.
     let traffic = Traffic::start(&client, 4);
-    let erased = admin(
-        &app,
-        &[
-            "keys",
-            "erase",
-            "--namespace",
-            NAMESPACE,
-            "--all",
-            "--reason",
-            "tenant left",
-            "--batch-size",
-            "50",
-            "--yes",
-        ],
-    )
-    .await;
+    let erase = [
+        &erase_all(NAMESPACE, "tenant left")[..],
+        &words("--batch-size 50 --yes"),
+    ]
+    .concat();
+    let erased = admin(&app, &erase).await;
     let (answered_calls, failed_calls) = traffic.stop().await;
     assert_eq!(erased.status, Some(0), "{}", erased.stderr);
     assert!(
@@ -274,36 +285,16 @@ async fn the_cli_uses_a_token_file_and_refuses_bad_flags(backend: Backend) {
     assert_eq!(allowed.status, Some(0), "{}", allowed.stderr);
     // Each denial names its cause, with the API's reason.
     let denied = admin_with(&app.endpoint(), &["--token-file", &plain_file], &stats).await;
-    assert_eq!(denied.status, Some(1));
-    assert!(
-        denied
-            .stderr
-            .contains("[ADMIN_RIGHT_REQUIRED]: this token has no admin right"),
-        "{}",
-        denied.stderr
-    );
+    denied.assert_refused(1, "[ADMIN_RIGHT_REQUIRED]: this token has no admin right");
     let read_only = admin_with(
         &app.endpoint(),
         &["--token-file", &operator_file],
-        &[
-            "keys",
-            "release",
-            "--namespace",
-            NAMESPACE,
-            "--key",
-            "k",
-            "--reason",
-            "r",
-        ],
+        &release("k", "r"),
     )
     .await;
-    assert_eq!(read_only.status, Some(1));
-    assert!(
-        read_only.stderr.contains(
-            "[ADMIN_WRITE_REQUIRED]: this token's admin right is read; ForceRelease needs write"
-        ),
-        "{}",
-        read_only.stderr
+    read_only.assert_refused(
+        1,
+        "[ADMIN_WRITE_REQUIRED]: this token's admin right is read; ForceRelease needs write",
     );
     let elsewhere = admin_with(
         &app.endpoint(),
@@ -311,13 +302,9 @@ async fn the_cli_uses_a_token_file_and_refuses_bad_flags(backend: Backend) {
         &["stats", "--namespace", "payments"],
     )
     .await;
-    assert_eq!(elsewhere.status, Some(1));
-    assert!(
-        elsewhere.stderr.contains(
-            "[PERMISSION_DENIED]: this token's scopes do not cover namespace or consumer \"payments\""
-        ),
-        "{}",
-        elsewhere.stderr
+    elsewhere.assert_refused(
+        1,
+        "[PERMISSION_DENIED]: this token's scopes do not cover namespace or consumer \"payments\"",
     );
     let anonymous = admin(&app, &stats).await;
     assert_eq!(anonymous.status, Some(1));
@@ -349,70 +336,39 @@ async fn the_cli_uses_a_token_file_and_refuses_bad_flags(backend: Backend) {
         &["keys", "list", "--namespace", NAMESPACE, "--limit", "1001"],
     )
     .await;
-    assert_eq!(too_many.status, Some(2));
-    assert!(
-        too_many.stderr.contains("'--limit <LIMIT>'"),
-        "{}",
-        too_many.stderr
-    );
+    too_many.assert_refused(2, "'--limit <LIMIT>'");
 }
 
 /// Under mutual TLS the CLI shows the operator's client certificate (`--client-cert`), and the
 /// audit trail names the operator by its subject; a worker's key names the worker's.
 async fn the_cli_shows_a_client_certificate_under_mutual_tls(backend: Backend) {
-    let servers = Pki::new("server CA");
-    let clients = Pki::new("client CA");
-    let (app, pem_files) = start_with_tls(backend, &servers, Some(&clients)).await;
-    let worker = clients.client("payments-worker");
-    let channel = tls_channel(app.addr, &servers, Some(&worker))
-        .await
-        .expect("an mTLS handshake");
-    let mut worker_client = pb_client::IdempotencyServiceClient::new(channel);
-    // Until its schema is migrated the server answers UNAVAILABLE: a claim elsewhere tells
-    // when it is.
-    eventually(
-        Duration::from_secs(20),
-        "the server claims keys",
-        || async {
-            let warm_up = try_start("warm-up").in_namespace("elsewhere".into());
-            worker_client.clone().try_start(warm_up).await.is_ok()
-        },
-    )
-    .await;
+    let mtls = MutualTls::start(backend, "payments-worker").await;
+    let mut worker_client = pb_client::IdempotencyServiceClient::new(mtls.channel.clone());
     claim(&mut worker_client, try_start("held").with_lease(secs(600))).await;
 
-    let write = |name: &str, text: &str| {
-        let path = pem_files.path().join(name);
-        std::fs::write(&path, text).expect("write a PEM file");
-        path.display().to_string()
-    };
-    let operator = clients.client("oncall-laptop");
-    let ca = write("operator-ca.pem", &servers.ca_pem());
-    let certificate = write("operator.pem", &operator.certificate);
-    let key = write("operator.key", &operator.key);
-    let endpoint = format!("https://localhost:{}", app.addr.port());
-    let mtls = [
-        "--coordinator-ca",
-        ca.as_str(),
-        "--client-cert",
-        certificate.as_str(),
-        "--client-key",
-        key.as_str(),
-    ];
+    let operator = mtls.clients.client("oncall-laptop");
+    let pems = ClientPemFiles::write(mtls.pem_files.path(), &mtls.servers, "operator", &operator);
+    let endpoint = format!("https://localhost:{}", mtls.app.addr.port());
+    let mtls_flags = pems.flags();
     let listed = admin_with(
         &endpoint,
-        &mtls,
+        &mtls_flags,
         &["keys", "list", "--namespace", NAMESPACE, "--output", "json"],
     )
     .await
     .json();
     assert_eq!(listed["keys"][0]["holder"], "cert:CN=payments-worker");
 
-    let released = admin_with(&endpoint, &mtls, &release("held", "rotating the worker")).await;
+    let released = admin_with(
+        &endpoint,
+        &mtls_flags,
+        &release("held", "rotating the worker"),
+    )
+    .await;
     assert_eq!(released.status, Some(0), "{}", released.stderr);
     let audit = admin_with(
         &endpoint,
-        &mtls,
+        &mtls_flags,
         &["audit", "--namespace", NAMESPACE, "--output", "json"],
     )
     .await
@@ -423,24 +379,18 @@ async fn the_cli_shows_a_client_certificate_under_mutual_tls(backend: Backend) {
     // refused before any call.
     let refused = admin_with(
         &endpoint,
-        &["--coordinator-ca", ca.as_str()],
+        &["--coordinator-ca", pems.ca.as_str()],
         &["stats", "--namespace", NAMESPACE],
     )
     .await;
     assert_eq!(refused.status, Some(1), "{}", refused.stderr);
     let plain = admin_with(
-        &format!("http://127.0.0.1:{}", app.addr.port()),
-        &[
-            "--client-cert",
-            certificate.as_str(),
-            "--client-key",
-            key.as_str(),
-        ],
+        &format!("http://127.0.0.1:{}", mtls.app.addr.port()),
+        &pems.certificate_flags(),
         &["stats", "--namespace", NAMESPACE],
     )
     .await;
-    assert_eq!(plain.status, Some(2), "{}", plain.stderr);
-    assert!(plain.stderr.contains("client-cert"), "{}", plain.stderr);
+    plain.assert_refused(2, "client-cert");
 }
 
 for_each_backend!(

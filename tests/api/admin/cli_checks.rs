@@ -4,7 +4,7 @@
 //! `http://` to a TLS port and `https://` to a plain one, a certificate the CA does not vouch
 //! for, a CA file that holds no certificate, a client certificate the coordinator requires.
 
-use super::cli::{admin, admin_with};
+use super::cli::{admin, admin_with, erase_all};
 use super::*;
 use crate::support::security::*;
 
@@ -27,17 +27,7 @@ async fn the_cli_refuses_contradicting_and_out_of_range_flags(backend: Backend) 
             "error: invalid value '0' for '--limit <LIMIT>': 0 is not in 1..=1000",
         ),
         (
-            vec![
-                "keys",
-                "erase",
-                "--namespace",
-                NAMESPACE,
-                "--all",
-                "--reason",
-                "r",
-                "--batch-size",
-                "0",
-            ],
+            [&erase_all(NAMESPACE, "r")[..], &["--batch-size", "0"]].concat(),
             "error: invalid value '0' for '--batch-size <BATCH_SIZE>': 0 is not in 1..=10000",
         ),
         (

@@ -6,7 +6,7 @@
 
 use idempotency_coordinator::proto::idempotency::v1 as pb;
 
-use super::cli::{Run, admin};
+use super::cli::{Run, admin, erase_all, words};
 use super::*;
 
 async fn stats(app: &TestApp, namespace: &str) -> pb::NamespaceStatsResponse {
@@ -56,18 +56,10 @@ async fn erasing_a_namespace_is_guarded(backend: Backend) {
     let (app, mut client) = app_and_client(backend).await;
     let (started, _) = claim_and_complete(&mut client, "k1", b"r").await;
     claim_and_complete(&mut client, "k2", b"r").await;
-    let erase_all = [
-        "keys",
-        "erase",
-        "--namespace",
-        NAMESPACE,
-        "--all",
-        "--reason",
-        "r",
-    ];
+    let erase_tests = erase_all(NAMESPACE, "r");
 
     // No terminal, no --yes: refused as a flag problem, nothing erased.
-    let refused = admin(&app, &erase_all).await;
+    let refused = admin(&app, &erase_tests).await;
     assert_eq!(refused.status, Some(2), "{}", refused.stderr);
     assert_eq!(
         refused.stderr.trim_end(),
@@ -77,7 +69,7 @@ async fn erasing_a_namespace_is_guarded(backend: Backend) {
     assert_eq!(stats(&app, NAMESPACE).await.completed_keys, 2);
 
     // On a terminal, a mistyped namespace erases nothing.
-    let mistyped = on_a_terminal(&app, &erase_all, "test").await;
+    let mistyped = on_a_terminal(&app, &erase_tests, "test").await;
     assert_eq!(mistyped.status, Some(1), "{}", mistyped.stdout);
     assert!(
         mistyped.stdout.contains(
@@ -95,15 +87,7 @@ async fn erasing_a_namespace_is_guarded(backend: Backend) {
     // Dry runs, of a key, an absent key and the namespace: nothing erased.
     let key = admin(
         &app,
-        &[
-            "keys",
-            "erase",
-            "--namespace",
-            NAMESPACE,
-            "--key",
-            "k1",
-            "--dry-run",
-        ],
+        &words("keys erase --namespace tests --key k1 --dry-run"),
     )
     .await;
     assert_eq!(key.status, Some(0), "{}", key.stderr);
@@ -116,15 +100,7 @@ async fn erasing_a_namespace_is_guarded(backend: Backend) {
     );
     let absent = admin(
         &app,
-        &[
-            "keys",
-            "erase",
-            "--namespace",
-            NAMESPACE,
-            "--key",
-            "nope",
-            "--dry-run",
-        ],
+        &words("keys erase --namespace tests --key nope --dry-run"),
     )
     .await;
     assert_eq!(
@@ -133,16 +109,7 @@ async fn erasing_a_namespace_is_guarded(backend: Backend) {
     );
     let all = admin(
         &app,
-        &[
-            "keys",
-            "erase",
-            "--namespace",
-            NAMESPACE,
-            "--all",
-            "--dry-run",
-            "--output",
-            "json",
-        ],
+        &words("keys erase --namespace tests --all --dry-run --output json"),
     )
     .await
     .json();
@@ -153,7 +120,7 @@ async fn erasing_a_namespace_is_guarded(backend: Backend) {
     assert!(audit_events(&admin_client(&app).await).await.is_empty());
 
     // Typed right, it erases.
-    let erased = on_a_terminal(&app, &erase_all, NAMESPACE).await;
+    let erased = on_a_terminal(&app, &erase_tests, NAMESPACE).await;
     assert_eq!(erased.status, Some(0), "{}", erased.stdout);
     assert!(
         erased
@@ -165,20 +132,7 @@ async fn erasing_a_namespace_is_guarded(backend: Backend) {
     assert_eq!(stats(&app, NAMESPACE).await.completed_keys, 0);
 
     // A namespace that holds nothing: said so, nothing recorded, even with --yes.
-    let empty = admin(
-        &app,
-        &[
-            "keys",
-            "erase",
-            "--namespace",
-            "tets",
-            "--all",
-            "--reason",
-            "r",
-            "--yes",
-        ],
-    )
-    .await;
+    let empty = admin(&app, &[&erase_all("tets", "r")[..], &["--yes"]].concat()).await;
     assert_eq!(empty.status, Some(0), "{}", empty.stderr);
     assert_eq!(
         empty.stdout.trim_end(),
@@ -188,10 +142,7 @@ async fn erasing_a_namespace_is_guarded(backend: Backend) {
     let trail = answered(
         admin_client(&app)
             .await
-            .list_audit_events(pb::ListAuditEventsRequest {
-                namespace: "tets".into(),
-                ..Default::default()
-            })
+            .list_audit_events(audit_of("tets"))
             .await,
         "ListAuditEvents",
     );

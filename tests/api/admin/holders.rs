@@ -3,8 +3,6 @@
 //! holder, a ForceRelease leaves the key held by nobody; ListKeys finds keys in progress by
 //! claim time. The audit trail names a certificate's subject as the actor.
 
-use std::time::Duration;
-
 use chrono::{DateTime, Utc};
 use idempotency_coordinator::auth::AdminRight;
 use idempotency_coordinator::proto::idempotency::v1::{
@@ -112,10 +110,7 @@ async fn a_claim_names_its_holder_and_time_and_a_takeover_renames_them(backend: 
     );
     let events = admin
         .clone()
-        .list_audit_events(pb::ListAuditEventsRequest {
-            namespace: NAMESPACE.into(),
-            ..Default::default()
-        })
+        .list_audit_events(audit_of(NAMESPACE))
         .await
         .expect("the trail")
         .into_inner()
@@ -200,26 +195,11 @@ async fn claim_times_bound_a_listing_of_keys_in_progress(backend: Backend) {
     assert_eq!(names(&listed(&admin, prefixed).await), ["lapsed", "late"]);
 
     // Pages of one key each cover the filter's keys once, in order.
-    let mut seen = Vec::new();
-    let mut page_token = String::new();
-    loop {
-        let page = answered(
-            admin
-                .clone()
-                .list_keys(pb::ListKeysRequest {
-                    page_size: 1,
-                    page_token: page_token.clone(),
-                    ..between(early_at, None)
-                })
-                .await,
-            "ListKeys",
-        );
-        seen.extend(names(&page.keys));
-        if page.next_page_token.is_empty() {
-            break;
-        }
-        page_token = page.next_page_token;
-    }
+    let single = pb::ListKeysRequest {
+        page_size: 1,
+        ..between(early_at, None)
+    };
+    let seen = names(&pages_of(&admin, single).await.concat());
     assert_eq!(seen, ["lapsed", "early", "late"]);
 
     // A claim time with a completed state or a completion time is a contradiction.
@@ -255,27 +235,9 @@ async fn claim_times_bound_a_listing_of_keys_in_progress(backend: Backend) {
 /// keys a caller claims, and the actor of its admin changes (on loopback, where the admin API
 /// answers without tokens).
 async fn a_client_certificate_names_the_holder_and_the_actor(backend: Backend) {
-    let servers = Pki::new("server CA");
-    let clients = Pki::new("client CA");
-    let (app, _pem_files) = start_with_tls(backend, &servers, Some(&clients)).await;
-    let worker = clients.client("payments-worker");
-    let channel = tls_channel(app.addr, &servers, Some(&worker))
-        .await
-        .expect("an mTLS handshake");
-    let mut client = IdempotencyServiceClient::new(channel.clone());
-    let admin = AdminServiceClient::new(channel);
-    // Until its schema is migrated the server answers UNAVAILABLE: a claim elsewhere tells
-    // when it is.
-    eventually(
-        Duration::from_secs(20),
-        "the server claims keys",
-        || async {
-            let warm_up = try_start("warm-up").in_namespace("elsewhere".into());
-            client.clone().try_start(warm_up).await.is_ok()
-        },
-    )
-    .await;
-
+    let mtls = MutualTls::start(backend, "payments-worker").await;
+    let mut client = IdempotencyServiceClient::new(mtls.channel.clone());
+    let admin = AdminServiceClient::new(mtls.channel.clone());
     claim(&mut client, try_start("held").with_lease(secs(600))).await;
     let held = answered(admin.clone().get_key(get_key("held")).await, "GetKey")
         .key

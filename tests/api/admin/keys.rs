@@ -64,24 +64,14 @@ async fn each_state_lists_its_own_keys_in_its_order(backend: Backend) {
     // Every state, by key; never another namespace's.
     let all = listed(&admin, list(pb::AdminKeyState::Unspecified)).await;
     assert_eq!(names(&all), ["done", "running", "stuck-a", "stuck-b"]);
-    let prefixed = listed(
-        &admin,
-        pb::ListKeysRequest {
-            key_prefix: "stuck-".into(),
-            ..list(pb::AdminKeyState::Unspecified)
-        },
-    )
-    .await;
-    assert_eq!(names(&prefixed), ["stuck-a", "stuck-b"]);
-    let prefixed_running = listed(
-        &admin,
-        pb::ListKeysRequest {
-            key_prefix: "stuck-".into(),
-            ..list(pb::AdminKeyState::InProgress)
-        },
-    )
-    .await;
-    assert!(prefixed_running.is_empty(), "{prefixed_running:?}");
+    let prefixed = |state| pb::ListKeysRequest {
+        key_prefix: "stuck-".into(),
+        ..list(state)
+    };
+    let any_state = listed(&admin, prefixed(pb::AdminKeyState::Unspecified)).await;
+    assert_eq!(names(&any_state), ["stuck-a", "stuck-b"]);
+    let running = listed(&admin, prefixed(pb::AdminKeyState::InProgress)).await;
+    assert!(running.is_empty(), "{running:?}");
 }
 
 async fn pages_cover_every_key_once_and_a_token_belongs_to_its_filter(backend: Backend) {
@@ -94,30 +84,14 @@ async fn pages_cover_every_key_once_and_a_token_belongs_to_its_filter(backend: B
         expected.push(key);
     }
     for state in [pb::AdminKeyState::Unspecified, pb::AdminKeyState::Completed] {
-        let mut seen = Vec::new();
-        let mut token = String::new();
-        let mut pages = 0;
-        loop {
-            let page = answered(
-                admin
-                    .clone()
-                    .list_keys(pb::ListKeysRequest {
-                        page_size: 3,
-                        page_token: token.clone(),
-                        ..list(state)
-                    })
-                    .await,
-                "ListKeys",
-            );
-            pages += 1;
-            assert!(page.keys.len() <= 3);
-            seen.extend(names(&page.keys));
-            if page.next_page_token.is_empty() {
-                break;
-            }
-            token = page.next_page_token;
-        }
-        assert_eq!(pages, 3, "{state:?}");
+        let threes = pb::ListKeysRequest {
+            page_size: 3,
+            ..list(state)
+        };
+        let pages = pages_of(&admin, threes).await;
+        assert!(pages.iter().all(|page| page.len() <= 3));
+        assert_eq!(pages.len(), 3, "{state:?}");
+        let mut seen = names(&pages.concat());
         seen.sort();
         assert_eq!(seen, expected, "{state:?}: every key once");
     }
@@ -133,14 +107,11 @@ async fn pages_cover_every_key_once_and_a_token_belongs_to_its_filter(backend: B
             .await,
         "ListKeys",
     );
-    let refused = admin
-        .clone()
-        .list_keys(pb::ListKeysRequest {
-            page_token: first.next_page_token,
-            ..list(pb::AdminKeyState::Completed)
-        })
-        .await;
-    assert_bad_fields(refused, &["page_token"]);
+    let other_order = pb::ListKeysRequest {
+        page_token: first.next_page_token,
+        ..list(pb::AdminKeyState::Completed)
+    };
+    assert_bad_fields(admin.clone().list_keys(other_order).await, &["page_token"]);
 }
 
 async fn completion_times_bound_a_listing(backend: Backend) {
@@ -149,33 +120,22 @@ async fn completion_times_bound_a_listing(backend: Backend) {
     let (_, early) = claim_and_complete(&mut client, "early", b"r").await;
     wait_for_db_clock_past(&app, instant(&early.completed_at), "after early").await;
     let (_, late) = claim_and_complete(&mut client, "late", b"r").await;
-    let after_early = listed(
-        &admin,
-        pb::ListKeysRequest {
-            completed_after: late.completed_at,
-            ..list(pb::AdminKeyState::Completed)
-        },
-    )
-    .await;
-    assert_eq!(names(&after_early), ["late"]);
-    let before_late = listed(
-        &admin,
-        pb::ListKeysRequest {
-            completed_before: late.completed_at,
-            ..list(pb::AdminKeyState::Unspecified)
-        },
-    )
-    .await;
-    assert_eq!(names(&before_late), ["early"]);
+    let after_early = pb::ListKeysRequest {
+        completed_after: late.completed_at,
+        ..list(pb::AdminKeyState::Completed)
+    };
+    assert_eq!(names(&listed(&admin, after_early).await), ["late"]);
+    let before_late = pb::ListKeysRequest {
+        completed_before: late.completed_at,
+        ..list(pb::AdminKeyState::Unspecified)
+    };
+    assert_eq!(names(&listed(&admin, before_late).await), ["early"]);
     // Completion times select completed keys only.
-    let contradiction = admin
-        .clone()
-        .list_keys(pb::ListKeysRequest {
-            completed_before: late.completed_at,
-            ..list(pb::AdminKeyState::Stuck)
-        })
-        .await;
-    assert_bad_fields(contradiction, &["state"]);
+    let contradiction = pb::ListKeysRequest {
+        completed_before: late.completed_at,
+        ..list(pb::AdminKeyState::Stuck)
+    };
+    assert_bad_fields(admin.clone().list_keys(contradiction).await, &["state"]);
 }
 
 async fn bad_listings_are_refused_with_every_bad_field(backend: Backend) {

@@ -68,19 +68,39 @@ pub fn names(entries: &[pb::AdminKeyEntry]) -> Vec<String> {
     entries.iter().map(|entry| entry.key.clone()).collect()
 }
 
+/// A listing of the audit trail of `namespace`, unfiltered, newest first.
+pub fn audit_of(namespace: &str) -> pb::ListAuditEventsRequest {
+    pb::ListAuditEventsRequest {
+        namespace: namespace.into(),
+        ..Default::default()
+    }
+}
+
 /// The newest audit events of the test namespace.
 pub async fn audit_events(admin: &AdminClient) -> Vec<pb::AuditEvent> {
-    answered(
-        admin
-            .clone()
-            .list_audit_events(pb::ListAuditEventsRequest {
-                namespace: NAMESPACE.into(),
-                ..Default::default()
-            })
-            .await,
-        "ListAuditEvents",
-    )
-    .events
+    let trail = admin.clone().list_audit_events(audit_of(NAMESPACE)).await;
+    answered(trail, "ListAuditEvents").events
+}
+
+/// Every page of a listing (at most `request.page_size` keys each), in order: the keys of each.
+pub async fn pages_of(
+    admin: &AdminClient,
+    request: pb::ListKeysRequest,
+) -> Vec<Vec<pb::AdminKeyEntry>> {
+    let mut pages = Vec::new();
+    let mut page_token = String::new();
+    loop {
+        let page = pb::ListKeysRequest {
+            page_token,
+            ..request.clone()
+        };
+        let page = answered(admin.clone().list_keys(page).await, "ListKeys");
+        pages.push(page.keys);
+        if page.next_page_token.is_empty() {
+            return pages;
+        }
+        page_token = page.next_page_token;
+    }
 }
 
 pub fn get_key(key: &str) -> pb::GetKeyRequest {

@@ -51,18 +51,22 @@ fn parameters(name: &str) -> &'static str {
     }
 }
 
-#[tokio::test]
-async fn postgres_listings_read_indexes_and_the_first_stuck_page_is_fast_on_a_million_keys() {
-    let app = TestApp::spawn(Backend::Postgres).await;
+/// A session on `app`'s database in which `rows` (`what`) were inserted and the keys' table
+/// analyzed, so that the planner plans for its size.
+async fn rows_analyzed(app: &TestApp, rows: &'static str, what: &str) -> sqlx::PgConnection {
     let mut session = crate::support::raw::session(&app.database.url).await;
-    sqlx::query(MILLION_KEYS)
-        .execute(&mut session)
-        .await
-        .expect("a million keys");
+    sqlx::raw_sql(rows).execute(&mut session).await.expect(what);
     sqlx::query("VACUUM ANALYZE idempotency_keys")
         .execute(&mut session)
         .await
         .expect("analyze");
+    session
+}
+
+#[tokio::test]
+async fn postgres_listings_read_indexes_and_the_first_stuck_page_is_fast_on_a_million_keys() {
+    let app = TestApp::spawn(Backend::Postgres).await;
+    let mut session = rows_analyzed(&app, MILLION_KEYS, "a million keys").await;
     // The service's own session settings (`store/postgres/connect.rs`).
     for setting in [
         "SET plan_cache_mode = force_generic_plan",
@@ -234,15 +238,7 @@ fn index_scan_buffers(plan: &serde_json::Value) -> Option<u64> {
 #[tokio::test]
 async fn postgres_a_large_namespace_is_erased_under_load_reading_each_key_at_most_twice() {
     let (app, client) = app_and_client(Backend::Postgres).await;
-    let mut session = crate::support::raw::session(&app.database.url).await;
-    sqlx::raw_sql(TENANT)
-        .execute(&mut session)
-        .await
-        .expect("the tenant's rows");
-    sqlx::query("VACUUM ANALYZE idempotency_keys")
-        .execute(&mut session)
-        .await
-        .expect("analyze");
+    let mut session = rows_analyzed(&app, TENANT, "the tenant's rows").await;
     let mut old_snapshot = crate::support::raw::session(&app.database.url).await;
     sqlx::raw_sql("BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT count(*) FROM admin_audit_events")
         .execute(&mut old_snapshot)

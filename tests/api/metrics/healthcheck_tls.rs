@@ -53,12 +53,8 @@ async fn healthcheck_reaches_plain_and_tls_coordinators_and_names_each_failure(b
     serving_over_tls(&tls_app, &servers, None).await;
     let plain_app = TestApp::spawn(backend).await;
     plain_app.wait_for_status(ServingStatus::Serving).await;
-    let TransportFaults {
-        ca,
-        stranger,
-        junk,
-        closed,
-    } = TransportFaults::write(pem_files.path(), &servers);
+    let faults = TransportFaults::write(pem_files.path(), &servers);
+    let (ca, stranger, junk, closed) = (faults.ca, faults.stranger, faults.junk, faults.closed);
     let tls = format!("https://localhost:{}", tls_app.addr.port());
     let tls_as_plain = format!("http://127.0.0.1:{}", tls_app.addr.port());
     let plain = plain_app.endpoint();
@@ -152,31 +148,15 @@ async fn healthcheck_shows_a_client_certificate_to_a_coordinator_that_requires_o
     let servers = Pki::new("server CA");
     let clients = Pki::new("client CA");
     let (app, pem_files) = start_with_tls(backend, &servers, Some(&clients)).await;
-    let write = |name: &str, text: &str| {
-        let path = pem_files.path().join(name);
-        std::fs::write(&path, text).expect("write a PEM file");
-        path.display().to_string()
-    };
-    let ca = write("ca.pem", &servers.ca_pem());
     let prober = clients.client("prober");
     serving_over_tls(&app, &servers, Some(&prober)).await;
-    let cert = write("prober.pem", &prober.certificate);
-    let key = write("prober.key", &prober.key);
+    let pems = ClientPemFiles::write(pem_files.path(), &servers, "prober", &prober);
+    let ca = pems.ca.as_str();
     let tls = format!("https://localhost:{}", app.addr.port());
-    let (code, stderr) = check(&[
-        "--coordinator",
-        &tls,
-        "--coordinator-ca",
-        &ca,
-        "--client-cert",
-        &cert,
-        "--client-key",
-        &key,
-    ])
-    .await;
+    let (code, stderr) = check(&[&["--coordinator", &tls][..], &pems.flags()].concat()).await;
     assert_eq!(code, Some(0), "{stderr}");
     // Without it the coordinator closes the connection, and that is named.
-    let (code, stderr) = check(&["--coordinator", &tls, "--coordinator-ca", &ca]).await;
+    let (code, stderr) = check(&["--coordinator", &tls, "--coordinator-ca", ca]).await;
     assert_eq!(code, Some(1), "{stderr}");
     assert_eq!(
         stderr,
@@ -187,15 +167,8 @@ async fn healthcheck_shows_a_client_certificate_to_a_coordinator_that_requires_o
     );
     // A client certificate over plaintext is refused before any connection.
     let plain = format!("http://127.0.0.1:{}", app.addr.port());
-    let (code, stderr) = check(&[
-        "--coordinator",
-        &plain,
-        "--client-cert",
-        &cert,
-        "--client-key",
-        &key,
-    ])
-    .await;
+    let (code, stderr) =
+        check(&[&["--coordinator", &plain][..], &pems.certificate_flags()].concat()).await;
     assert_eq!(code, Some(2), "{stderr}");
     assert_eq!(
         stderr,

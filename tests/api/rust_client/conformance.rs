@@ -5,13 +5,13 @@
 use std::time::Duration;
 
 use idempotency_client::{
-    CanonicalJsonErrorKind, Client, Codec, DEFAULT_CALL_TIMEOUT, DEFAULT_LEASE_TTL, DEFAULT_WAIT,
-    Error, HEARTBEAT_DIVISOR, JITTER_LOW_FRACTION, Json, RetryPolicy, RunError, canonical_json,
+    CanonicalJsonErrorKind, Codec, DEFAULT_CALL_TIMEOUT, DEFAULT_LEASE_TTL, DEFAULT_WAIT, Error,
+    HEARTBEAT_DIVISOR, JITTER_LOW_FRACTION, Json, RetryPolicy, RunError, canonical_json,
     canonical_json_text, fingerprint_of, fingerprint_of_json,
 };
 use serde::Deserialize;
 
-use super::{PAYMENTS, PaymentError, Runs};
+use super::{PAYMENTS, PaymentError, Runs, client_retrying_for};
 use crate::support::process::ServerProcess;
 use crate::support::*;
 
@@ -165,14 +165,7 @@ async fn a_result_the_coordinator_could_not_store_is_returned_with_the_result(ba
     let database = TestDatabase::create(backend).await;
     let mut server = ServerProcess::start(&database.url, &[]).await;
     server.wait_until_serving().await.expect("serving");
-    let client = Client::builder(server.endpoint())
-        .retry(RetryPolicy {
-            total: Duration::from_secs(1),
-            ..RetryPolicy::default()
-        })
-        .build()
-        .await
-        .expect("connect");
+    let client = client_retrying_for(server.endpoint(), Duration::from_secs(1)).await;
     let key = unique_key("charge");
     let runs = Runs::default();
 

@@ -6,13 +6,13 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
-use idempotency_client::{Client, RetryPolicy};
+use idempotency_client::Client;
 use idempotency_coordinator::proto::idempotency::v1::lookup_response::State;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 
-use super::{PAYMENTS, PaymentError, Runs, payments_state};
+use super::{PAYMENTS, PaymentError, Runs, client_retrying_for, payments_state};
 use crate::support::process::ServerProcess;
 use crate::support::*;
 
@@ -176,14 +176,7 @@ async fn a_server_restarted_during_try_start_is_retried_and_the_work_runs_once(b
     let mut first = ServerProcess::start(&database.url, &[]).await;
     first.wait_until_serving().await.expect("serving");
     let addr = first.addr;
-    let client = Client::builder(first.endpoint())
-        .retry(RetryPolicy {
-            total: Duration::from_secs(60),
-            ..RetryPolicy::default()
-        })
-        .build()
-        .await
-        .expect("connect");
+    let client = client_retrying_for(first.endpoint(), Duration::from_secs(60)).await;
     first.signal("TERM");
     assert_eq!(
         first.wait(Duration::from_secs(30)).await,

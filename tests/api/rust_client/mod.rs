@@ -28,6 +28,20 @@ pub async fn client_for(app: &TestApp) -> Client {
         .expect("connect to the test server")
 }
 
+/// A Rust client of `endpoint` whose calls retry for at most `total` (the default policy
+/// otherwise).
+pub async fn client_retrying_for(endpoint: String, total: std::time::Duration) -> Client {
+    let retry = idempotency_client::RetryPolicy {
+        total,
+        ..Default::default()
+    };
+    Client::builder(endpoint)
+        .retry(retry)
+        .build()
+        .await
+        .expect("connect")
+}
+
 /// A server on `backend`, a Rust client of it, and a generated client of it (`raw`) to look at
 /// or hold keys from outside the Rust client.
 pub async fn app_and_clients(

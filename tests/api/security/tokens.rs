@@ -246,22 +246,20 @@ async fn the_door_and_the_handler_read_the_same_scope(backend: Backend) {
     let bearer = format!("Bearer {secret}");
     let lookup_path = "/idempotency.v1.IdempotencyService/Lookup";
     // A scope given twice: protobuf's last value wins, for the door as for the handler.
-    let denied_last = [
-        string_field(1, "allowed"),
-        string_field(2, "k"),
-        string_field(1, "denied"),
-    ]
-    .concat();
+    let lookup_of_k_in = |first: &str, last: &str| {
+        [
+            string_field(1, first),
+            string_field(2, "k"),
+            string_field(1, last),
+        ]
+        .concat()
+    };
+    let denied_last = lookup_of_k_in("allowed", "denied");
     let status = raw_unary(app.endpoint(), lookup_path, denied_last, Some(&bearer))
         .await
         .expect_err("the scope that counts is 'denied'");
     assert_error(&status, Code::PermissionDenied, "PERMISSION_DENIED");
-    let allowed_last = [
-        string_field(1, "denied"),
-        string_field(2, "k"),
-        string_field(1, "allowed"),
-    ]
-    .concat();
+    let allowed_last = lookup_of_k_in("denied", "allowed");
     let answer = raw_unary(app.endpoint(), lookup_path, allowed_last, Some(&bearer))
         .await
         .expect("the scope that counts is 'allowed'");

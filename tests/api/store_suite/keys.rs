@@ -73,10 +73,7 @@ async fn tokens_are_never_reused_across_a_keys_lives<S: Store>(store: S, _: &Tes
     assert!(second.lease_token.get() > first.lease_token.get());
     assert_eq!(second.attempt, 1, "a released key starts fresh");
     assert_eq!(
-        store
-            .complete(&complete("k", first.lease_token, b"late"))
-            .await
-            .expect("store"),
+        complete_answer(&store, "k", first.lease_token, b"late").await,
         Err(idempotency_coordinator::domain::Rejection::LeaseLost),
         "the earlier life's token is refused"
     );

@@ -35,18 +35,12 @@ async fn a_completed_key_is_replayed_and_looked_up_with_its_response<S: Store>(
         }
     );
     assert_eq!(
-        store
-            .complete(&complete("k", held, b"answer"))
-            .await
-            .expect("store"),
+        complete_answer(&store, "k", held, b"answer").await,
         Ok(completion),
         "the same completion again, with the same timestamps"
     );
     assert_eq!(
-        store
-            .complete(&complete("k", held, b"another"))
-            .await
-            .expect("store"),
+        complete_answer(&store, "k", held, b"another").await,
         Err(Rejection::AlreadyCompleted)
     );
 }
@@ -71,10 +65,7 @@ async fn refusals_come_in_the_contracts_order<S: Store>(store: S, _: &TestDataba
     let held = token_of(&store, "k").await;
     let stranger = token(held.get() + 1000);
     assert_eq!(
-        store
-            .complete(&complete("absent", held, b"x"))
-            .await
-            .expect("store"),
+        complete_answer(&store, "absent", held, b"x").await,
         Err(Rejection::KeyNotFound)
     );
     assert_eq!(

@@ -12,7 +12,7 @@ use std::time::Duration;
 use idempotency_coordinator::domain::{
     AttemptId, Claim, CompleteCommand, Completion, EventId, EventRetention, ExtendLeaseCommand,
     Fingerprint, Key, KeyRetention, LeaseToken, LeaseTtl, LookupQuery, MarkProcessedCommand,
-    ReleaseCommand, ResponseBody, Scope, TryStartCommand, TryStartOutcome,
+    Rejection, ReleaseCommand, ResponseBody, Scope, TryStartCommand, TryStartOutcome,
 };
 use idempotency_coordinator::store::Store;
 use idempotency_coordinator::store::postgres::{PgSettings, PgStore};
@@ -145,6 +145,19 @@ pub async fn claimed<S: Store>(store: &S, command: TryStartCommand) -> Claim {
 }
 
 /// Completes with `command`, which the store must accept; answers the completion.
+/// The store's answer to a Complete of `key` with `token` and `response`, whatever it is.
+pub async fn complete_answer<S: Store>(
+    store: &S,
+    key: &str,
+    token: LeaseToken,
+    response: &[u8],
+) -> Result<Completion, Rejection> {
+    store
+        .complete(&complete(key, token, response))
+        .await
+        .expect("store")
+}
+
 pub async fn completed<S: Store>(store: &S, command: CompleteCommand) -> Completion {
     store
         .complete(&command)

@@ -217,6 +217,92 @@ pub async fn tls_channel(
         .await
 }
 
+/// A server on a fresh `backend` database under mutual TLS, the folder of its PEM files, its two
+/// CAs, and a channel to it that shows the certificate of the client named `client`.
+pub struct MutualTls {
+    pub app: super::TestApp,
+    pub pem_files: tempfile::TempDir,
+    pub servers: Pki,
+    pub clients: Pki,
+    pub channel: Channel,
+}
+
+impl MutualTls {
+    /// Starts the server and returns once it claims keys over the channel: until its schema is
+    /// migrated it answers UNAVAILABLE, so a claim elsewhere (namespace `elsewhere`) tells when.
+    pub async fn start(backend: super::Backend, client: &str) -> Self {
+        let servers = Pki::new("server CA");
+        let clients = Pki::new("client CA");
+        let (app, pem_files) = start_with_tls(backend, &servers, Some(&clients)).await;
+        let channel = tls_channel(app.addr, &servers, Some(&clients.client(client)))
+            .await
+            .expect("an mTLS handshake");
+        use super::InNamespace;
+        let service = IdempotencyServiceClient::new(channel.clone());
+        super::eventually(
+            std::time::Duration::from_secs(20),
+            "the server claims keys",
+            || async {
+                let warm_up = super::try_start("warm-up").in_namespace("elsewhere".into());
+                service.clone().try_start(warm_up).await.is_ok()
+            },
+        )
+        .await;
+        Self {
+            app,
+            pem_files,
+            servers,
+            clients,
+            channel,
+        }
+    }
+}
+
+/// Writes `text` into `dir` as `name`; answers its path.
+pub fn write_pem(dir: &std::path::Path, name: &str, text: &str) -> String {
+    let path = dir.join(name);
+    std::fs::write(&path, text).expect("write a PEM file");
+    path.display().to_string()
+}
+
+/// The files a command-line client (the admin CLI, healthcheck) is pointed at for mutual TLS,
+/// written into a folder as `<name>-ca.pem`, `<name>.pem` and `<name>.key` (paths).
+pub struct ClientPemFiles {
+    /// The CA that signed the server's certificate.
+    pub ca: String,
+    pub certificate: String,
+    pub key: String,
+}
+
+impl ClientPemFiles {
+    pub fn write(dir: &std::path::Path, servers: &Pki, name: &str, client: &Issued) -> Self {
+        Self {
+            ca: write_pem(dir, &format!("{name}-ca.pem"), &servers.ca_pem()),
+            certificate: write_pem(dir, &format!("{name}.pem"), &client.certificate),
+            key: write_pem(dir, &format!("{name}.key"), &client.key),
+        }
+    }
+
+    /// `--client-cert` and `--client-key`.
+    pub fn certificate_flags(&self) -> [&str; 4] {
+        [
+            "--client-cert",
+            &self.certificate,
+            "--client-key",
+            &self.key,
+        ]
+    }
+
+    /// `--coordinator-ca`, `--client-cert` and `--client-key`.
+    pub fn flags(&self) -> Vec<&str> {
+        [
+            &["--coordinator-ca", self.ca.as_str()][..],
+            &self.certificate_flags(),
+        ]
+        .concat()
+    }
+}
+
 /// What a test of a client's transport failures points it at, written into `dir`: the servers'
 /// CA, another CA, a file that holds no certificate (paths), and a port nothing listens on.
 pub struct TransportFaults {
@@ -228,11 +314,7 @@ pub struct TransportFaults {
 
 impl TransportFaults {
     pub fn write(dir: &std::path::Path, servers: &Pki) -> Self {
-        let write = |name: &str, text: &str| {
-            let path = dir.join(name);
-            std::fs::write(&path, text).expect("write a PEM file");
-            path.display().to_string()
-        };
+        let write = |name: &str, text: &str| write_pem(dir, name, text);
         let closed = {
             let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("a free port");
             listener.local_addr().expect("its address").port()

@@ -33,11 +33,8 @@ async fn the_calls_of_a_statement_that_met_a_held_key_leave_it_and_run_alone() {
     // Each call of the failed statement was answered by its run alone (value × 3), told that
     // its statement was shared.
     assert_eq!(answers, vec![6, 2700, 9]);
-    let sent = isolation.sent.lock().expect("sent alone").clone();
     assert_eq!(
-        sent.iter()
-            .map(|(c, shared)| (c.value, *shared))
-            .collect::<Vec<_>>(),
+        isolation.sent_alone(),
         vec![
             (2, WhyAlone::MetHeld { shared: true }),
             (900, WhyAlone::MetHeld { shared: true }),
@@ -56,27 +53,13 @@ async fn a_lone_call_of_a_held_key_runs_alone_as_its_own() {
         TaskTracker::new(),
         isolation.clone(),
     );
-    assert_eq!(
-        coalescer
-            .submit(Command::keyed(901))
-            .await
-            .expect("answered"),
-        2703
-    );
+    let answered = |key| coalescer.submit(Command::keyed(key));
+    assert_eq!(answered(901).await.expect("answered"), 2703);
     // A key known to be held does not even reach the executor.
-    assert_eq!(
-        coalescer
-            .submit(Command::keyed(950))
-            .await
-            .expect("answered"),
-        2850
-    );
+    assert_eq!(answered(950).await.expect("answered"), 2850);
     assert_eq!(seen.lock().expect("rounds").len(), 1);
-    let sent = isolation.sent.lock().expect("sent alone").clone();
     assert_eq!(
-        sent.iter()
-            .map(|(c, shared)| (c.value, *shared))
-            .collect::<Vec<_>>(),
+        isolation.sent_alone(),
         vec![
             (901, WhyAlone::MetHeld { shared: false }),
             (950, WhyAlone::KnownHeld)

@@ -10,10 +10,7 @@ async fn a_lone_command_runs_in_its_callers_task() {
     let noted = ran_in.clone();
     let coalescer = Coalescer::start(
         "test dispatcher",
-        &Lifecycle {
-            supervisor: crate::supervise::Supervisor::new(),
-            shutdown: tokio_util::sync::CancellationToken::new(),
-        },
+        &lifecycle(),
         settings(100, Duration::from_secs(5)),
         (&Executors::new(1), &Backlog::new(1000)),
         TaskTracker::new(),

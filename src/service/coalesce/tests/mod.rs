@@ -73,6 +73,14 @@ struct TestIsolation {
     sent: SentAlone,
 }
 
+impl TestIsolation {
+    /// The values of the commands sent to run alone, in order, and why each was.
+    fn sent_alone(&self) -> Vec<(u32, WhyAlone)> {
+        let sent = self.sent.lock().expect("sent alone");
+        sent.iter().map(|(c, why)| (c.value, *why)).collect()
+    }
+}
+
 impl Isolate<Command, u32> for TestIsolation {
     fn is_held(&self, command: &Command) -> bool {
         command.key.is_some_and(|key| key >= 950)
@@ -150,14 +158,7 @@ fn gated_sharing(
     executors: &Executors,
     backlog: &Backlog,
 ) -> (Coalescer<Command, u32>, Seen, Arc<Semaphore>) {
-    let gate = Arc::new(Semaphore::new(0));
-    let (coalescer, seen) = recording_shared(
-        settings,
-        Pace::Gate(gate.clone()),
-        (executors, backlog),
-        TaskTracker::new(),
-    );
-    (coalescer, seen, gate)
+    gated_on(settings, (executors, backlog), TaskTracker::new())
 }
 
 /// [`gated`], its batches tracked by `tasks`.
@@ -165,14 +166,26 @@ fn gated_tracked(
     settings: CoalescerSettings,
     tasks: &TaskTracker,
 ) -> (Coalescer<Command, u32>, Seen, Arc<Semaphore>) {
+    let shared = (&held_executor(), &Backlog::new(1_000_000));
+    gated_on(settings, shared, tasks.clone())
+}
+
+fn gated_on(
+    settings: CoalescerSettings,
+    shared: (&Executors, &Backlog),
+    tasks: TaskTracker,
+) -> (Coalescer<Command, u32>, Seen, Arc<Semaphore>) {
     let gate = Arc::new(Semaphore::new(0));
-    let (coalescer, seen) = recording_shared(
-        settings,
-        Pace::Gate(gate.clone()),
-        (&held_executor(), &Backlog::new(1_000_000)),
-        tasks.clone(),
-    );
+    let (coalescer, seen) = recording_shared(settings, Pace::Gate(gate.clone()), shared, tasks);
     (coalescer, seen, gate)
+}
+
+/// A fresh supervisor and shutdown token, for a coalescer under test.
+fn lifecycle() -> Lifecycle {
+    Lifecycle {
+        supervisor: crate::supervise::Supervisor::new(),
+        shutdown: tokio_util::sync::CancellationToken::new(),
+    }
 }
 
 fn recording_paced(settings: CoalescerSettings, pace: Pace) -> (Coalescer<Command, u32>, Seen) {
@@ -204,10 +217,7 @@ fn recording_isolated(
     let recorded = seen.clone();
     let coalescer = Coalescer::start(
         "test dispatcher",
-        &Lifecycle {
-            supervisor: crate::supervise::Supervisor::new(),
-            shutdown: tokio_util::sync::CancellationToken::new(),
-        },
+        &lifecycle(),
         settings,
         shared,
         tasks,
