@@ -25,7 +25,7 @@ use crate::service::erasures::Confirmation;
 use crate::service::held_keys::HeldKeys;
 use crate::service::waiting::{DatabaseClock, Waiters};
 use crate::service::{Coordinator, InFlight, ReplayCache, Waiting};
-use crate::store::{AdminStore, AnyStore, OpenError, Store};
+use crate::store::{AdminStore, AnyStore, OpenError, Replicas, Store};
 use crate::supervise::Lifecycle;
 use crate::supervise::{Supervisor, TaskFailure};
 

@@ -32,7 +32,7 @@ use tokio::sync::broadcast;
 use tokio_util::sync::CancellationToken;
 
 use super::ReplayCache;
-use crate::store::{AdminStore, AnyStore, Erasure};
+use crate::store::{AdminStore, AnyStore, Erasure, Replicas};
 
 /// How long a heartbeat, heard back, confirms a replay cache after it was sent.
 pub const CONFIRMED_FOR: Duration = Duration::from_secs(1);

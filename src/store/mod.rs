@@ -4,6 +4,7 @@
 pub mod admin;
 mod error;
 pub mod postgres;
+mod replicas;
 mod row;
 mod schema;
 pub mod sqlite;
@@ -25,6 +26,7 @@ use crate::domain::{
 pub use admin::{AdminStore, EraseCursor, Erased, Erasure};
 pub use error::StoreError;
 pub use postgres::PgStore;
+pub use replicas::Replicas;
 pub use row::Row;
 pub use sqlite::SqliteStore;
 

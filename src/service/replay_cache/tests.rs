@@ -158,6 +158,11 @@ fn zero_bytes_is_no_cache_and_the_bound_holds() {
     assert!(cache.weight() > capacity / 2, "it does fill up");
 }
 
+/// Remembers key `k` (fingerprint `fp`, response `r`), read with `ticket`.
+fn remember_k(cache: &ReplayCache, ticket: Ticket, completion: &Completion) {
+    cache.remember(ticket, &scope(), &key("k"), b"fp", b"r", completion);
+}
+
 #[test]
 fn a_record_read_before_an_erasure_applied_since_is_not_kept() {
     let database_now = chrono::Utc::now();
@@ -166,25 +171,11 @@ fn a_record_read_before_an_erasure_applied_since_is_not_kept() {
     let completion = completion_expiring(database_now + chrono::Duration::hours(1));
     let before_erasure = cache.ticket();
     cache.forget_key("ns", "k");
-    cache.remember(
-        before_erasure,
-        &scope(),
-        &key("k"),
-        b"fp",
-        b"r",
-        &completion,
-    );
+    remember_k(&cache, before_erasure, &completion);
     assert_eq!(cache.lookup(&scope(), &key("k")), None);
     assert_eq!(cache.weight(), 0, "not even kept");
     // Read after it: kept.
-    cache.remember(
-        cache.ticket(),
-        &scope(),
-        &key("k"),
-        b"fp",
-        b"r",
-        &completion,
-    );
+    remember_k(&cache, cache.ticket(), &completion);
     assert!(cache.lookup(&scope(), &key("k")).is_some());
 }
 
@@ -195,14 +186,7 @@ fn a_replica_serves_only_while_a_heartbeat_confirms_it() {
     let cache = ReplayCache::new(1 << 20, clock_reading(database_now), confirmation.clone())
         .expect("a cache");
     let completion = completion_expiring(database_now + chrono::Duration::hours(1));
-    cache.remember(
-        cache.ticket(),
-        &scope(),
-        &key("k"),
-        b"fp",
-        b"r",
-        &completion,
-    );
+    remember_k(&cache, cache.ticket(), &completion);
     assert_eq!(cache.lookup(&scope(), &key("k")), None, "not confirmed yet");
     cache.confirm(std::time::Instant::now());
     assert!(cache.lookup(&scope(), &key("k")).is_some());

@@ -67,7 +67,7 @@ pub enum Erasure {
     Caught(std::time::Instant),
     /// An eraser asks every replica to acknowledge, once it has applied what came before.
     Barrier(u64),
-    /// `replica` (as [`AdminStore::replicas_seen_within`] names it) acknowledged `barrier`.
+    /// `replica` (as `Replicas::replicas_seen_within` names it) acknowledged `barrier`.
     Acknowledged {
         barrier: u64,
         replica: String,
@@ -177,32 +177,6 @@ pub trait AdminStore: Store {
     /// Erasures announced by any replica (this one included), as they commit, and what the
     /// replicas announce of them.
     fn erasures(&self) -> tokio::sync::broadcast::Receiver<Erasure>;
-
-    /// Whether other processes may serve this store (PostgreSQL): an erasure then waits for
-    /// their acknowledgements, and this replica's replay cache serves only while its heartbeat
-    /// confirms it ([`Erasure::Caught`]). The embedded store serves one process, whose replay
-    /// cache forgets an erasure as it commits.
-    fn has_replicas(&self) -> bool;
-
-    /// Asks every replica to acknowledge [`Erasure::Barrier`] `barrier` once it has applied
-    /// every erasure that committed before.
-    fn ask_acknowledgements(
-        &self,
-        barrier: u64,
-    ) -> impl Future<Output = Result<(), StoreError>> + Send;
-
-    /// The replicas whose heartbeat the store's clock saw within `within`.
-    fn replicas_seen_within(
-        &self,
-        within: std::time::Duration,
-    ) -> impl Future<Output = Result<Vec<String>, StoreError>> + Send;
-
-    /// Sends this replica's acknowledgement of `barrier` (soon, without waiting).
-    fn acknowledge(&self, barrier: u64);
-
-    /// This replica leaves (it shuts down, and its replay cache has stopped serving): erasures
-    /// need not wait for it any more.
-    fn depart(&self) -> impl Future<Output = ()> + Send;
 }
 
 /// Calls the same method on whichever store this is.
@@ -288,31 +262,5 @@ impl AdminStore for AnyStore {
             Self::Postgres(store) => store.erasures(),
             Self::Sqlite(store) => store.erasures(),
         }
-    }
-
-    fn has_replicas(&self) -> bool {
-        matches!(self, Self::Postgres(_))
-    }
-
-    async fn ask_acknowledgements(&self, barrier: u64) -> Result<(), StoreError> {
-        delegate!(self, store => store.ask_acknowledgements(barrier))
-    }
-
-    async fn replicas_seen_within(
-        &self,
-        within: std::time::Duration,
-    ) -> Result<Vec<String>, StoreError> {
-        delegate!(self, store => store.replicas_seen_within(within))
-    }
-
-    fn acknowledge(&self, barrier: u64) {
-        match self {
-            Self::Postgres(store) => store.acknowledge(barrier),
-            Self::Sqlite(store) => store.acknowledge(barrier),
-        }
-    }
-
-    async fn depart(&self) {
-        delegate!(self, store => AdminStore::depart(store))
     }
 }

@@ -379,27 +379,4 @@ impl AdminStore for PgStore {
     fn erasures(&self) -> tokio::sync::broadcast::Receiver<Erasure> {
         self.erasures.subscribe()
     }
-
-    fn has_replicas(&self) -> bool {
-        true
-    }
-
-    async fn ask_acknowledgements(&self, barrier: u64) -> Result<(), StoreError> {
-        self.announce_barrier(barrier).await
-    }
-
-    async fn replicas_seen_within(
-        &self,
-        within: std::time::Duration,
-    ) -> Result<Vec<String>, StoreError> {
-        self.replicas_seen(within).await
-    }
-
-    fn acknowledge(&self, barrier: u64) {
-        self.replica.acknowledge(barrier);
-    }
-
-    async fn depart(&self) {
-        self.leave().await;
-    }
 }

@@ -139,13 +139,7 @@ impl PgStore {
                 })
             })
             .connect_lazy_with(follower.current_options(&shapes.calls));
-        let probe_follower = follower.clone();
-        let probe_pool = followed_pool(&follower, 1, budget.connection_wait)
-            .before_acquire(move |_, metadata| {
-                let moved = probe_follower.predates_move(metadata.age)
-                    || probe_follower.idle_since_trouble(metadata.idle_for);
-                Box::pin(async move { Ok(!moved) })
-            })
+        let probe_pool = single_connection(&follower, budget.connection_wait)
             .connect_lazy_with(follower.current_options(&shapes.probe));
         // Two places for the one connection that listens: the one it leaves on a host the store
         // moved away from may wait for the TCP keepalives to give up before the pool gets its
@@ -153,13 +147,7 @@ impl PgStore {
         // new host meanwhile.
         let listen_pool = followed_pool(&listen_follower, 2, budget.connection_wait)
             .connect_lazy_with(listen_follower.current_options(&shapes.listen));
-        let beat_follower = listen_follower.clone();
-        let beat_pool = followed_pool(&listen_follower, 1, budget.connection_wait)
-            .before_acquire(move |_, metadata| {
-                let moved = beat_follower.predates_move(metadata.age)
-                    || beat_follower.idle_since_trouble(metadata.idle_for);
-                Box::pin(async move { Ok(!moved) })
-            })
+        let beat_pool = single_connection(&listen_follower, budget.connection_wait)
             .connect_lazy_with(listen_follower.current_options(&shapes.heartbeat));
         Ok(Self {
             connections: Arc::new(KeptConnections::new(pool, follower.clone())),
@@ -242,6 +230,21 @@ fn followed_pool(
     options.after_connect(move |connection, _| {
         let follower = follower.clone();
         Box::pin(async move { follower.check(connection).await })
+    })
+}
+
+/// A pool of one connection of its own (the health probe's, the heartbeat's) that follows
+/// `follower`'s host, and never lends a connection opened before the store moved to another
+/// host, or one idle since trouble was seen.
+fn single_connection(
+    follower: &Arc<Follower>,
+    connection_wait: std::time::Duration,
+) -> PgPoolOptions {
+    let moves = follower.clone();
+    followed_pool(follower, 1, connection_wait).before_acquire(move |_, metadata| {
+        let moved =
+            moves.predates_move(metadata.age) || moves.idle_since_trouble(metadata.idle_for);
+        Box::pin(async move { Ok(!moved) })
     })
 }
 

@@ -24,7 +24,7 @@ use super::sql::{
     ACKNOWLEDGE, BARRIER, BEAT, DEPART, FORGET_DEPARTED, LIVE_REPLICAS, REPLICAS_CHANNEL,
     own_channel,
 };
-use crate::store::{Erasure, StoreError};
+use crate::store::{Erasure, Replicas, StoreError};
 
 /// How often a replica writes its heartbeat.
 pub const BEAT_EVERY: Duration = Duration::from_millis(250);
@@ -173,10 +173,20 @@ impl PgStore {
             Err(_) => Err(format!("no answer within {BEAT_TIMEOUT:?}")),
         }
     }
+}
+
+impl Replicas for PgStore {
+    fn has_replicas(&self) -> bool {
+        true
+    }
+
+    fn acknowledge(&self, barrier: u64) {
+        self.replica.acknowledge(barrier);
+    }
 
     /// Deletes this replica's row, so that erasures stop waiting for it (its replay cache has
     /// stopped serving: the caller's promise).
-    pub(super) async fn leave(&self) {
+    async fn depart(&self) {
         if let Err(error) = self.send(sqlx::query(DEPART).bind(&self.replica.id)).await {
             tracing::debug!(%error, "could not delete this replica's row; it is forgotten \
                 in a few seconds anyway");
@@ -185,7 +195,7 @@ impl PgStore {
 
     /// Asks every replica listening to acknowledge once it has applied every erasure that
     /// committed before this request.
-    pub(super) async fn announce_barrier(&self, barrier: u64) -> Result<(), StoreError> {
+    async fn ask_acknowledgements(&self, barrier: u64) -> Result<(), StoreError> {
         let _: (i32,) = self
             .fetch_one(sqlx::query_as(BARRIER).bind(format!("barrier {barrier}")))
             .await
@@ -194,7 +204,7 @@ impl PgStore {
     }
 
     /// The replicas whose heartbeat the database clock saw within `within`.
-    pub(super) async fn replicas_seen(&self, within: Duration) -> Result<Vec<String>, StoreError> {
+    async fn replicas_seen_within(&self, within: Duration) -> Result<Vec<String>, StoreError> {
         let rows: Vec<(String,)> = self
             .fetch_all(sqlx::query_as(LIVE_REPLICAS).bind(within.as_secs_f64()))
             .await

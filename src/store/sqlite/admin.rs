@@ -336,24 +336,4 @@ impl AdminStore for SqliteStore {
     fn erasures(&self) -> tokio::sync::broadcast::Receiver<Erasure> {
         self.erasures.subscribe()
     }
-
-    fn has_replicas(&self) -> bool {
-        false
-    }
-
-    /// One process, whose replay cache forgot the erasure as it committed: nobody to ask.
-    async fn ask_acknowledgements(&self, _barrier: u64) -> Result<(), StoreError> {
-        Ok(())
-    }
-
-    async fn replicas_seen_within(
-        &self,
-        _within: std::time::Duration,
-    ) -> Result<Vec<String>, StoreError> {
-        Ok(Vec::new())
-    }
-
-    fn acknowledge(&self, _barrier: u64) {}
-
-    async fn depart(&self) {}
 }

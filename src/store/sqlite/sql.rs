@@ -158,34 +158,32 @@ macro_rules! claimed_between {
     };
 }
 
-pub(super) const LIST_STUCK_KEYS: &str = concat!(
-    "SELECT ",
-    summary_columns!(),
-    " FROM idempotency_keys
+/// Keys of namespace ?1 whose lease has run out, live, that `$which` selects (appended to the
+/// `WHERE`), after (?2, ?3) in (lease_expires_at, key) order, claimed between ?4 and ?5; at most
+/// ?6.
+macro_rules! run_out_keys {
+    ($($which:tt)*) => {
+        concat!(
+            "SELECT ",
+            summary_columns!(),
+            " FROM idempotency_keys
 WHERE namespace = ?1 AND completed_at IS NULL AND (lease_expires_at, key) > (?2, ?3)
   AND lease_expires_at <= ",
-    now_us!(),
-    " AND expires_at > ",
-    now_us!(),
-    not_released!(),
-    claimed_between!(),
-    " ORDER BY lease_expires_at, key LIMIT ?6"
-);
+            now_us!(),
+            " AND expires_at > ",
+            now_us!(),
+            $($which)*,
+            claimed_between!(),
+            " ORDER BY lease_expires_at, key LIMIT ?6"
+        )
+    };
+}
+
+/// Stuck: not released by an operator.
+pub(super) const LIST_STUCK_KEYS: &str = run_out_keys!(not_released!());
 
 /// Released by an operator and not claimed since.
-pub(super) const LIST_RELEASED_KEYS: &str = concat!(
-    "SELECT ",
-    summary_columns!(),
-    " FROM idempotency_keys
-WHERE namespace = ?1 AND completed_at IS NULL AND (lease_expires_at, key) > (?2, ?3)
-  AND lease_expires_at <= ",
-    now_us!(),
-    " AND expires_at > ",
-    now_us!(),
-    " AND released_token = lease_token",
-    claimed_between!(),
-    " ORDER BY lease_expires_at, key LIMIT ?6"
-);
+pub(super) const LIST_RELEASED_KEYS: &str = run_out_keys!(" AND released_token = lease_token");
 
 /// Every key in progress, stuck and live.
 pub(super) const LIST_HELD_KEYS: &str = concat!(

@@ -410,17 +410,10 @@ async fn postgres_a_replica_paused_through_the_erasure_replays_nothing_after_it(
 async fn postgres_a_replica_that_shuts_down_is_not_waited_for() {
     let app = TestApp::spawn_with(Backend::Postgres, &[]).await;
     let replica = app.replica(&[]).await;
-    eventually(Duration::from_secs(10), "both replicas beat", || async {
-        app.database.count_rows("idempotency_replicas").await == 2
-    })
-    .await;
+    rows_become(&app.database, "idempotency_replicas", 2).await;
     drop(replica);
-    eventually(
-        Duration::from_secs(10),
-        "the stopped replica left",
-        || async { app.database.count_rows("idempotency_replicas").await == 1 },
-    )
-    .await;
+    // The stopped replica left.
+    rows_become(&app.database, "idempotency_replicas", 1).await;
     let admin = admin_client(&app).await;
     let began = Instant::now();
     answered(

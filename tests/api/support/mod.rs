@@ -235,6 +235,17 @@ where
     }
 }
 
+/// Waits (up to 10 s) until `table` of `database` holds `rows` rows: for rows that a task of
+/// the service (the reaper, a heartbeat, a replica's departure) writes or deletes on its own.
+pub async fn rows_become(database: &TestDatabase, table: &str, rows: i64) {
+    eventually(
+        Duration::from_secs(10),
+        &format!("{table} holds {rows} rows"),
+        || async { database.count_rows(table).await == rows },
+    )
+    .await;
+}
+
 /// Polls `look` every 20 ms until it finds something, and answers it; fails after `limit`.
 pub async fn eventually_some<T, F, Fut>(limit: Duration, what: &str, mut look: F) -> T
 where

@@ -69,40 +69,36 @@ macro_rules! claimed_between {
     };
 }
 
-/// Stuck keys of namespace `$1` (not released by an operator), the longest stuck first, after
-/// the cursor (`$2`, `$3`; the first page passes NULL), claimed between `$4` and `$5`, `$6` the
-/// page size. Reads `idempotency_keys_in_progress` from its start up to now (the claim time is
-/// read from the rows it finds: only the namespace's keys in progress are read, never the
-/// table).
-pub(in crate::store::postgres) const LIST_STUCK_KEYS: &str = concat!(
-    "SELECT ",
-    summary_columns!("now()"),
-    " FROM idempotency_keys
+/// Keys of namespace `$1` whose lease has run out, live, that `$which` selects (appended to
+/// the `WHERE`), the longest stuck first, after the cursor (`$2`, `$3`; the first page passes
+/// NULL), claimed between `$4` and `$5`, `$6` the page size. Reads
+/// `idempotency_keys_in_progress` from its start up to now (the claim time is read from the
+/// rows it finds: only the namespace's keys in progress are read, never the table).
+macro_rules! run_out_keys {
+    ($($which:tt)*) => {
+        concat!(
+            "SELECT ",
+            summary_columns!("now()"),
+            " FROM idempotency_keys
 WHERE namespace = $1 AND completed_at IS NULL
   AND (lease_expires_at, key) > (coalesce($2::timestamptz, '-infinity'), coalesce($3::text, ''))
   AND lease_expires_at <= now() AND expires_at > now()",
-    not_released!(),
-    claimed_between!(),
-    "
+            $($which)*,
+            claimed_between!(),
+            "
 ORDER BY lease_expires_at, key
 LIMIT $6"
-);
+        )
+    };
+}
 
-/// Keys of namespace `$1` released by an operator and not claimed since, like
-/// [`LIST_STUCK_KEYS`] (a release ends the lease, so they are among the keys whose lease has
-/// run out).
-pub(in crate::store::postgres) const LIST_RELEASED_KEYS: &str = concat!(
-    "SELECT ",
-    summary_columns!("now()"),
-    " FROM idempotency_keys
-WHERE namespace = $1 AND completed_at IS NULL
-  AND (lease_expires_at, key) > (coalesce($2::timestamptz, '-infinity'), coalesce($3::text, ''))
-  AND lease_expires_at <= now() AND expires_at > now() AND released_token = lease_token",
-    claimed_between!(),
-    "
-ORDER BY lease_expires_at, key
-LIMIT $6"
-);
+/// Stuck keys: not released by an operator ([`run_out_keys!`]).
+pub(in crate::store::postgres) const LIST_STUCK_KEYS: &str = run_out_keys!(not_released!());
+
+/// Keys released by an operator and not claimed since ([`run_out_keys!`]: a release ends the
+/// lease, so they are among the keys whose lease has run out).
+pub(in crate::store::postgres) const LIST_RELEASED_KEYS: &str =
+    run_out_keys!(" AND released_token = lease_token");
 
 /// Every key in progress of namespace `$1`, stuck and live, the longest stuck first, like
 /// [`LIST_STUCK_KEYS`] without its end at now.
