@@ -21,13 +21,7 @@ async fn a_forced_release_takes_the_key_from_its_holder_and_is_recorded(backend:
     )
     .await;
 
-    let released = answered(
-        admin
-            .clone()
-            .force_release(force_release("payment-1", "worker crashed at 3 a.m."))
-            .await,
-        "ForceRelease",
-    );
+    let released = released(&admin, "payment-1", "worker crashed at 3 a.m.").await;
     let before = released.released.expect("the record before");
     assert_eq!(before.lease_token, holder.lease_token);
     assert_eq!(before.state(), pb::AdminKeyState::InProgress);
@@ -106,13 +100,7 @@ async fn only_an_in_progress_key_is_released_and_a_refusal_records_nothing(backe
     );
     assert!(audit_events(&admin).await.is_empty(), "nothing recorded");
     // A reason of the longest length is accepted.
-    answered(
-        admin
-            .clone()
-            .force_release(force_release("held", &"x".repeat(1024)))
-            .await,
-        "ForceRelease",
-    );
+    released(&admin, "held", &"x".repeat(1024)).await;
 }
 
 async fn an_erased_key_is_forgotten_by_the_replay_cache_at_once(backend: Backend) {
@@ -123,14 +111,8 @@ async fn an_erased_key_is_forgotten_by_the_replay_cache_at_once(backend: Backend
     expect_replay(&client, "personal", b"someone's data").await;
     expect_replay(&client, "personal", b"someone's data").await;
 
-    let erased = answered(
-        admin
-            .clone()
-            .erase_key(erase_key("personal", "data-protection request 42"))
-            .await,
-        "EraseKey",
-    );
-    let before = erased.erased.expect("the record before");
+    let answer = erased(&admin, "personal", "data-protection request 42").await;
+    let before = answer.erased.expect("the record before");
     assert_eq!(before.state(), pb::AdminKeyState::Completed);
     assert_eq!(before.response_bytes, b"someone's data".len() as u64);
     // Not replayed from memory: the key is new again.
@@ -138,13 +120,7 @@ async fn an_erased_key_is_forgotten_by_the_replay_cache_at_once(backend: Backend
     assert_eq!(again.attempt, 1);
 
     // An absent key: nothing erased, still recorded.
-    let nothing = answered(
-        admin
-            .clone()
-            .erase_key(erase_key("never", "belt and braces"))
-            .await,
-        "EraseKey",
-    );
+    let nothing = erased(&admin, "never", "belt and braces").await;
     assert!(nothing.erased.is_none());
     let events = audit_events(&admin).await;
     let actions: Vec<(&str, &str)> = events
@@ -248,13 +224,7 @@ async fn the_audit_trail_pages_newest_first(backend: Backend) {
     let (app, _client) = app_and_client(backend).await;
     let admin = admin_client(&app).await;
     for index in 0..5 {
-        answered(
-            admin
-                .clone()
-                .erase_key(erase_key(&format!("k{index}"), "cleanup"))
-                .await,
-            "EraseKey",
-        );
+        erased(&admin, &format!("k{index}"), "cleanup").await;
     }
     let mut keys = Vec::new();
     let mut token = String::new();
@@ -329,10 +299,7 @@ async fn the_reaper_deletes_audit_events_past_their_retention(backend: Backend) 
     let (app, _client) = app_and_client_with(backend, &["--reaper-interval", "100ms"]).await;
     let admin = admin_client(&app).await;
     for key in ["old", "new"] {
-        answered(
-            admin.clone().erase_key(erase_key(key, "cleanup")).await,
-            "EraseKey",
-        );
+        erased(&admin, key, "cleanup").await;
     }
     let past = match backend {
         Backend::Postgres => {

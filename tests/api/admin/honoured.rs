@@ -216,13 +216,7 @@ async fn postgres_an_erased_key_is_replayed_by_no_replica_once_erasekey_returns(
         let stop = CancellationToken::new();
         let replays = replaying(&three.clients, NAMESPACE, std::slice::from_ref(&key), &stop);
         let began = Instant::now();
-        answered(
-            three.admins[round % 3]
-                .clone()
-                .erase_key(erase_key(&key, "data protection"))
-                .await,
-            "EraseKey",
-        );
+        erased(&three.admins[round % 3], &key, "data protection").await;
         let returned = Instant::now();
         took.push(returned - began);
         forgotten_at_once(
@@ -353,13 +347,7 @@ async fn a_replica_that_cannot_hear_replays_nothing_after_the_erasure(
 
         deafness.begin();
         let began = Instant::now();
-        answered(
-            admin
-                .clone()
-                .erase_key(erase_key(&key, "data protection"))
-                .await,
-            "EraseKey",
-        );
+        erased(&admin, &key, "data protection").await;
         let took = began.elapsed();
         deafness.erasure_returned();
         forgotten_at_once(deaf, deaf, NAMESPACE, &key, round).await;
@@ -416,13 +404,7 @@ async fn postgres_a_replica_that_shuts_down_is_not_waited_for() {
     rows_become(&app.database, "idempotency_replicas", 1).await;
     let admin = admin_client(&app).await;
     let began = Instant::now();
-    answered(
-        admin
-            .clone()
-            .erase_key(erase_key("any", "data protection"))
-            .await,
-        "EraseKey",
-    );
+    erased(&admin, "any", "data protection").await;
     assert!(
         began.elapsed() < CONFIRMED_FOR,
         "the erasure waited {:?} for a replica that had left",

@@ -126,6 +126,25 @@ pub fn erase_key(key: &str, reason: &str) -> pb::EraseKeyRequest {
     }
 }
 
+/// ForceRelease of `key` (of the test namespace) for `reason`, which must answer.
+pub async fn released(admin: &AdminClient, key: &str, reason: &str) -> pb::ForceReleaseResponse {
+    answered(
+        admin
+            .clone()
+            .force_release(force_release(key, reason))
+            .await,
+        "ForceRelease",
+    )
+}
+
+/// EraseKey of `key` (of the test namespace) for `reason`, which must answer.
+pub async fn erased(admin: &AdminClient, key: &str, reason: &str) -> pb::EraseKeyResponse {
+    answered(
+        admin.clone().erase_key(erase_key(key, reason)).await,
+        "EraseKey",
+    )
+}
+
 /// Begins erasing `namespace`; answers its stream of progress messages.
 pub async fn erase_stream(
     admin: &AdminClient,
