@@ -15,7 +15,7 @@ async fn a_complete_whose_caller_hung_up_still_completes(backend: Backend) {
     let lock = app.database.hold_key(&key).await;
 
     let call = spawn_complete(&client, complete(&key, started.lease_token, b"paid"));
-    app.wait_for_blocked(1).await;
+    app.wait_for_work_begun(1).await;
     call.abort(); // the caller gives up: its request future is dropped, the stream reset
     assert!(call.await.is_err(), "the call was cancelled");
     lock.release().await;
@@ -31,7 +31,7 @@ async fn a_try_start_whose_caller_hung_up_is_found_again_by_its_attempt_id(backe
 
     let request = try_start(&key).with_attempt("retry-me");
     let call = spawn_try_start(&client, request.clone());
-    app.wait_for_blocked(1).await;
+    app.wait_for_work_begun(1).await;
     call.abort();
     let _ = call.await;
     lock.release().await;

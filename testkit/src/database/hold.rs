@@ -112,6 +112,20 @@ impl TestDatabase {
         )
         .await
     }
+
+    /// How many of the service's statements have waited for a row lock for longer than its
+    /// first, brief wait (20 ms; here 200 ms): statements run patiently, in the held-key lane,
+    /// which run to their end whether or not their caller stays.
+    pub async fn patiently_blocked_postgres_statements(&self) -> i64 {
+        self.postgres_count(
+            "SELECT count(*) FROM pg_stat_activity
+             WHERE datname = current_database()
+               AND application_name = 'idempotency-coordinator'
+               AND wait_event_type = 'Lock'
+               AND clock_timestamp() - query_start > interval '200 milliseconds'",
+        )
+        .await
+    }
 }
 
 /// A lock held on a key from outside the service.

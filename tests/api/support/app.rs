@@ -225,6 +225,23 @@ impl TestApp {
         )
         .await;
     }
+
+    /// Like [`Self::wait_for_blocked`], until the statement waiting for the lock is one that
+    /// runs to its end whoever waits for it (PostgreSQL: it has waited longer than the brief
+    /// first wait, so it is the held-key lane's). A call whose caller goes before its statement
+    /// starts starts none (reliability.md §11).
+    pub async fn wait_for_work_begun(&self, count: usize) {
+        super::eventually(
+            Duration::from_secs(10),
+            "the calls' statements wait patiently for the lock",
+            || async {
+                self.calls_in_flight() >= count
+                    && (self.database.backend == Backend::Sqlite
+                        || self.database.patiently_blocked_postgres_statements().await >= 1)
+            },
+        )
+        .await;
+    }
 }
 
 /// A second server on a [`TestApp`]'s database.
