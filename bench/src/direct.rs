@@ -87,14 +87,29 @@ async fn claim(connection: &mut PgConnection, key: &str) -> sqlx::Result<bool> {
     Ok(false)
 }
 
+/// One measured run of a workload straight against PostgreSQL, without the coordinator: what
+/// both baselines take (the hand-written one here, and pgbench's), so that, side by side, they
+/// run the same load.
+pub struct DirectRun<'a> {
+    pub url: &'a str,
+    pub workload: Workload,
+    pub callers: usize,
+    pub duration: std::time::Duration,
+    /// With a probe, what the run (not its preparation) cost the database.
+    pub probe: Option<&'a CostProbe>,
+}
+
+/// Runs `run` with one connection per caller, under keys of a fresh run id.
 pub async fn drive(
-    url: &str,
-    workload: Workload,
-    callers: usize,
-    duration: std::time::Duration,
-    run: &str,
-    probe: Option<&CostProbe>,
+    &DirectRun {
+        url,
+        workload,
+        callers,
+        duration,
+        probe,
+    }: &DirectRun<'_>,
 ) -> anyhow::Result<Report> {
+    let run = crate::load::run_id();
     let mut connections = Vec::with_capacity(callers);
     for _ in 0..callers {
         connections.push(PgConnection::connect(url).await?);
@@ -122,7 +137,6 @@ pub async fn drive(
     let connections: Arc<Vec<Mutex<PgConnection>>> =
         Arc::new(connections.into_iter().map(Mutex::new).collect());
     let connections_kept = connections.clone();
-    let run = run.to_owned();
     let measuring = cost::start(probe).await?;
     let stop = tokio::time::sleep(duration);
     let tally = load::run_until(callers, stop, move |caller, sequence| {

@@ -122,7 +122,14 @@ async fn main() -> anyhow::Result<()> {
             for workload in workload {
                 let report = match &direct {
                     Some(url) => {
-                        direct::drive(url, workload, callers, duration, &load::run_id(), None)
+                        let run = direct::DirectRun {
+                            url,
+                            workload,
+                            callers,
+                            duration,
+                            probe: None,
+                        };
+                        direct::drive(&run)
                             .await
                             .context("driving PostgreSQL directly")?
                     }
@@ -204,16 +211,16 @@ async fn main() -> anyhow::Result<()> {
                     )
                     .await
                     .context("driving the coordinator")?;
-                    let theirs = direct::drive(
-                        &url,
+                    let direct_run = direct::DirectRun {
+                        url: &url,
                         workload,
-                        count,
+                        callers: count,
                         duration,
-                        &load::run_id(),
-                        Some(&probe),
-                    )
-                    .await
-                    .context("driving PostgreSQL directly")?;
+                        probe: Some(&probe),
+                    };
+                    let theirs = direct::drive(&direct_run)
+                        .await
+                        .context("driving PostgreSQL directly")?;
                     println!("{}", ours.row("coordinator"));
                     let cpu_ratio = ratio(ours.database_cpu_micros(), theirs.database_cpu_micros());
                     println!(
@@ -229,17 +236,9 @@ async fn main() -> anyhow::Result<()> {
                         );
                     }
                     let Some(pgbench) = &pgbench else { continue };
-                    let Some(theirs) = pgbench::drive(
-                        pgbench,
-                        &url,
-                        workload,
-                        count,
-                        duration,
-                        &load::run_id(),
-                        Some(&probe),
-                    )
-                    .await
-                    .context("driving PostgreSQL with pgbench")?
+                    let Some(theirs) = pgbench::drive(pgbench, &direct_run)
+                        .await
+                        .context("driving PostgreSQL with pgbench")?
                     else {
                         continue;
                     };

@@ -10,12 +10,12 @@
 
 use std::fmt::Write as _;
 use std::process::Stdio;
-use std::time::Duration;
 
 use anyhow::{Context, bail};
 use sqlx::{Connection, PgConnection};
 
-use crate::cost::{self, Cost, CostProbe};
+use crate::cost::{self, Cost};
+use crate::direct::DirectRun;
 use crate::load::{REPLAY_KEYS, Workload};
 
 /// What one pgbench run measured. pgbench reports no latency distribution, only its mean.
@@ -114,23 +114,16 @@ fn script(workload: Workload, namespace: &str) -> Option<String> {
     Some(text)
 }
 
-/// Runs `workload` with `callers` pgbench clients for `duration` against `url`, or answers
-/// None when pgbench has no script for it.
-pub async fn drive(
-    pgbench: &str,
-    url: &str,
-    workload: Workload,
-    callers: usize,
-    duration: Duration,
-    run: &str,
-    probe: Option<&CostProbe>,
-) -> anyhow::Result<Option<PgbenchReport>> {
-    let namespace = format!("pgbench-{run}");
-    let Some(text) = script(workload, &namespace) else {
+/// Runs `run` with as many pgbench clients as it has callers, under a fresh run id, or answers
+/// None when pgbench has no script for its workload.
+pub async fn drive(pgbench: &str, run: &DirectRun<'_>) -> anyhow::Result<Option<PgbenchReport>> {
+    let run_id = crate::load::run_id();
+    let namespace = format!("pgbench-{run_id}");
+    let Some(text) = script(run.workload, &namespace) else {
         return Ok(None);
     };
-    if workload == Workload::Replay {
-        let mut connection = PgConnection::connect(url).await?;
+    if run.workload == Workload::Replay {
+        let mut connection = PgConnection::connect(run.url).await?;
         sqlx::query(
             "INSERT INTO direct_keys (namespace, key, fingerprint, response, completed_at, expires_at)
              SELECT $1, 'replay-' || n, '\\x62656e6368', decode(repeat('72', 256), 'hex'), now(),
@@ -143,16 +136,16 @@ pub async fn drive(
         .await
         .context("preparing pgbench's replay keys")?;
     }
-    let script_path = std::env::temp_dir().join(format!("idempotency-bench-{run}.pgbench.sql"));
+    let script_path = std::env::temp_dir().join(format!("idempotency-bench-{run_id}.pgbench.sql"));
     std::fs::write(&script_path, text).context("writing the pgbench script")?;
-    let measuring = cost::start(probe).await?;
+    let measuring = cost::start(run.probe).await?;
     let output = tokio::process::Command::new(pgbench)
         .args(["--no-vacuum", "--protocol=prepared"])
-        .arg(format!("--client={callers}"))
-        .arg(format!("--jobs={}", callers.min(2)))
-        .arg(format!("--time={}", duration.as_secs().max(1)))
+        .arg(format!("--client={}", run.callers))
+        .arg(format!("--jobs={}", run.callers.min(2)))
+        .arg(format!("--time={}", run.duration.as_secs().max(1)))
         .arg(format!("--file={}", script_path.display()))
-        .arg(url)
+        .arg(run.url)
         .stdin(Stdio::null())
         .output()
         .await
@@ -182,8 +175,8 @@ pub async fn drive(
     let operations = number_after("number of transactions actually processed:")?;
     let failures = number_after("number of failed transactions:").unwrap_or(0.0);
     Ok(Some(PgbenchReport {
-        workload,
-        callers,
+        workload: run.workload,
+        callers: run.callers,
         operations: operations as u64,
         per_second: number_after("tps =")?,
         mean_latency_ms: number_after("latency average =")?,

@@ -6,9 +6,12 @@
 //! and refuses a value out of them with a [`SettingError`] that names the flag. The bounds that
 //! the contract sets on the API's durations ([`WAIT`], [`LEASE_TTL`], [`KEY_RETENTION`],
 //! [`EVENT_RETENTION`]) live here too, so that the service's validation of every call and both
-//! binaries' flags cannot disagree about them.
+//! binaries' flags cannot disagree about them. So does the reading of the files flags name (a
+//! CA, a token file: [`read_file`], [`read_token_file`]), so that a client of the coordinator
+//! refuses the same file in the same words whichever binary it is.
 
 use std::fmt;
+use std::path::Path;
 use std::time::Duration;
 
 /// A duration's inclusive bounds.
@@ -117,6 +120,31 @@ impl fmt::Display for SettingError {
 
 impl std::error::Error for SettingError {}
 
+/// The content of the file that the setting `flag` names, read at start, or the error that
+/// names the flag and the file: "--coordinator-ca: cannot read ca.pem: …".
+pub fn read_file(flag: &'static str, path: &Path) -> Result<Vec<u8>, SettingError> {
+    std::fs::read(path).map_err(|error| cannot_read(flag, path, &error))
+}
+
+/// The bearer token in the file that the setting `flag` names (`--token-file`): its one line,
+/// surrounding whitespace aside (a file written by `echo` ends in a line break), refused
+/// when there is no token or it is not printable ASCII, which no header could carry.
+pub fn read_token_file(flag: &'static str, path: &Path) -> Result<String, SettingError> {
+    let text = std::fs::read_to_string(path).map_err(|error| cannot_read(flag, path, &error))?;
+    let token = text.trim();
+    if token.is_empty() || !token.bytes().all(|b| b.is_ascii_graphic()) {
+        return Err(SettingError::new(
+            flag,
+            format!("{} must hold one token of printable ASCII", path.display()),
+        ));
+    }
+    Ok(token.to_owned())
+}
+
+fn cannot_read(flag: &'static str, path: &Path, error: &std::io::Error) -> SettingError {
+    SettingError::new(flag, format!("cannot read {}: {error}", path.display()))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -151,6 +179,36 @@ mod tests {
         assert_eq!(
             error.to_string(),
             "--wait: must be between 0s and 1m (got 61s)"
+        );
+    }
+
+    #[test]
+    fn a_token_file_holds_one_printable_token_and_a_file_not_read_is_named() {
+        let path = std::env::temp_dir().join(format!("settings-token-{}", std::process::id()));
+        std::fs::write(&path, "  s3cret-token\n").expect("written");
+        assert_eq!(
+            read_token_file("token-file", &path),
+            Ok("s3cret-token".to_owned())
+        );
+        for bad in ["\n", "two words"] {
+            std::fs::write(&path, bad).expect("written");
+            let error = read_token_file("token-file", &path).expect_err(bad);
+            assert_eq!(
+                error.to_string(),
+                format!(
+                    "--token-file: {} must hold one token of printable ASCII",
+                    path.display()
+                )
+            );
+        }
+        std::fs::remove_file(&path).expect("removed");
+        let error = read_file("coordinator-ca", &path).expect_err("no such file");
+        assert_eq!(error.flag, "coordinator-ca");
+        assert!(
+            error
+                .problem
+                .starts_with(&format!("cannot read {}: ", path.display())),
+            "{error}"
         );
     }
 

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{Args, Subcommand, ValueEnum};
-use idempotency_settings::{Bounds, SettingError, parse_duration};
+use idempotency_settings::{Bounds, SettingError, parse_duration, read_token_file};
 
 use super::coordinator::{CoordinatorTarget, TargetFlags};
 
@@ -247,7 +247,6 @@ const TIMEOUT: Bounds = Bounds::new(Duration::from_millis(100), Duration::from_s
 
 impl AdminConnectionArgs {
     pub fn settings(&self) -> Result<AdminConnection, SettingError> {
-        let invalid = |flag: &'static str, problem: String| SettingError::new(flag, problem);
         let target = TargetFlags {
             coordinator: &self.coordinator,
             coordinator_ca: self.coordinator_ca.as_deref(),
@@ -256,22 +255,7 @@ impl AdminConnectionArgs {
         }
         .check()?;
         let token = match &self.token_file {
-            Some(path) => {
-                let text = std::fs::read_to_string(path).map_err(|error| {
-                    invalid(
-                        "token-file",
-                        format!("cannot read {}: {error}", path.display()),
-                    )
-                })?;
-                let token = text.trim().to_owned();
-                if token.is_empty() || !token.bytes().all(|b| b.is_ascii_graphic()) {
-                    return Err(invalid(
-                        "token-file",
-                        format!("{} must hold one token of printable ASCII", path.display()),
-                    ));
-                }
-                Some(token)
-            }
+            Some(path) => Some(read_token_file("token-file", path)?),
             None => None,
         };
         Ok(AdminConnection {

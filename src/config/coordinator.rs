@@ -5,7 +5,7 @@
 
 use std::path::Path;
 
-use idempotency_settings::SettingError;
+use idempotency_settings::{SettingError, read_file};
 
 /// The coordinator to reach, checked, with the PEM files read.
 #[derive(Debug, Clone)]
@@ -66,11 +66,8 @@ impl TargetFlags<'_> {
                     .into(),
             ));
         }
-        let read = |flag: &'static str, path: Option<&Path>| match path {
-            Some(path) => std::fs::read(path)
-                .map(Some)
-                .map_err(|error| invalid(flag, format!("cannot read {}: {error}", path.display()))),
-            None => Ok(None),
+        let read = |flag: &'static str, path: Option<&Path>| {
+            path.map(|path| read_file(flag, path)).transpose()
         };
         let ca = read("coordinator-ca", self.coordinator_ca)?;
         // A file that is no PEM certificate would only fail later, as "not trusted".

@@ -284,31 +284,19 @@ impl Client {
         F: Fn(Grpc, tonic::Request<Req>) -> Fut,
         Fut: Future<Output = Result<tonic::Response<Resp>, tonic::Status>>,
     {
-        self.call_with(name, || (message.clone(), Duration::ZERO), retry, send)
+        let message = || (message.clone(), Duration::ZERO);
+        self.call_until(name, message, retry, self.retry_deadline(), send)
             .await
     }
 
-    /// Like [`Client::call`], with the message made afresh for every try, together with how
-    /// long beyond the normal call timeout the service may hold that try (a TryStart's `wait`).
-    pub(crate) async fn call_with<Req, Resp, M, F, Fut>(
-        &self,
-        name: &'static str,
-        message: M,
-        retry: Retry,
-        send: F,
-    ) -> Result<Resp, Error>
-    where
-        M: Fn() -> (Req, Duration),
-        F: Fn(Grpc, tonic::Request<Req>) -> Fut,
-        Fut: Future<Output = Result<tonic::Response<Resp>, tonic::Status>>,
-    {
-        let give_up_at = Instant::now() + self.retry.total;
-        self.call_until(name, message, retry, give_up_at, send)
-            .await
+    /// When a call that starts now stops retrying: the retry policy's total time from now.
+    pub(crate) fn retry_deadline(&self) -> Instant {
+        Instant::now() + self.retry.total
     }
 
-    /// Like [`Client::call_with`], with no try started after `give_up_at` (the first is always
-    /// sent): for a call whose retries must stop before the retry budget does.
+    /// Like [`Client::call`], with no try started after `give_up_at` (the first is always
+    /// sent), and the message made afresh for every try, together with how long beyond the
+    /// normal call timeout the service may hold that try (a TryStart's `wait`).
     pub(crate) async fn call_until<Req, Resp, M, F, Fut>(
         &self,
         name: &'static str,

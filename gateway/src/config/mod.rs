@@ -10,7 +10,7 @@ use clap::Args as ClapArgs;
 use hyper::Method;
 use hyper::Uri;
 use hyper::header::HeaderName;
-use idempotency_settings::{Bounds, SettingError, parse_duration};
+use idempotency_settings::{Bounds, SettingError, parse_duration, read_file, read_token_file};
 
 /// `idempotency-coordinator gateway`'s flags.
 #[derive(Debug, Clone, ClapArgs)]
@@ -221,18 +221,9 @@ impl Args {
                 format!("must be between 1 and {MAX_KEY_LENGTH}"),
             ));
         }
-        if !(KIB..=64 * MIB).contains(&self.max_request_bytes) {
-            return Err(invalid(
-                "max-request-bytes",
-                "must be between 1024 (1 KiB) and 67108864 (64 MiB)",
-            ));
-        }
-        if !(KIB..=64 * MIB).contains(&self.max_stored_response_bytes) {
-            return Err(invalid(
-                "max-stored-response-bytes",
-                "must be between 1024 (1 KiB) and 67108864 (64 MiB)",
-            ));
-        }
+        let max_request_bytes = body_limit("max-request-bytes", self.max_request_bytes)?;
+        let max_stored_response_bytes =
+            body_limit("max-stored-response-bytes", self.max_stored_response_bytes)?;
         if self.coordinator.starts_with("https://") && self.coordinator_ca.is_none() {
             return Err(invalid(
                 "coordinator-ca",
@@ -245,17 +236,12 @@ impl Args {
             upstream: upstream(&self.upstream)?,
             coordinator: coordinator(&self.coordinator)?,
             coordinator_ca: match &self.coordinator_ca {
-                Some(path) => Some(std::fs::read(path).map_err(|error| {
-                    invalid(
-                        "coordinator-ca",
-                        format!("cannot read {}: {error}", path.display()),
-                    )
-                })?),
+                Some(path) => Some(read_file("coordinator-ca", path)?),
                 None => None,
             },
             namespace: namespace(&self.namespace)?,
             token: match &self.token_file {
-                Some(path) => Some(token(path)?),
+                Some(path) => Some(read_token_file("token-file", path)?),
                 None => None,
             },
             methods,
@@ -267,8 +253,8 @@ impl Args {
             lease: idempotency_settings::LEASE_TTL.check_setting("lease", self.lease)?,
             retention: idempotency_settings::KEY_RETENTION
                 .check_setting("retention", self.retention)?,
-            max_request_bytes: self.max_request_bytes,
-            max_stored_response_bytes: self.max_stored_response_bytes,
+            max_request_bytes,
+            max_stored_response_bytes,
             upstream_timeout: UPSTREAM_TIMEOUT
                 .check_setting("upstream-timeout", self.upstream_timeout)?,
             coordinator_timeout: COORDINATOR_TIMEOUT
@@ -330,6 +316,18 @@ impl Args {
     }
 }
 
+/// A limit on the bytes of a body, the request's or the stored response's: 1 KiB to 64 MiB.
+fn body_limit(flag: &'static str, bytes: usize) -> Result<usize, SettingError> {
+    if (KIB..=64 * MIB).contains(&bytes) {
+        Ok(bytes)
+    } else {
+        Err(invalid(
+            flag,
+            "must be between 1024 (1 KiB) and 67108864 (64 MiB)",
+        ))
+    }
+}
+
 fn header_name(flag: &'static str, name: &str) -> Result<HeaderName, SettingError> {
     if name.is_empty() || name.len() > 64 {
         return Err(invalid(flag, "must be a header name of 1 to 64 characters"));
@@ -387,23 +385,6 @@ fn namespace(text: &str) -> Result<String, SettingError> {
             "must be 1-64 characters of A-Z a-z 0-9 . _ - :",
         ))
     }
-}
-
-fn token(path: &std::path::Path) -> Result<String, SettingError> {
-    let text = std::fs::read_to_string(path).map_err(|error| {
-        invalid(
-            "token-file",
-            format!("cannot read {}: {error}", path.display()),
-        )
-    })?;
-    let token = text.trim();
-    if token.is_empty() || !token.bytes().all(|b| b.is_ascii_graphic()) {
-        return Err(invalid(
-            "token-file",
-            format!("{} must hold one token of printable ASCII", path.display()),
-        ));
-    }
-    Ok(token.to_owned())
 }
 
 #[cfg(test)]

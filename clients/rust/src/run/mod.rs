@@ -335,7 +335,7 @@ async fn claim(
         let asked_wait = server_wait(wait_until);
         tracing::debug!(namespace = %spec.namespace, wait = ?asked_wait, "claiming the key");
         let answer = client
-            .call_with(
+            .call_until(
                 "TryStart",
                 || {
                     // Recomputed for every try, so that a retry never waits past the limit.
@@ -345,6 +345,7 @@ async fn claim(
                     (request, wait)
                 },
                 Retry::Transient,
+                client.retry_deadline(),
                 |mut grpc, r| async move { grpc.try_start(r).await },
             )
             .await?;
