@@ -51,6 +51,9 @@ pub(super) struct Replica {
     wake: tokio::sync::Notify,
     /// The listener has just started listening: a beat at once confirms the replica sooner.
     beat_now: AtomicBool,
+    /// Held while a heartbeat is written, and while the replica's row is deleted as it
+    /// leaves (then set): no heartbeat writes the row again after that.
+    departed: tokio::sync::Mutex<bool>,
 }
 
 impl Replica {
@@ -63,6 +66,7 @@ impl Replica {
             acks: Mutex::default(),
             wake: tokio::sync::Notify::new(),
             beat_now: AtomicBool::new(false),
+            departed: tokio::sync::Mutex::new(false),
         }
     }
 
@@ -140,6 +144,10 @@ impl PgStore {
                 sent = self.send(sqlx::query(ACKNOWLEDGE).bind(acks)).await;
             }
             if beat && sent.is_ok() {
+                let departed = self.replica.departed.lock().await;
+                if *departed {
+                    return;
+                }
                 let payload = self.replica.anchor.elapsed().as_nanos().to_string();
                 sent = self
                     .send(
@@ -187,6 +195,9 @@ impl Replicas for PgStore {
     /// Deletes this replica's row, so that erasures stop waiting for it (its replay cache has
     /// stopped serving: the caller's promise).
     async fn depart(&self) {
+        // After any heartbeat being written, and before any other: none writes the row again.
+        let mut departed = self.replica.departed.lock().await;
+        *departed = true;
         if let Err(error) = self.send(sqlx::query(DEPART).bind(&self.replica.id)).await {
             tracing::debug!(%error, "could not delete this replica's row; it is forgotten \
                 in a few seconds anyway");
