@@ -240,6 +240,21 @@ async fn every_rpc_works_through_pgbouncer_in_transaction_mode() {
         started.elapsed() < Duration::from_secs(30),
         "woken by the notification, not by the end of the wait"
     );
+
+    // An erasure through the pooler is honoured by the other replica before it answers: its
+    // request to the replicas goes through the pooler, their heartbeats and acknowledgements
+    // on the direct URL, and every replica acknowledges (well within the bound).
+    expect_replay(&other_client, &waited, b"woken").await;
+    let admin = crate::admin::admin_client(&app).await;
+    let erasing = Instant::now();
+    crate::admin::erased(&admin, &waited, "data protection").await;
+    let erased_in = erasing.elapsed();
+    let again = try_start(&waited).with_fingerprint(b"another request");
+    expect_started(try_start_response(&other_client, again).await);
+    assert!(
+        erased_in < idempotency_coordinator::service::erasures::CONFIRMED_FOR,
+        "the erasure took {erased_in:?}: the replicas' acknowledgements were not heard"
+    );
 }
 
 #[tokio::test]
