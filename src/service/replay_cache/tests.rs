@@ -67,10 +67,7 @@ fn a_live_record_replays_and_checks_the_fingerprint() {
 
 #[test]
 fn a_complete_of_a_claim_handed_out_here_is_remembered_with_its_fingerprint() {
-    let database_now = chrono::Utc::now();
-    let cache = ReplayCache::new(1 << 20, clock_reading(database_now), Confirmation::always())
-        .expect("a cache");
-    let completion = completion_expiring(database_now + chrono::Duration::hours(1));
+    let (cache, completion) = a_cache_and_a_completion_for_an_hour();
     cache.claimed(&scope(), &key("mine"), &fingerprint(b"fp"), 41);
     // A token this replica did not hand out: nothing to remember it by.
     cache.completed(
@@ -158,6 +155,18 @@ fn zero_bytes_is_no_cache_and_the_bound_holds() {
     assert!(cache.weight() > capacity / 2, "it does fill up");
 }
 
+/// A cache of one process (always confirmed) whose clock read the database just now, and a
+/// completion that expires an hour from then.
+fn a_cache_and_a_completion_for_an_hour() -> (ReplayCache, Completion) {
+    let database_now = chrono::Utc::now();
+    let cache = ReplayCache::new(1 << 20, clock_reading(database_now), Confirmation::always())
+        .expect("a cache");
+    (
+        cache,
+        completion_expiring(database_now + chrono::Duration::hours(1)),
+    )
+}
+
 /// Remembers key `k` (fingerprint `fp`, response `r`), read with `ticket`.
 fn remember_k(cache: &ReplayCache, ticket: Ticket, completion: &Completion) {
     cache.remember(ticket, &scope(), &key("k"), b"fp", b"r", completion);
@@ -165,10 +174,7 @@ fn remember_k(cache: &ReplayCache, ticket: Ticket, completion: &Completion) {
 
 #[test]
 fn a_record_read_before_an_erasure_applied_since_is_not_kept() {
-    let database_now = chrono::Utc::now();
-    let cache = ReplayCache::new(1 << 20, clock_reading(database_now), Confirmation::always())
-        .expect("a cache");
-    let completion = completion_expiring(database_now + chrono::Duration::hours(1));
+    let (cache, completion) = a_cache_and_a_completion_for_an_hour();
     let before_erasure = cache.ticket();
     cache.forget_key("ns", "k");
     remember_k(&cache, before_erasure, &completion);

@@ -214,16 +214,7 @@ impl TestApp {
     /// taken from outside (see `TestDatabase::hold_key`). For PostgreSQL it also waits until
     /// the store shows a statement waiting for that lock.
     pub async fn wait_for_blocked(&self, count: usize) {
-        super::eventually(
-            Duration::from_secs(10),
-            "calls are waiting for the lock",
-            || async {
-                self.calls_in_flight() >= count
-                    && (self.database.backend == Backend::Sqlite
-                        || self.database.blocked_postgres_statements().await >= 1)
-            },
-        )
-        .await;
+        self.wait_for_statements_waiting(count, false).await;
     }
 
     /// Like [`Self::wait_for_blocked`], until the statement waiting for the lock is one that
@@ -231,13 +222,24 @@ impl TestApp {
     /// first wait, so it is the held-key lane's). A call whose caller goes before its statement
     /// starts starts none (reliability.md §11).
     pub async fn wait_for_work_begun(&self, count: usize) {
+        self.wait_for_statements_waiting(count, true).await;
+    }
+
+    /// `count` calls in flight, and on PostgreSQL a statement waiting for a lock (`patiently`:
+    /// for longer than the brief first wait).
+    async fn wait_for_statements_waiting(&self, count: usize, patiently: bool) {
         super::eventually(
             Duration::from_secs(10),
-            "the calls' statements wait patiently for the lock",
+            "calls wait for the lock",
             || async {
                 self.calls_in_flight() >= count
-                    && (self.database.backend == Backend::Sqlite
-                        || self.database.patiently_blocked_postgres_statements().await >= 1)
+                    && match self.database.backend {
+                        Backend::Sqlite => true,
+                        Backend::Postgres if patiently => {
+                            self.database.patiently_blocked_postgres_statements().await >= 1
+                        }
+                        Backend::Postgres => self.database.blocked_postgres_statements().await >= 1,
+                    }
             },
         )
         .await;
