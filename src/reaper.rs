@@ -8,7 +8,9 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
-use crate::store::{AdminStore, StoreError};
+use metrics::Label;
+
+use crate::store::{AdminStore, AnyStore, StoreError};
 use crate::telemetry::error_chain;
 
 #[derive(Debug, Clone)]
@@ -41,20 +43,55 @@ impl Table {
     }
 }
 
-pub async fn run<S: AdminStore>(store: S, settings: ReaperSettings, shutdown: CancellationToken) {
+/// One reaper for each part of the store (each cluster of a clustered store), side by side: a
+/// cluster that is slow or down delays only its own sweeps. Each part's metrics carry its
+/// cluster's name (`cluster`), when it has one.
+pub async fn run_each(
+    parts: Vec<(Option<String>, AnyStore)>,
+    settings: ReaperSettings,
+    shutdown: CancellationToken,
+) {
+    futures::future::join_all(parts.into_iter().map(|(cluster, store)| {
+        let part = Part {
+            store,
+            cluster: cluster.map(|name| Label::new("cluster", name)),
+        };
+        run(part, settings.clone(), shutdown.clone())
+    }))
+    .await;
+}
+
+/// A part of the store and the label of its cluster.
+struct Part<S> {
+    store: S,
+    cluster: Option<Label>,
+}
+
+impl<S> Part<S> {
+    /// `labels` and the cluster's, when the part has one.
+    fn labels(&self, labels: &[(&'static str, &'static str)]) -> Vec<Label> {
+        labels
+            .iter()
+            .map(|&(key, value)| Label::new(key, value))
+            .chain(self.cluster.clone())
+            .collect()
+    }
+}
+
+async fn run<S: AdminStore>(part: Part<S>, settings: ReaperSettings, shutdown: CancellationToken) {
     loop {
         tokio::select! {
             _ = shutdown.cancelled() => return,
             _ = tokio::time::sleep(settings.interval) => {}
         }
         for table in [Table::Keys, Table::Events, Table::Audit] {
-            if sweep(&store, table, &settings, &shutdown).await == Sweep::Stopped {
+            if sweep(&part, table, &settings, &shutdown).await == Sweep::Stopped {
                 return;
             }
         }
         if settings.measure_lag {
-            measure_lag(&store, &settings).await;
-            measure_stuck_keys(&store, &settings).await;
+            measure_lag(&part, &settings).await;
+            measure_stuck_keys(&part, &settings).await;
         }
     }
 }
@@ -62,11 +99,12 @@ pub async fn run<S: AdminStore>(store: S, settings: ReaperSettings, shutdown: Ca
 /// Sets `idempotency_stuck_keys` and `idempotency_oldest_stuck_key_seconds`: keys in progress
 /// whose lease ran out, across all namespaces, read from the in-progress keys' index (never the
 /// table). When the read fails, the gauges keep their last values (the failure is in the logs).
-async fn measure_stuck_keys<S: AdminStore>(store: &S, settings: &ReaperSettings) {
-    match tokio::time::timeout(settings.batch_timeout, store.stuck_keys()).await {
+async fn measure_stuck_keys<S: AdminStore>(part: &Part<S>, settings: &ReaperSettings) {
+    match tokio::time::timeout(settings.batch_timeout, part.store.stuck_keys()).await {
         Ok(Ok(stuck)) => {
-            metrics::gauge!("idempotency_stuck_keys").set(stuck.count as f64);
-            metrics::gauge!("idempotency_oldest_stuck_key_seconds").set(stuck.oldest.as_secs_f64());
+            metrics::gauge!("idempotency_stuck_keys", part.labels(&[])).set(stuck.count as f64);
+            metrics::gauge!("idempotency_oldest_stuck_key_seconds", part.labels(&[]))
+                .set(stuck.oldest.as_secs_f64());
         }
         Ok(Err(StoreError::NotMigrated(_))) => {}
         Ok(Err(error)) => {
@@ -79,12 +117,12 @@ async fn measure_stuck_keys<S: AdminStore>(store: &S, settings: &ReaperSettings)
 /// Sets `idempotency_reaper_lag_seconds` from what the sweep left: whatever it could not
 /// delete (rows held by others, a sweep cut short by a failure) and what expired since. When
 /// the read fails, the gauges keep their last values (the failure is in the logs).
-async fn measure_lag<S: AdminStore>(store: &S, settings: &ReaperSettings) {
-    match tokio::time::timeout(settings.batch_timeout, store.expired_backlog()).await {
+async fn measure_lag<S: AdminStore>(part: &Part<S>, settings: &ReaperSettings) {
+    match tokio::time::timeout(settings.batch_timeout, part.store.expired_backlog()).await {
         Ok(Ok(backlog)) => {
             for (table, age) in [(Table::Keys, backlog.keys), (Table::Events, backlog.events)] {
-                metrics::gauge!("idempotency_reaper_lag_seconds", "table" => table.label())
-                    .set(age.as_secs_f64());
+                let labels = part.labels(&[("table", table.label())]);
+                metrics::gauge!("idempotency_reaper_lag_seconds", labels).set(age.as_secs_f64());
             }
         }
         Ok(Err(StoreError::NotMigrated(_))) => {}
@@ -102,7 +140,7 @@ enum Sweep {
 }
 
 async fn sweep<S: AdminStore>(
-    store: &S,
+    Part { store, cluster }: &Part<S>,
     table: Table,
     settings: &ReaperSettings,
     shutdown: &CancellationToken,
@@ -126,19 +164,23 @@ async fn sweep<S: AdminStore>(
                 return Sweep::Done;
             }
             Ok(Err(error)) => {
-                tracing::warn!(?table, error = %error_chain(&error), "reaping failed; will retry");
+                tracing::warn!(?table, cluster = cluster.as_ref().map(Label::value),
+                    error = %error_chain(&error), "reaping failed; will retry");
                 return Sweep::Done;
             }
             Err(_) => {
-                tracing::warn!(?table, timeout = ?settings.batch_timeout, "reaping timed out; will retry");
+                tracing::warn!(?table, cluster = cluster.as_ref().map(Label::value),
+                    timeout = ?settings.batch_timeout, "reaping timed out; will retry");
                 return Sweep::Done;
             }
         };
         deleted_total += deleted;
         // One line per statement (at debug), which is how the batch bound is seen from outside.
         tracing::debug!(table = table.label(), deleted, "reaped one batch");
-        metrics::counter!("idempotency_reaped_rows_total", "table" => table.label())
-            .increment(deleted);
+        let labels: Vec<Label> = std::iter::once(Label::new("table", table.label()))
+            .chain(cluster.clone())
+            .collect();
+        metrics::counter!("idempotency_reaped_rows_total", labels).increment(deleted);
         if deleted < u64::from(settings.batch_size) {
             if deleted_total > 0 {
                 tracing::info!(?table, deleted = deleted_total, "reaped expired rows");

@@ -279,7 +279,7 @@ impl Application {
         let reaper = supervisor.spawn(
             "reaper",
             &shutdown,
-            reaper::run(store.clone(), settings.reaper.clone(), shutdown.clone()),
+            reaper::run_each(store.parts(), settings.reaper.clone(), shutdown.clone()),
         );
 
         // Health flips inside the server's shutdown signal, so it is NOT_SERVING before the

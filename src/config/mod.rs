@@ -8,6 +8,7 @@
 //! `idempotency-settings` crate.
 
 pub mod admin;
+mod clusters;
 mod connections;
 pub mod coordinator;
 mod healthcheck;

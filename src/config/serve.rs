@@ -178,7 +178,7 @@ pub const FEWEST_CONCURRENT_STATEMENTS: u32 = 4;
 /// Refuses a PostgreSQL store that cannot run [`FEWEST_CONCURRENT_STATEMENTS`] at once, naming
 /// the flag that limits it.
 fn check_room_for_held_keys(store: &crate::store::StoreSettings) -> Result<(), SettingError> {
-    let postgres = matches!(store.location, crate::store::StoreLocation::Postgres { .. });
+    let postgres = !matches!(store.location, crate::store::StoreLocation::Sqlite { .. });
     if !postgres || store.concurrent_statements >= FEWEST_CONCURRENT_STATEMENTS {
         return Ok(());
     }

@@ -112,6 +112,9 @@ pub struct DatabaseArgs {
     #[arg(long, env = "IDEMPOTENCY_POOLER_SERVER_CONNECTIONS",
           value_parser = clap::value_parser!(u32).range(1..=10_000))]
     pub pooler_server_connections: Option<u32>,
+
+    #[command(flatten)]
+    pub clusters: super::clusters::ClusterArgs,
 }
 
 /// The server connections assumed behind a pooler in transaction mode when
@@ -163,8 +166,15 @@ impl DatabaseArgs {
             self.notify_database_url_file.as_deref(),
             &self.notify_database_url,
         )?;
-        let location = match &database_url {
-            Some(url) => {
+        let clustered = self.clusters.location(&super::clusters::SingleUrlFlags {
+            notify_url: notify_database_url.is_some(),
+            transaction_pooler: self.pooler == Pooler::Transaction,
+            password_file: self.database_password_file.is_some()
+                || self.notify_database_password_file.is_some(),
+        })?;
+        let location = match (clustered, &database_url) {
+            (Some(clusters), _) => clusters,
+            (None, Some(url)) => {
                 let location = StoreLocation::from_url(url).map_err(|problem| SettingError {
                     flag: "database-url",
                     problem,
@@ -174,24 +184,26 @@ impl DatabaseArgs {
                 }
                 location
             }
-            None => StoreLocation::Sqlite {
+            (None, None) => StoreLocation::Sqlite {
                 path: self.sqlite_path.clone(),
             },
         };
         let notify_url = match (&notify_database_url, &location) {
             (None, _) => None,
-            (Some(url), StoreLocation::Postgres { .. }) => match StoreLocation::from_url(url) {
-                Ok(StoreLocation::Postgres { url }) => {
-                    check_postgres_url("notify-database-url", &url)?;
-                    Some(url)
+            (Some(url), StoreLocation::Postgres { .. } | StoreLocation::Clusters { .. }) => {
+                match StoreLocation::from_url(url) {
+                    Ok(StoreLocation::Postgres { url }) => {
+                        check_postgres_url("notify-database-url", &url)?;
+                        Some(url)
+                    }
+                    _ => {
+                        return Err(SettingError {
+                            flag: "notify-database-url",
+                            problem: "must be a postgres:// URL".into(),
+                        });
+                    }
                 }
-                _ => {
-                    return Err(SettingError {
-                        flag: "notify-database-url",
-                        problem: "must be a postgres:// URL".into(),
-                    });
-                }
-            },
+            }
             (Some(_), StoreLocation::Sqlite { .. }) => {
                 return Err(SettingError {
                     flag: "notify-database-url",
@@ -232,7 +244,7 @@ impl DatabaseArgs {
                     .into(),
             });
         }
-        let postgres = matches!(location, StoreLocation::Postgres { .. });
+        let postgres = !matches!(location, StoreLocation::Sqlite { .. });
         let credentials = credential_files(
             postgres,
             (
@@ -348,7 +360,7 @@ impl MigrateArgs {
             });
         }
         let settings = self.database.store_settings()?;
-        if self.grant_to.is_some() && !matches!(settings.location, StoreLocation::Postgres { .. }) {
+        if self.grant_to.is_some() && matches!(settings.location, StoreLocation::Sqlite { .. }) {
             return Err(SettingError {
                 flag: "grant-to",
                 problem: "applies to PostgreSQL only: the embedded store has no roles".into(),

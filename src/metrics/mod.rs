@@ -179,6 +179,10 @@ fn describe() {
         "TryStarts waiting for a key's holder now."
     );
     describe_gauge!(
+        "idempotency_cluster_ready",
+        "With --cluster: 1 while the cluster's last probe succeeded (its namespaces are served), else 0, by cluster."
+    );
+    describe_gauge!(
         "idempotency_pool_connections",
         "Store pool connections, by state (in_use, idle)."
     );
@@ -236,9 +240,22 @@ pub struct Sources {
 
 impl Sources {
     fn sample(&self) {
-        let (in_use, idle) = self.store.pool_connections();
-        gauge!("idempotency_pool_connections", "state" => "in_use").set(in_use as f64);
-        gauge!("idempotency_pool_connections", "state" => "idle").set(idle as f64);
+        match &self.store {
+            crate::store::AnyStore::Clusters(store) => {
+                for (cluster, (in_use, idle)) in store.pool_connections_by_cluster() {
+                    let cluster = cluster.to_owned();
+                    gauge!("idempotency_pool_connections", "state" => "in_use", "cluster" => cluster.clone())
+                        .set(in_use as f64);
+                    gauge!("idempotency_pool_connections", "state" => "idle", "cluster" => cluster)
+                        .set(idle as f64);
+                }
+            }
+            store => {
+                let (in_use, idle) = store.pool_connections();
+                gauge!("idempotency_pool_connections", "state" => "in_use").set(in_use as f64);
+                gauge!("idempotency_pool_connections", "state" => "idle").set(idle as f64);
+            }
+        }
         let serving = self.health.current() == crate::health::ServingStatus::Serving;
         gauge!("idempotency_health_status", "status" => "SERVING")
             .set(f64::from(u8::from(serving)));

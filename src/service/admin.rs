@@ -199,7 +199,8 @@ impl Admin {
         if let Some(replays) = &self.replays {
             replays.forget_key(namespace.as_str(), key.as_str());
         }
-        self.until_every_replica_honoured(committed, erased.1).await;
+        self.until_every_replica_honoured(committed, namespace, erased.1)
+            .await;
         tracing::warn!(
             actor = actor.name,
             namespace = namespace.as_str(),
@@ -237,7 +238,7 @@ impl Admin {
         let namespace = namespace.clone();
         self.tasks.spawn(async move {
             let last = this.erase_all(&namespace, batch, audit_id, &progress).await;
-            this.until_every_replica_honoured(Instant::now(), audit_id)
+            this.until_every_replica_honoured(Instant::now(), &namespace, audit_id)
                 .await;
             done.outcome_json = Some(
                 serde_json::json!({
@@ -365,8 +366,13 @@ impl Admin {
 impl Admin {
     /// Waits until no replica can replay what the erasure recorded as `audit_id` erased, whose
     /// commits had all been answered at `committed` (`service/erasures.rs`).
-    async fn until_every_replica_honoured(&self, committed: Instant, audit_id: i64) {
-        match every_replica_honoured(&self.store, committed).await {
+    async fn until_every_replica_honoured(
+        &self,
+        committed: Instant,
+        namespace: &Scope,
+        audit_id: i64,
+    ) {
+        match every_replica_honoured(&self.store, committed, namespace.as_str()).await {
             Honoured::Acknowledged => {}
             Honoured::OutlastedBy(silent) => tracing::warn!(audit_id, replicas = ?silent,
                 "replicas did not acknowledge an erasure in time; they serve no replay from \

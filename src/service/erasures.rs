@@ -177,7 +177,11 @@ pub enum Honoured {
 /// Waits until every replica has honoured the erasures whose commits had been answered at
 /// `committed` (see the module's rules): every live replica acknowledged, or
 /// [`CONFIRMED_FOR`] and the margin passed.
-pub async fn every_replica_honoured(store: &AnyStore, committed: Instant) -> Honoured {
+pub async fn every_replica_honoured(
+    store: &AnyStore,
+    committed: Instant,
+    namespace: &str,
+) -> Honoured {
     if !store.has_replicas() {
         return Honoured::Acknowledged;
     }
@@ -186,8 +190,8 @@ pub async fn every_replica_honoured(store: &AnyStore, committed: Instant) -> Hon
     let mut heard = store.erasures();
     let barrier = uuid::Uuid::new_v4().as_u64_pair().0;
     let asked = async {
-        store.ask_acknowledgements(barrier).await?;
-        store.replicas_seen_within(SEEN_WITHIN).await
+        store.ask_acknowledgements(barrier, namespace).await?;
+        store.replicas_seen_within(SEEN_WITHIN, namespace).await
     };
     let mut waiting: HashSet<String> = match tokio::time::timeout_at(deadline, asked).await {
         Ok(Ok(live)) => live.into_iter().collect(),

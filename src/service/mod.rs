@@ -28,6 +28,7 @@ use tokio_util::task::TaskTracker;
 
 pub mod admin;
 pub mod coalesce;
+mod coalescers;
 pub mod erasures;
 pub mod held_keys;
 pub mod in_flight;
@@ -35,17 +36,13 @@ pub mod replay_cache;
 mod wait_for_holder;
 pub mod waiting;
 
-use coalesce::{
-    AloneFuture, Backlog, Coalescer, CoalescerSettings, Executors, FindHeldFuture, FollowsEarlier,
-    Isolate, RoundFuture, WhyAlone,
-};
+use coalesce::{AloneFuture, FindHeldFuture, Isolate, WhyAlone};
+use coalescers::{Coalescers, Dispatch};
 use held_keys::{HeldKeys, RunsAlone, Watch};
 pub use in_flight::InFlight;
 pub use replay_cache::ReplayCache;
 pub use wait_for_holder::Waiting;
 
-use crate::domain::batch::{Batchable, Round};
-use crate::domain::budget::TimeBudget;
 use crate::domain::{
     CompleteCommand, Completion, ExtendLeaseCommand, Instant, KeyState, LookupQuery,
     MarkProcessedCommand, ProcessedEvent, Rejection, ReleaseCommand, TryStartCommand,
@@ -111,50 +108,8 @@ pub(crate) fn statement_span(
 /// The database's name in OpenTelemetry's conventions (`db.system.name`).
 fn db_system(store: &AnyStore) -> &'static str {
     match store {
-        AnyStore::Postgres(_) => "postgresql",
+        AnyStore::Postgres(_) | AnyStore::Clusters(_) => "postgresql",
         AnyStore::Sqlite(_) => "sqlite",
-    }
-}
-
-#[derive(Clone)]
-struct Coalescers {
-    try_start: Coalescer<TryStartCommand, TryStartOutcome>,
-    complete: Coalescer<CompleteCommand, Result<Completion, Rejection>>,
-    mark_processed: Coalescer<MarkProcessedCommand, Vec<ProcessedEvent>>,
-}
-
-/// What every coalescer of a coordinator is started with.
-struct Dispatch<'a> {
-    lifecycle: &'a Lifecycle,
-    shared: (&'a Executors, &'a Backlog),
-    tasks: &'a TaskTracker,
-    in_flight: &'a InFlight,
-    store: &'a AnyStore,
-    isolation: &'a Isolation,
-}
-
-impl Dispatch<'_> {
-    /// The coalescer of one kind of command, whose rounds `run` sends to the store.
-    fn start<C>(
-        &self,
-        name: &'static str,
-        settings: CoalescerSettings,
-        run: for<'r> fn(AnyStore, &'r Round<C>) -> RoundFuture<'r, C::Answer>,
-    ) -> Coalescer<C, C::Answer>
-    where
-        C: Batchable + FollowsEarlier<C::Answer> + RunsAlone + Clone,
-    {
-        let store = self.store.clone();
-        Coalescer::start(
-            name,
-            self.lifecycle,
-            settings,
-            self.shared,
-            self.tasks.clone(),
-            self.in_flight.clone(),
-            std::sync::Arc::new(self.isolation.clone()),
-            move |round| run(store.clone(), round),
-        )
     }
 }
 
@@ -218,25 +173,6 @@ impl<C: RunsAlone> Isolate<C, C::Answer> for Isolation {
     }
 }
 
-/// A coalescer's queue for the metrics: its name, the weight queued or running, the most it
-/// takes.
-fn queue_of<C, R>(name: &'static str, coalescer: &Coalescer<C, R>) -> (&'static str, usize, usize)
-where
-    C: Batchable + FollowsEarlier<R> + Clone + Send + Sync + 'static,
-    R: Send + 'static,
-{
-    (name, coalescer.queued(), coalescer.capacity())
-}
-
-/// A MarkProcessed batch is bounded by its ids, this many per call of a TryStart batch (4096
-/// ids by default): a call carries up to 1000.
-const MARK_IDS_PER_BATCH_SLOT: usize = 16;
-
-/// How many full batches may be queued or running, per executor: of one kind, and of all kinds
-/// together (the coalescers share their executors, and `coalesce::Backlog`). Past that, the
-/// wait would outlast the queue budget anyway: refusing at once is kinder.
-const QUEUED_BATCHES: usize = 16;
-
 impl CoordinatorError {
     /// Whether a caller may expect the same call to succeed later.
     pub fn is_transient(&self) -> bool {
@@ -254,7 +190,9 @@ pub struct Coordinator {
     waiting: Option<Waiting>,
     tasks: TaskTracker,
     operation_timeout: Duration,
-    coalescers: Option<Coalescers>,
+    /// One set per part of the store (each cluster its own: a stalled cluster's rounds hold
+    /// up none of another's), unless coalescing is off.
+    coalescers: Option<std::sync::Arc<[Coalescers]>>,
     in_flight: InFlight,
     /// Completed records answered from memory (see `replay_cache`), unless it is off.
     replays: Option<ReplayCache>,
@@ -287,55 +225,16 @@ impl Coordinator {
             timeout: operation_timeout,
         };
         let coalescers = coalescing.map(|coalescing| {
-            let queue_capacity = coalescing
-                .executors
-                .max(1)
-                .saturating_mul(coalescing.max_batch.max(1))
-                .saturating_mul(QUEUED_BATCHES);
-            let executors = Executors::new(coalescing.executors);
-            // As much as one kind's queue holds: a call of TryStart or Complete takes as many
-            // places as a MarkProcessed of MARK_IDS_PER_BATCH_SLOT ids.
-            let backlog = Backlog::new(queue_capacity.saturating_mul(MARK_IDS_PER_BATCH_SLOT));
-            let shared = (&executors, &backlog);
-            let settings = CoalescerSettings {
-                max_batch: coalescing.max_batch,
-                queue_capacity,
-                places_per_weight: MARK_IDS_PER_BATCH_SLOT,
-                wait_budget: TimeBudget::of(operation_timeout).queue_wait,
-                timeout: operation_timeout,
-                db_system: db_system(&store),
-            };
-            let mark_settings = CoalescerSettings {
-                max_batch: coalescing.max_batch.saturating_mul(MARK_IDS_PER_BATCH_SLOT),
-                queue_capacity: queue_capacity.saturating_mul(MARK_IDS_PER_BATCH_SLOT),
-                places_per_weight: 1,
-                ..settings
-            };
             let dispatch = Dispatch {
                 lifecycle,
-                shared,
                 tasks: &tasks,
                 in_flight: &in_flight,
                 store: &store,
                 isolation: &isolation,
             };
-            Coalescers {
-                try_start: dispatch.start(
-                    "coalescer dispatcher: TryStart",
-                    settings,
-                    |store, round| Box::pin(async move { store.try_start_batch(round).await }),
-                ),
-                complete: dispatch.start(
-                    "coalescer dispatcher: Complete",
-                    settings,
-                    |store, round| Box::pin(async move { store.complete_batch(round).await }),
-                ),
-                mark_processed: dispatch.start(
-                    "coalescer dispatcher: MarkProcessed",
-                    mark_settings,
-                    |store, round| Box::pin(async move { store.mark_processed_batch(round).await }),
-                ),
-            }
+            (0..store.partitions())
+                .map(|_| dispatch.coalescers(coalescing, operation_timeout))
+                .collect()
         });
         Self {
             store,
@@ -360,11 +259,13 @@ impl Coordinator {
         let Some(coalescers) = &self.coalescers else {
             return Vec::new();
         };
-        vec![
-            queue_of("TryStart", &coalescers.try_start),
-            queue_of("Complete", &coalescers.complete),
-            queue_of("MarkProcessed", &coalescers.mark_processed),
-        ]
+        coalescers::queues(coalescers)
+    }
+
+    /// The coalescers of the part of the store that serves `scope`.
+    fn coalescers_of(&self, scope: &str) -> Option<&Coalescers> {
+        let coalescers = self.coalescers.as_ref()?;
+        coalescers.get(self.store.partition_of(scope))
     }
 
     pub async fn try_start(
@@ -411,7 +312,7 @@ impl Coordinator {
         &self,
         command: TryStartCommand,
     ) -> Result<TryStartOutcome, CoordinatorError> {
-        match &self.coalescers {
+        match self.coalescers_of(command.namespace.as_str()) {
             Some(coalescers) => self.queued(coalescers.try_start.submit(command)).await,
             None => self.isolated("TryStart", command).await,
         }
@@ -450,7 +351,7 @@ impl Coordinator {
         &self,
         command: CompleteCommand,
     ) -> Result<Completion, CoordinatorError> {
-        Ok(match &self.coalescers {
+        Ok(match self.coalescers_of(command.namespace.as_str()) {
             Some(coalescers) => self.queued(coalescers.complete.submit(command)).await?,
             None => self.isolated("Complete", command).await?,
         }?)
@@ -524,7 +425,7 @@ impl Coordinator {
         &self,
         command: MarkProcessedCommand,
     ) -> Result<Vec<ProcessedEvent>, CoordinatorError> {
-        match &self.coalescers {
+        match self.coalescers_of(command.consumer.as_str()) {
             Some(coalescers) => self.queued(coalescers.mark_processed.submit(command)).await,
             None => self.isolated("MarkProcessed", command).await,
         }

@@ -2,6 +2,7 @@
 //! the crate sees only the [`Store`] trait and domain types.
 
 pub mod admin;
+pub mod clusters;
 mod error;
 pub mod postgres;
 mod replicas;
@@ -24,6 +25,7 @@ use crate::domain::{
 };
 
 pub use admin::{AdminStore, EraseCursor, Erased, Erasure};
+pub use clusters::ClusteredStore;
 pub use error::StoreError;
 pub use postgres::PgStore;
 pub use replicas::Replicas;
@@ -185,6 +187,12 @@ pub enum LockWait {
 pub enum StoreLocation {
     /// A PostgreSQL database, shared by any number of replicas.
     Postgres { url: String },
+    /// Several PostgreSQL databases (`--cluster`), each namespace on the one its placement
+    /// names.
+    Clusters {
+        urls: Vec<(clusters::placement::ClusterName, String)>,
+        placement: clusters::placement::Placement,
+    },
     /// A SQLite file, for one instance.
     Sqlite { path: PathBuf },
 }
@@ -248,6 +256,8 @@ pub enum OpenError {
     #[error("the database URL is not valid")]
     Postgres(#[source] sqlx::Error),
     #[error(transparent)]
+    Cluster(#[from] clusters::ClusterUrlError),
+    #[error(transparent)]
     Sqlite(#[from] sqlite::SqliteOpenError),
 }
 
@@ -255,6 +265,7 @@ pub enum OpenError {
 #[derive(Debug, Clone)]
 pub enum AnyStore {
     Postgres(PgStore),
+    Clusters(ClusteredStore),
     Sqlite(SqliteStore),
 }
 
@@ -272,20 +283,29 @@ impl AnyStore {
     }
 
     fn open(settings: &StoreSettings, serves: bool) -> Result<Self, OpenError> {
+        let postgres = |url: &str| postgres::PgSettings {
+            url: url.to_owned(),
+            notify_url: settings.notify_url.clone(),
+            pool_size: settings.pool_size,
+            operation_timeout: settings.operation_timeout,
+            pooler: settings.pooler,
+            require_synchronous_standby: settings.require_synchronous_standby,
+            credentials: settings.credentials.clone(),
+            notify_credentials: settings.notify_credentials.clone(),
+            migration_lock_timeout: settings.migration_lock_timeout,
+        };
         match &settings.location {
-            StoreLocation::Postgres { url } => PgStore::connect_lazy(&postgres::PgSettings {
-                url: url.clone(),
-                notify_url: settings.notify_url.clone(),
-                pool_size: settings.pool_size,
-                operation_timeout: settings.operation_timeout,
-                pooler: settings.pooler,
-                require_synchronous_standby: settings.require_synchronous_standby,
-                credentials: settings.credentials.clone(),
-                notify_credentials: settings.notify_credentials.clone(),
-                migration_lock_timeout: settings.migration_lock_timeout,
-            })
-            .map(Self::Postgres)
-            .map_err(OpenError::Postgres),
+            StoreLocation::Postgres { url } => PgStore::connect_lazy(&postgres(url))
+                .map(Self::Postgres)
+                .map_err(OpenError::Postgres),
+            StoreLocation::Clusters { urls, placement } => {
+                let shared = postgres("");
+                Ok(Self::Clusters(ClusteredStore::connect_lazy(
+                    urls,
+                    placement.clone(),
+                    &shared,
+                )?))
+            }
             StoreLocation::Sqlite { path } => SqliteStore::open_lazy(&sqlite::SqliteSettings {
                 path: path.clone(),
                 pool_size: settings.pool_size,
@@ -297,19 +317,60 @@ impl AnyStore {
         }
     }
 
+    /// The parts that are served and reaped apart, each with its cluster's name: each cluster
+    /// of a clustered store, else the store itself, without a name.
+    pub fn parts(&self) -> Vec<(Option<String>, AnyStore)> {
+        match self {
+            Self::Clusters(store) => store
+                .clusters()
+                .iter()
+                .map(|cluster| {
+                    (
+                        Some(cluster.name.to_string()),
+                        Self::Postgres(cluster.store.clone()),
+                    )
+                })
+                .collect(),
+            other => vec![(None, other.clone())],
+        }
+    }
+
     /// The connections of the pool that serves calls, in use and idle (for SQLite, the
     /// writer's and the readers' together).
     pub fn pool_connections(&self) -> (u32, u32) {
         match self {
             Self::Postgres(store) => store.pool_connections(),
+            Self::Clusters(store) => store.pool_connections_by_cluster().into_iter().fold(
+                (0, 0),
+                |(in_use, idle), (_, (more_in_use, more_idle))| {
+                    (in_use + more_in_use, idle + more_idle)
+                },
+            ),
             Self::Sqlite(store) => store.pool_connections(),
+        }
+    }
+
+    /// How many parts the store is served in, each with coalescers of its own (the clusters of
+    /// a clustered store, else one).
+    pub fn partitions(&self) -> usize {
+        match self {
+            Self::Clusters(store) => store.clusters().len(),
+            Self::Postgres(_) | Self::Sqlite(_) => 1,
+        }
+    }
+
+    /// The part (below [`AnyStore::partitions`]) that serves `scope`.
+    pub fn partition_of(&self, scope: &str) -> usize {
+        match self {
+            Self::Clusters(store) => store.cluster_of(scope),
+            Self::Postgres(_) | Self::Sqlite(_) => 0,
         }
     }
 
     /// `postgres` or `sqlite`, for logs.
     pub fn backend(&self) -> &'static str {
         match self {
-            Self::Postgres(_) => "postgres",
+            Self::Postgres(_) | Self::Clusters(_) => "postgres",
             Self::Sqlite(_) => "sqlite",
         }
     }
@@ -319,6 +380,7 @@ impl AnyStore {
     pub async fn migrate_granting(&self, grant_to: Option<&str>) -> Result<(), StoreError> {
         match (self, grant_to) {
             (Self::Postgres(store), _) => store.migrate_granting(grant_to).await,
+            (Self::Clusters(store), _) => store.migrate_granting(grant_to).await,
             (Self::Sqlite(store), _) => store.migrate().await,
         }
     }
@@ -339,6 +401,7 @@ macro_rules! delegate {
     ($self:ident, $store:ident => $call:expr) => {
         match $self {
             AnyStore::Postgres($store) => $call.await,
+            AnyStore::Clusters($store) => $call.await,
             AnyStore::Sqlite($store) => $call.await,
         }
     };
@@ -384,6 +447,7 @@ impl Store for AnyStore {
     fn limited(&self, deadline: std::time::Instant, lock_wait: LockWait) -> Self {
         match self {
             Self::Postgres(store) => Self::Postgres(store.limited(deadline, lock_wait)),
+            Self::Clusters(store) => Self::Clusters(store.limited(deadline, lock_wait)),
             Self::Sqlite(store) => Self::Sqlite(store.limited(deadline, lock_wait)),
         }
     }
@@ -441,6 +505,7 @@ impl Store for AnyStore {
     fn key_events(&self) -> broadcast::Receiver<KeyEvent> {
         match self {
             Self::Postgres(store) => store.key_events(),
+            Self::Clusters(store) => store.key_events(),
             Self::Sqlite(store) => store.key_events(),
         }
     }

@@ -18,18 +18,22 @@ pub trait Replicas {
     }
 
     /// Asks every replica to acknowledge `store::Erasure::Barrier` `barrier` once it has
-    /// applied every erasure that committed before.
+    /// applied every erasure that committed before, on the store that serves `scope` (the
+    /// erased namespace: with several clusters, the one its erasure committed on).
     fn ask_acknowledgements(
         &self,
         _barrier: u64,
+        _scope: &str,
     ) -> impl Future<Output = Result<(), StoreError>> + Send {
         async { Ok(()) }
     }
 
-    /// The replicas whose heartbeat the store's clock saw within `within`.
+    /// The replicas whose heartbeat the clock of the store that serves `scope` saw within
+    /// `within`.
     fn replicas_seen_within(
         &self,
         _within: Duration,
+        _scope: &str,
     ) -> impl Future<Output = Result<Vec<String>, StoreError>> + Send {
         async { Ok(Vec::new()) }
     }
@@ -50,27 +54,35 @@ impl Replicas for AnyStore {
     fn has_replicas(&self) -> bool {
         match self {
             Self::Postgres(store) => store.has_replicas(),
+            Self::Clusters(store) => store.has_replicas(),
             Self::Sqlite(store) => store.has_replicas(),
         }
     }
 
-    async fn ask_acknowledgements(&self, barrier: u64) -> Result<(), StoreError> {
+    async fn ask_acknowledgements(&self, barrier: u64, scope: &str) -> Result<(), StoreError> {
         match self {
-            Self::Postgres(store) => store.ask_acknowledgements(barrier).await,
-            Self::Sqlite(store) => store.ask_acknowledgements(barrier).await,
+            Self::Postgres(store) => store.ask_acknowledgements(barrier, scope).await,
+            Self::Clusters(store) => store.ask_acknowledgements(barrier, scope).await,
+            Self::Sqlite(store) => store.ask_acknowledgements(barrier, scope).await,
         }
     }
 
-    async fn replicas_seen_within(&self, within: Duration) -> Result<Vec<String>, StoreError> {
+    async fn replicas_seen_within(
+        &self,
+        within: Duration,
+        scope: &str,
+    ) -> Result<Vec<String>, StoreError> {
         match self {
-            Self::Postgres(store) => store.replicas_seen_within(within).await,
-            Self::Sqlite(store) => store.replicas_seen_within(within).await,
+            Self::Postgres(store) => store.replicas_seen_within(within, scope).await,
+            Self::Clusters(store) => store.replicas_seen_within(within, scope).await,
+            Self::Sqlite(store) => store.replicas_seen_within(within, scope).await,
         }
     }
 
     fn acknowledge(&self, barrier: u64) {
         match self {
             Self::Postgres(store) => store.acknowledge(barrier),
+            Self::Clusters(store) => store.acknowledge(barrier),
             Self::Sqlite(store) => store.acknowledge(barrier),
         }
     }
@@ -78,6 +90,7 @@ impl Replicas for AnyStore {
     async fn depart(&self) {
         match self {
             Self::Postgres(store) => store.depart().await,
+            Self::Clusters(store) => store.depart().await,
             Self::Sqlite(store) => store.depart().await,
         }
     }

@@ -6,6 +6,7 @@ mod support;
 mod admin;
 mod cli_docs;
 mod clock_skew;
+mod clusters;
 mod coalescing;
 mod complete;
 mod contract_rules;

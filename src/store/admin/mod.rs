@@ -184,6 +184,7 @@ macro_rules! delegate {
     ($self:ident, $store:ident => $call:expr) => {
         match $self {
             AnyStore::Postgres($store) => $call.await,
+            AnyStore::Clusters($store) => $call.await,
             AnyStore::Sqlite($store) => $call.await,
         }
     };
@@ -260,6 +261,7 @@ impl AdminStore for AnyStore {
     fn erasures(&self) -> tokio::sync::broadcast::Receiver<Erasure> {
         match self {
             Self::Postgres(store) => store.erasures(),
+            Self::Clusters(store) => store.erasures(),
             Self::Sqlite(store) => store.erasures(),
         }
     }

@@ -206,7 +206,7 @@ impl Replicas for PgStore {
 
     /// Asks every replica listening to acknowledge once it has applied every erasure that
     /// committed before this request.
-    async fn ask_acknowledgements(&self, barrier: u64) -> Result<(), StoreError> {
+    async fn ask_acknowledgements(&self, barrier: u64, _scope: &str) -> Result<(), StoreError> {
         let _: (i32,) = self
             .fetch_one(sqlx::query_as(BARRIER).bind(format!("barrier {barrier}")))
             .await
@@ -215,7 +215,11 @@ impl Replicas for PgStore {
     }
 
     /// The replicas whose heartbeat the database clock saw within `within`.
-    async fn replicas_seen_within(&self, within: Duration) -> Result<Vec<String>, StoreError> {
+    async fn replicas_seen_within(
+        &self,
+        within: Duration,
+        _scope: &str,
+    ) -> Result<Vec<String>, StoreError> {
         let rows: Vec<(String,)> = self
             .fetch_all(sqlx::query_as(LIVE_REPLICAS).bind(within.as_secs_f64()))
             .await

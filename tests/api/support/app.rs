@@ -284,9 +284,11 @@ async fn launch(database_url: &str, url_override: &[String], flags: &[&str]) -> 
         "idempotency-coordinator".into(),
         "--listen".into(),
         "127.0.0.1:0".into(),
-        "--database-url".into(),
-        database_url.to_owned(),
     ];
+    // A server on several clusters is given them instead of one URL.
+    if !flags.contains(&"--cluster") {
+        args.extend(["--database-url".into(), database_url.to_owned()]);
+    }
     args.extend(TEST_DEFAULTS.iter().map(|s| s.to_string()));
     args.extend(url_override.iter().cloned());
     args.extend(flags.iter().map(|s| s.to_string()));

@@ -92,6 +92,72 @@ pub(super) async fn own(path: &Path) {
 }
 
 impl Node {
+    /// A node named `name` in `dir` (owned by `postgres`), on a free port, not made yet.
+    pub(super) fn in_dir(dir: &Path, name: &'static str) -> Self {
+        Self {
+            name,
+            port: free_port(),
+            data: dir.join(name),
+            log: dir.join(format!("{name}.log")),
+            socket_dir: dir.to_path_buf(),
+        }
+    }
+
+    /// Makes the node's cluster (`initdb`), set up for tests and with `settings` added.
+    pub(super) async fn init(&self, settings: &str) {
+        let data = self.data.to_string_lossy().into_owned();
+        run(
+            "initdb",
+            &["-D", &data, "-U", "postgres", "-A", "trust", "--no-sync"],
+        )
+        .await;
+        self.append_conf(&format!(
+            "\nport = {}\nlisten_addresses = '127.0.0.1'\nunix_socket_directories = '{}'\n\
+             fsync = off\nfull_page_writes = off\nmax_connections = 60\n\
+             shared_buffers = 16MB\n{settings}",
+            self.port,
+            self.socket_dir.display()
+        ));
+    }
+
+    /// Stops every process of the node where it stands (SIGSTOP): a stalled server, whose
+    /// connections stay open and answer nothing, as a machine frozen or cut off would.
+    pub async fn pause(&self) {
+        self.signal_all("STOP").await;
+    }
+
+    /// Lets a paused node run again (SIGCONT).
+    pub async fn resume(&self) {
+        self.signal_all("CONT").await;
+    }
+
+    /// Sends `signal` to the postmaster and to every process it started.
+    async fn signal_all(&self, signal: &str) {
+        let pid_file = std::fs::read_to_string(self.data.join("postmaster.pid"))
+            .expect("postmaster.pid of a running node");
+        let postmaster = pid_file
+            .lines()
+            .next()
+            .expect("the postmaster's pid")
+            .trim();
+        let children = Command::new("pgrep")
+            .args(["-P", postmaster])
+            .output()
+            .await
+            .expect("pgrep");
+        let children = String::from_utf8_lossy(&children.stdout).into_owned();
+        let pids: Vec<&str> = std::iter::once(postmaster)
+            .chain(children.split_whitespace())
+            .collect();
+        let status = Command::new("kill")
+            .arg(format!("-{signal}"))
+            .args(&pids)
+            .status()
+            .await
+            .expect("kill");
+        assert!(status.success(), "kill -{signal} {pids:?}");
+    }
+
     /// `postgres://postgres@127.0.0.1:port/database`.
     pub fn url(&self, database: &str) -> String {
         format!("postgres://postgres@127.0.0.1:{}/{database}", self.port)
@@ -179,34 +245,20 @@ impl ReplicatedPair {
     /// A primary and a standby streaming from it, both running.
     pub async fn start(replication: Replication) -> Self {
         let dir = tempfile::tempdir().expect("a folder for the clusters");
-        let node = |name: &'static str| Node {
-            name,
-            port: free_port(),
-            data: dir.path().join(name),
-            log: dir.path().join(format!("{name}.log")),
-            socket_dir: dir.path().to_path_buf(),
-        };
+        let node = |name: &'static str| Node::in_dir(dir.path(), name);
         let nodes = [node("node_a"), node("node_b")];
         own(dir.path()).await;
         let [primary, standby] = &nodes;
-        let data = primary.data.to_string_lossy().into_owned();
-        run(
-            "initdb",
-            &["-D", &data, "-U", "postgres", "-A", "trust", "--no-sync"],
-        )
-        .await;
         let synchronous = match replication {
             Replication::Synchronous => "'*'",
             Replication::Asynchronous => "''",
         };
-        primary.append_conf(&format!(
-            "\nport = {}\nlisten_addresses = '127.0.0.1'\nunix_socket_directories = '{}'\n\
-             fsync = off\nfull_page_writes = off\nmax_connections = 60\n\
-             shared_buffers = 16MB\nsynchronous_standby_names = {synchronous}\n\
-             wal_keep_size = 64MB\nwal_receiver_status_interval = 1s\n",
-            primary.port,
-            primary.socket_dir.display()
-        ));
+        primary
+            .init(&format!(
+                "synchronous_standby_names = {synchronous}\n\
+                 wal_keep_size = 64MB\nwal_receiver_status_interval = 1s\n"
+            ))
+            .await;
         primary.start().await;
         let standby_data = standby.data.to_string_lossy().into_owned();
         let port = primary.port.to_string();
@@ -296,4 +348,62 @@ pub(super) fn stop_at_once(data: &Path) {
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())
         .status();
+}
+
+/// Independent clusters (no replication between them), one per name, each on its own port:
+/// the PostgreSQL clusters a deployment places namespaces on. Stopped when dropped.
+pub struct Clusters {
+    pub nodes: Vec<Node>,
+    _dir: tempfile::TempDir,
+}
+
+impl Clusters {
+    /// One running cluster for each of `names`.
+    pub async fn start(names: &[&'static str]) -> Self {
+        let dir = tempfile::tempdir().expect("a folder for the clusters");
+        own(dir.path()).await;
+        let nodes: Vec<Node> = names
+            .iter()
+            .map(|name| Node::in_dir(dir.path(), name))
+            .collect();
+        futures::future::join_all(nodes.iter().map(|node| async move {
+            node.init("").await;
+            node.start().await;
+        }))
+        .await;
+        Self { nodes, _dir: dir }
+    }
+
+    /// The service's flags for these clusters, each serving `database`: `--cluster NAME=URL`.
+    pub fn flags(&self, database: &str) -> Vec<String> {
+        self.nodes
+            .iter()
+            .flat_map(|node| {
+                [
+                    "--cluster".to_owned(),
+                    format!("{}={}", node.name, node.url(database)),
+                ]
+            })
+            .collect()
+    }
+}
+
+impl Drop for Clusters {
+    fn drop(&mut self) {
+        for node in &self.nodes {
+            // A paused node ignores the stop until it runs again.
+            if let Some(postmaster) = std::fs::read_to_string(node.data.join("postmaster.pid"))
+                .ok()
+                .and_then(|pid_file| pid_file.lines().next().map(str::to_owned))
+            {
+                let _ = std::process::Command::new("pkill")
+                    .args(["-CONT", "-P", postmaster.trim()])
+                    .status();
+                let _ = std::process::Command::new("kill")
+                    .args(["-CONT", postmaster.trim()])
+                    .status();
+            }
+            stop_at_once(&node.data);
+        }
+    }
 }

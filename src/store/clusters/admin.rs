@@ -1,0 +1,112 @@
+//! The admin API on a clustered store: everything about a namespace (its keys, numbers,
+//! erasures and audit trail) goes to the cluster it is placed on; what spans all namespaces
+//! (the stuck keys, the audit trail's reaping) asks every cluster.
+
+use super::{ClusteredStore, combined, sum_of};
+use crate::domain::admin::{
+    AuditEntry, AuditEvent, AuditFilter, EraseBatch, ForceReleased, FullKey, KeyFilter, KeySummary,
+    NamespaceStats, PageCursor, StuckSummary,
+};
+use crate::domain::{Key, Scope};
+use crate::store::{AdminStore, EraseCursor, Erased, Erasure, StoreError};
+
+impl AdminStore for ClusteredStore {
+    async fn list_keys(
+        &self,
+        filter: &KeyFilter,
+        after: Option<&PageCursor>,
+        limit: u32,
+    ) -> Result<Vec<KeySummary>, StoreError> {
+        self.serving(filter.namespace.as_str())?
+            .list_keys(filter, after, limit)
+            .await
+    }
+
+    async fn get_key(&self, namespace: &Scope, key: &Key) -> Result<Option<FullKey>, StoreError> {
+        self.serving(namespace.as_str())?
+            .get_key(namespace, key)
+            .await
+    }
+
+    async fn namespace_stats(&self, namespace: &Scope) -> Result<NamespaceStats, StoreError> {
+        self.serving(namespace.as_str())?
+            .namespace_stats(namespace)
+            .await
+    }
+
+    async fn force_release(
+        &self,
+        audit: &AuditEntry,
+        key: &Key,
+    ) -> Result<ForceReleased, StoreError> {
+        self.serving(audit.namespace.as_str())?
+            .force_release(audit, key)
+            .await
+    }
+
+    async fn erase_key(
+        &self,
+        audit: &AuditEntry,
+        key: &Key,
+    ) -> Result<(Option<KeySummary>, i64), StoreError> {
+        self.serving(audit.namespace.as_str())?
+            .erase_key(audit, key)
+            .await
+    }
+
+    async fn erase_namespace_batch(
+        &self,
+        namespace: &Scope,
+        batch: EraseBatch,
+        from: &EraseCursor,
+    ) -> Result<Erased, StoreError> {
+        self.serving(namespace.as_str())?
+            .erase_namespace_batch(namespace, batch, from)
+            .await
+    }
+
+    async fn namespace_has_rows(&self, namespace: &Scope) -> Result<bool, StoreError> {
+        self.serving(namespace.as_str())?
+            .namespace_has_rows(namespace)
+            .await
+    }
+
+    async fn record_audit(&self, audit: &AuditEntry) -> Result<i64, StoreError> {
+        self.serving(audit.namespace.as_str())?
+            .record_audit(audit)
+            .await
+    }
+
+    async fn list_audit(
+        &self,
+        filter: &AuditFilter,
+        before: Option<i64>,
+        limit: u32,
+    ) -> Result<Vec<AuditEvent>, StoreError> {
+        self.serving(filter.namespace.as_str())?
+            .list_audit(filter, before, limit)
+            .await
+    }
+
+    async fn reap_expired_audit(&self, limit: u32) -> Result<u64, StoreError> {
+        sum_of(
+            self.on_each(|store| async move { store.reap_expired_audit(limit).await })
+                .await,
+        )
+    }
+
+    /// The stuck keys of every cluster that answers: their count, and the oldest.
+    async fn stuck_keys(&self) -> Result<StuckSummary, StoreError> {
+        let answers = self
+            .on_each(|store| async move { store.stuck_keys().await })
+            .await;
+        combined(answers, |total, stuck| {
+            total.count += stuck.count;
+            total.oldest = total.oldest.max(stuck.oldest);
+        })
+    }
+
+    fn erasures(&self) -> tokio::sync::broadcast::Receiver<Erasure> {
+        self.erasures.subscribe()
+    }
+}

@@ -1,0 +1,263 @@
+//! A cluster's trouble stays its own: paused, its namespaces get UNAVAILABLE while the other
+//! clusters' callers see no failure and the service stays SERVING; down at start, it is migrated
+//! and served once it comes; with every cluster down, the service is NOT_SERVING.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use tokio_util::sync::CancellationToken;
+use tonic::Code;
+use tonic_health::pb::HealthCheckRequest;
+use tonic_health::pb::health_check_response::ServingStatus;
+use tonic_types::StatusExt;
+
+use super::*;
+use crate::metrics::{samples, scrape};
+
+/// How many callers each namespace's load has: enough that calls queue and share statements.
+const CALLERS: usize = 8;
+
+/// Lifecycles of fresh keys in `namespace` by [`CALLERS`] callers, each one lifecycle after
+/// another until `stop`: how many were answered, and the failures.
+struct Load {
+    done: Arc<AtomicUsize>,
+    failures: Arc<std::sync::Mutex<Vec<String>>>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Load {
+    /// Waits until every caller has stopped; answers the failures.
+    async fn stopped(self) -> Vec<String> {
+        for task in self.tasks {
+            task.await.expect("a caller's task");
+        }
+        self.failures.lock().expect("the failures").clone()
+    }
+}
+
+fn steady_load(client: &Client, namespace: &'static str, stop: &CancellationToken) -> Load {
+    let done = Arc::new(AtomicUsize::new(0));
+    let failures = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let tasks = (0..CALLERS)
+        .map(|_| {
+            tokio::spawn({
+                let (client, stop) = (client.clone(), stop.clone());
+                let (done, failures) = (done.clone(), failures.clone());
+                async move {
+                    while !stop.is_cancelled() {
+                        let key = unique_key(namespace);
+                        let outcome = async {
+                            let started = client
+                                .clone()
+                                .try_start(try_start_in(namespace, &key))
+                                .await?
+                                .into_inner();
+                            let Some(pb::try_start_response::Outcome::Started(claim)) =
+                                started.outcome
+                            else {
+                                return Err(tonic::Status::internal(format!(
+                                    "not started: {started:?}"
+                                )));
+                            };
+                            let request = complete(&key, claim.lease_token, b"ok");
+                            client
+                                .clone()
+                                .complete(request.in_namespace(namespace.into()))
+                                .await?;
+                            Ok(())
+                        };
+                        match outcome.await {
+                            Ok(()) => {
+                                done.fetch_add(1, Ordering::Relaxed);
+                            }
+                            Err(status) => failures
+                                .lock()
+                                .expect("the failures")
+                                .push(format!("{namespace}: {status:?}")),
+                        }
+                    }
+                }
+            })
+        })
+        .collect();
+    Load {
+        done,
+        failures,
+        tasks,
+    }
+}
+
+/// Waits until every load has answered `more` lifecycles beyond what it had answered now.
+async fn loads_answer_more(loads: &[Load], more: usize) {
+    let from: Vec<usize> = loads
+        .iter()
+        .map(|load| load.done.load(Ordering::Relaxed))
+        .collect();
+    eventually(
+        Duration::from_secs(30),
+        "the other clusters' callers are answered",
+        || async {
+            loads
+                .iter()
+                .zip(&from)
+                .all(|(load, from)| load.done.load(Ordering::Relaxed) >= from + more)
+        },
+    )
+    .await;
+}
+
+/// Waits until `idempotency_cluster_ready{cluster}` reads `ready`.
+async fn cluster_ready_reads(app: &TestApp, cluster: &str, ready: f64) {
+    let series = format!("idempotency_cluster_ready{{cluster=\"{cluster}\"}}");
+    eventually(
+        Duration::from_secs(20),
+        &format!("{series} reads {ready}"),
+        || {
+            let series = series.clone();
+            async move { samples(&scrape(app).await).get(&series) == Some(&ready) }
+        },
+    )
+    .await;
+}
+
+async fn health_now(app: &TestApp) -> ServingStatus {
+    let mut health = app.health().await;
+    let answer = health
+        .check(HealthCheckRequest {
+            service: String::new(),
+        })
+        .await
+        .expect("a health answer");
+    answer.into_inner().status()
+}
+
+/// Cluster b paused (every process of it stopped where it stands) under steady load on all
+/// three: b's calls are UNAVAILABLE with `outcome`, within the operation timeout; a's and c's
+/// callers keep being answered, none fails; health stays SERVING; the cluster gauge says
+/// which one is lost; resumed, b is served again. The operation timeout is 1 s (not 5), so
+/// that b's calls fail within a second.
+#[tokio::test]
+async fn a_paused_cluster_fails_only_its_own_namespaces() {
+    let clusters = three_clusters().await;
+    let app = serve_on(
+        &clusters,
+        &[
+            "--operation-timeout",
+            "1s",
+            "--metrics-listen",
+            "127.0.0.1:0",
+        ],
+    )
+    .await;
+    let client = app.client().await;
+    for namespace in NAMESPACES {
+        lifecycle(&client, namespace, &unique_key(namespace), b"warm").await;
+    }
+    cluster_ready_reads(&app, "b", 1.0).await;
+    let stop = CancellationToken::new();
+    let loads = [
+        steady_load(&client, "misc", &stop),
+        steady_load(&client, "billing", &stop),
+    ];
+    loads_answer_more(&loads, 20).await;
+
+    // b's own callers keep calling through the pause, so that calls of every cluster queue
+    // together.
+    let stalled = steady_load(&client, "orders-eu", &stop);
+    loads_answer_more(std::slice::from_ref(&stalled), 20).await;
+    clusters.nodes[1].pause().await;
+    let sent = Instant::now();
+    let refused = client
+        .clone()
+        .try_start(try_start_in("orders-eu", &unique_key("stalled")))
+        .await
+        .expect_err("a call on the paused cluster fails");
+    assert_error(&refused, Code::Unavailable, "STORE_UNAVAILABLE");
+    assert!(
+        sent.elapsed() < Duration::from_secs(3),
+        "answered within the operation timeout and its margin, took {:?}",
+        sent.elapsed()
+    );
+    let details = refused.get_error_details();
+    let outcome = details
+        .error_info()
+        .and_then(|info| info.metadata.get("outcome").cloned());
+    assert!(
+        outcome.is_some(),
+        "UNAVAILABLE says its outcome: {refused:?}"
+    );
+    cluster_ready_reads(&app, "b", 0.0).await;
+    assert_eq!(health_now(&app).await, ServingStatus::Serving);
+    loads_answer_more(&loads, 50).await;
+
+    clusters.nodes[1].resume().await;
+    cluster_ready_reads(&app, "b", 1.0).await;
+    eventually(
+        Duration::from_secs(20),
+        "the resumed cluster serves its namespace",
+        || async {
+            let key = unique_key("resumed");
+            client
+                .clone()
+                .try_start(try_start_in("orders-eu", &key))
+                .await
+                .is_ok()
+        },
+    )
+    .await;
+    stop.cancel();
+    for load in loads {
+        let failures = load.stopped().await;
+        assert!(
+            failures.is_empty(),
+            "the other clusters' calls failed: {failures:?}"
+        );
+    }
+    assert!(
+        !stalled.stopped().await.is_empty(),
+        "the paused cluster's callers saw failures"
+    );
+}
+
+/// Cluster c down when the service starts: the service serves a's and b's namespaces, c's get
+/// UNAVAILABLE; c started, it is migrated and served, without a restart. Then every cluster
+/// down: NOT_SERVING; one back: SERVING.
+#[tokio::test]
+async fn a_cluster_down_at_start_is_migrated_and_served_when_it_comes() {
+    let clusters = three_clusters().await;
+    clusters.nodes[2].stop().await;
+    let app = serve_on(&clusters, &[]).await;
+    let client = app.client().await;
+    lifecycle(&client, "misc", &unique_key("misc"), b"a").await;
+    let refused = client
+        .clone()
+        .try_start(try_start_in("billing", &unique_key("early")))
+        .await
+        .expect_err("the cluster that is down cannot serve");
+    assert_error(&refused, Code::Unavailable, "STORE_UNAVAILABLE");
+
+    clusters.nodes[2].start().await;
+    eventually(
+        Duration::from_secs(30),
+        "the cluster that came is migrated and serves",
+        || async {
+            client
+                .clone()
+                .try_start(try_start_in("billing", &unique_key("late")))
+                .await
+                .is_ok()
+        },
+    )
+    .await;
+    lifecycle(&client, "billing", &unique_key("billing"), b"c").await;
+    assert_eq!(keys_on(&clusters.nodes[2], "billing").await, 2);
+
+    for node in &clusters.nodes {
+        node.stop().await;
+    }
+    app.wait_for_status(ServingStatus::NotServing).await;
+    clusters.nodes[0].start().await;
+    app.wait_for_status(ServingStatus::Serving).await;
+    lifecycle(&client, "misc", &unique_key("misc"), b"a again").await;
+}
