@@ -7,6 +7,9 @@
 #
 #   bench/callgrind-per-rpc.sh [TARGET_DIR] [SECONDS]    # default: target/release, 10
 #
+# STORE_FLAGS, when set, replaces `--database-url <a database of its own>` (e.g. several
+# `--cluster NAME=URL`; the bench's namespace, `bench`, is then served by the default cluster).
+#
 # Needs valgrind, PostgreSQL at 127.0.0.1:5432 (scripts/services) and a release build
 # (cargo build --release --workspace --bins). Writes its dumps to a temporary folder it names.
 set -euo pipefail
@@ -23,8 +26,9 @@ url=postgres://postgres@127.0.0.1:5432/$database
 port=$((20000 + $$ % 20000))
 echo "dumps in $out; coordinator on 127.0.0.1:$port, database $database" >&2
 
+read -r -a store_flags <<<"${STORE_FLAGS:---database-url $url}"
 valgrind --tool=callgrind --instr-atstart=no --callgrind-out-file="$out/callgrind.out.%p" \
-  "$coordinator" serve --database-url "$url" --listen "127.0.0.1:$port" \
+  "$coordinator" serve "${store_flags[@]}" --listen "127.0.0.1:$port" \
   >"$out/coordinator.log" 2>&1 &
 pid=$!
 trap 'kill -TERM $pid 2>/dev/null; wait $pid 2>/dev/null; psql -q -h 127.0.0.1 -U postgres -c "DROP DATABASE IF EXISTS $database" postgres >/dev/null 2>&1 || true' EXIT

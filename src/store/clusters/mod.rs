@@ -44,6 +44,9 @@ struct ClusterState {
     schema_seen: AtomicBool,
     /// Its last probe succeeded.
     ready: AtomicBool,
+    /// Why it is not ready, as last logged: a cause is logged when it changes, not at every
+    /// probe.
+    reported: std::sync::Mutex<Option<String>>,
 }
 
 #[derive(Clone)]

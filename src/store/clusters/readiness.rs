@@ -61,13 +61,28 @@ impl ClusteredStore {
         let was_ready = cluster.state.ready.swap(ready, Ordering::AcqRel);
         metrics::gauge!("idempotency_cluster_ready", "cluster" => cluster.name.to_string())
             .set(f64::from(u8::from(ready)));
-        match (&checked, was_ready) {
-            (Ok(()), false) => tracing::info!(cluster = %cluster.name, "cluster ready"),
-            (Err(error), true) => tracing::warn!(cluster = %cluster.name,
-                error = %error_chain(error),
-                "cluster lost; its namespaces are unavailable, the others' are served"),
-            _ => {}
+        let mut reported = cluster
+            .state
+            .reported
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        match &checked {
+            Ok(()) => {
+                if !was_ready {
+                    tracing::info!(cluster = %cluster.name, "cluster ready");
+                }
+                *reported = None;
+            }
+            Err(error) => {
+                let cause = error_chain(error);
+                if reported.as_deref() != Some(cause.as_str()) {
+                    tracing::warn!(cluster = %cluster.name, error = %cause,
+                        "cluster lost; its namespaces are unavailable, the others' are served");
+                    *reported = Some(cause);
+                }
+            }
         }
+        drop(reported);
         checked.map_err(|error| in_cluster(&cluster.name, &error))
     }
 }

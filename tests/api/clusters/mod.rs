@@ -3,11 +3,12 @@
 //! (`support::cluster::Clusters`), the service on all three, called through its gRPC API. Each
 //! call's rows land on its namespace's cluster and nowhere else, and what spans clusters (a
 //! coalesced round, waiting across replicas, an erasure honoured by every replica) works as on
-//! one (`placement`); one cluster paused or down fails only its own namespaces while the
+//! one (`placement`), as docs/scaling.md shows it (`guide`); one cluster paused or down fails only its own namespaces while the
 //! others are served, and a cluster that comes late is migrated and served (`trouble`).
 //!
 //! PostgreSQL only: the embedded store is one file.
 
+mod guide;
 mod placement;
 mod trouble;
 
@@ -16,7 +17,8 @@ use idempotency_coordinator::proto::idempotency::v1 as pb;
 use crate::support::cluster::{Clusters, Node};
 use crate::support::*;
 
-/// The database each cluster serves (created by the service's first migration on it).
+/// The database each cluster serves (created by the service's first migration on it; the
+/// guide's own, too).
 const DATABASE: &str = "idempotency";
 
 /// Where the tests' namespaces go: `orders-*` on b, `billing` on c, the rest on a (the first).
