@@ -204,7 +204,11 @@ impl Application {
             )
         });
         let confirmation = if store.has_replicas() {
-            Confirmation::by_heartbeats()
+            let parts = store.clone();
+            Confirmation::by_heartbeats(
+                store.partitions(),
+                Arc::new(move |namespace: &str| parts.partition_of(namespace)),
+            )
         } else {
             Confirmation::always()
         };

@@ -45,14 +45,20 @@ pub const SEEN_WITHIN: Duration = Duration::from_secs(3);
 /// room for the rates of two machines' monotonic clocks to differ.
 const MARGIN: Duration = Duration::from_millis(100);
 
-/// Whether this replica's replay cache may serve now. Cheap to clone (a handle).
+/// Whether this replica's replay cache may serve now, for each part of the store (each cluster
+/// of a clustered store confirms its own namespaces; one part otherwise). Cheap to clone (a
+/// handle).
 #[derive(Clone)]
 pub struct Confirmation(Option<Arc<Confirmed>>);
 
+/// Which part of the store serves a namespace.
+pub type PartOf = Arc<dyn Fn(&str) -> usize + Send + Sync>;
+
 struct Confirmed {
     anchor: Instant,
-    /// Nanoseconds after `anchor` until which the cache is confirmed (0: never yet).
-    until: AtomicU64,
+    /// Per part, nanoseconds after `anchor` until which it is confirmed (0: never yet).
+    until: Box<[AtomicU64]>,
+    part_of: PartOf,
 }
 
 impl Confirmation {
@@ -62,42 +68,62 @@ impl Confirmation {
         Self(None)
     }
 
-    /// For a store that replicas share: confirmed only by heartbeats heard back.
-    pub fn by_heartbeats() -> Self {
+    /// For a store that replicas share, in `parts` parts (`part_of` a namespace's):
+    /// confirmed only by heartbeats heard back, each part by its own.
+    pub fn by_heartbeats(parts: usize, part_of: PartOf) -> Self {
         Self(Some(Arc::new(Confirmed {
             anchor: Instant::now(),
-            until: AtomicU64::new(0),
+            until: (0..parts.max(1)).map(|_| AtomicU64::new(0)).collect(),
+            part_of,
         })))
     }
 
+    /// Whether every part is confirmed.
     pub fn holds(&self) -> bool {
         match &self.0 {
             None => true,
-            Some(confirmed) => {
-                let now = nanos(confirmed.anchor.elapsed());
-                now < confirmed.until.load(Ordering::Acquire)
-            }
+            Some(confirmed) => (0..confirmed.until.len()).all(|part| confirmed.holds(part)),
+        }
+    }
+
+    /// Whether the part that serves `namespace` is confirmed.
+    pub fn holds_for(&self, namespace: &str) -> bool {
+        match &self.0 {
+            None => true,
+            Some(confirmed) => confirmed.holds((confirmed.part_of)(namespace)),
         }
     }
 
     /// Confirms nothing any more, whatever heartbeats say later.
     pub fn revoke(&self) {
         if let Some(confirmed) = &self.0 {
-            confirmed.until.store(0, Ordering::Release);
+            for until in &confirmed.until {
+                until.store(0, Ordering::Release);
+            }
         }
     }
 
-    /// A heartbeat sent at `sent` was heard after every erasure announced before it was
-    /// applied. One sent before this confirmation existed confirms nothing.
-    pub fn renew(&self, sent: Instant) {
+    /// A heartbeat sent at `sent` was heard back from `part` after every erasure it announced
+    /// before was applied. One sent before this confirmation existed confirms nothing.
+    pub fn renew(&self, part: usize, sent: Instant) {
         let Some(confirmed) = &self.0 else {
             return;
         };
-        if let Some(after) = sent.checked_duration_since(confirmed.anchor) {
-            confirmed
-                .until
-                .fetch_max(nanos(after + CONFIRMED_FOR), Ordering::AcqRel);
+        if let (Some(after), Some(until)) = (
+            sent.checked_duration_since(confirmed.anchor),
+            confirmed.until.get(part),
+        ) {
+            until.fetch_max(nanos(after + CONFIRMED_FOR), Ordering::AcqRel);
         }
+    }
+}
+
+impl Confirmed {
+    fn holds(&self, part: usize) -> bool {
+        let now = nanos(self.anchor.elapsed());
+        self.until
+            .get(part)
+            .is_some_and(|until| now < until.load(Ordering::Acquire))
     }
 }
 
@@ -150,8 +176,8 @@ pub async fn follow_erasures(
             (Ok(Erasure::Namespace(namespace)), Some(replays)) => {
                 replays.forget_namespace(&namespace);
             }
-            (Ok(Erasure::Caught(sent)), Some(replays)) => {
-                replays.confirm(sent);
+            (Ok(Erasure::Caught { sent, part }), Some(replays)) => {
+                replays.confirm(part, sent);
                 if let Some(confirmed) = &confirmed {
                     confirmed.set(f64::from(u8::from(replays.confirmed())));
                 }

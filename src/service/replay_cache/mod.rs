@@ -259,12 +259,13 @@ impl ReplayCache {
         )
     }
 
-    /// A heartbeat sent at `sent` was heard after every erasure before it was applied.
-    pub fn confirm(&self, sent: std::time::Instant) {
-        self.confirmation.renew(sent);
+    /// A heartbeat sent at `sent` was heard back from the store's part `part` after every
+    /// erasure that part announced before it was applied.
+    pub fn confirm(&self, part: usize, sent: std::time::Instant) {
+        self.confirmation.renew(part, sent);
     }
 
-    /// Whether the cache may serve now.
+    /// Whether the cache may serve now, every part of the store.
     pub fn confirmed(&self) -> bool {
         self.confirmation.holds()
     }
@@ -409,7 +410,7 @@ impl ReplayCache {
     /// The cached record of this key, if it is live and the cache confirmed; an expired one is
     /// dropped.
     fn live(&self, namespace: &Scope, key: &Key, outcomes: &Outcomes) -> Option<Arc<Record>> {
-        if !self.confirmation.holds() {
+        if !self.confirmation.holds_for(namespace.as_str()) {
             outcomes.unconfirmed.increment(1);
             return None;
         }

@@ -188,18 +188,43 @@ fn a_record_read_before_an_erasure_applied_since_is_not_kept() {
 #[test]
 fn a_replica_serves_only_while_a_heartbeat_confirms_it() {
     let database_now = chrono::Utc::now();
-    let confirmation = Confirmation::by_heartbeats();
+    let confirmation = Confirmation::by_heartbeats(1, Arc::new(|_: &str| 0));
     let cache = ReplayCache::new(1 << 20, clock_reading(database_now), confirmation.clone())
         .expect("a cache");
     let completion = completion_expiring(database_now + chrono::Duration::hours(1));
     remember_k(&cache, cache.ticket(), &completion);
     assert_eq!(cache.lookup(&scope(), &key("k")), None, "not confirmed yet");
-    cache.confirm(std::time::Instant::now());
+    cache.confirm(0, std::time::Instant::now());
     assert!(cache.lookup(&scope(), &key("k")).is_some());
     // A heartbeat sent before the confirmation existed confirms nothing.
     let old = std::time::Instant::now();
     std::thread::sleep(Duration::from_millis(5));
-    let later = Confirmation::by_heartbeats();
-    later.renew(old);
+    let later = Confirmation::by_heartbeats(1, Arc::new(|_: &str| 0));
+    later.renew(0, old);
     assert!(!later.holds());
+}
+
+#[test]
+fn each_part_of_the_store_confirms_its_own_namespaces() {
+    let database_now = chrono::Utc::now();
+    // Two parts: "ns" on part 0, every other namespace on part 1.
+    let part_of = |namespace: &str| usize::from(namespace != "ns");
+    let confirmation = Confirmation::by_heartbeats(2, Arc::new(part_of));
+    let cache =
+        ReplayCache::new(1 << 20, clock_reading(database_now), confirmation).expect("a cache");
+    let completion = completion_expiring(database_now + chrono::Duration::hours(1));
+    let other = Scope::parse("other".into()).expect("scope");
+    remember_k(&cache, cache.ticket(), &completion);
+    cache.remember(cache.ticket(), &other, &key("k"), b"fp", b"r", &completion);
+    cache.confirm(1, std::time::Instant::now());
+    assert!(cache.lookup(&other, &key("k")).is_some(), "part 1 heard");
+    assert_eq!(cache.lookup(&scope(), &key("k")), None, "part 0 not heard");
+    assert!(!cache.confirmed(), "not every part is confirmed");
+    cache.confirm(0, std::time::Instant::now());
+    assert!(cache.lookup(&scope(), &key("k")).is_some());
+    assert!(cache.confirmed());
+    // A part the store does not have confirms nothing.
+    cache.stop_serving();
+    cache.confirm(7, std::time::Instant::now());
+    assert!(!cache.confirmed());
 }

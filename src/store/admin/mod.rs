@@ -62,9 +62,13 @@ pub enum Erasure {
     },
     /// Erasures may have been missed (the store's listener reconnected): forget everything.
     Missed,
-    /// Every erasure that committed before a heartbeat this replica sent at this instant has
-    /// been announced before this: a replay cache that applied them is confirmed from then.
-    Caught(std::time::Instant),
+    /// Every erasure that committed before a heartbeat this replica sent at `sent` has been
+    /// announced before this, on the store's part `part` (each cluster of a clustered store is
+    /// one, else 0): a replay cache that applied them is confirmed for that part from then.
+    Caught {
+        sent: std::time::Instant,
+        part: usize,
+    },
     /// An eraser asks every replica to acknowledge, once it has applied what came before.
     Barrier(u64),
     /// `replica` (as `Replicas::replicas_seen_within` names it) acknowledged `barrier`.
@@ -80,7 +84,7 @@ impl Erasure {
         match self {
             Self::Namespace(namespace) => namespace.clone(),
             Self::Key { namespace, key } => format!("{namespace}\u{1f}{key}"),
-            Self::Missed | Self::Caught(_) | Self::Barrier(_) | Self::Acknowledged { .. } => {
+            Self::Missed | Self::Caught { .. } | Self::Barrier(_) | Self::Acknowledged { .. } => {
                 String::new()
             }
         }

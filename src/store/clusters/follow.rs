@@ -1,12 +1,10 @@
 //! Every cluster's listener, and its key events and erasures merged into the clustered store's
 //! own streams. Each cluster's stream keeps its order in the merge. A heartbeat heard back
-//! (`Erasure::Caught`) confirms the replay cache only for what that one cluster announced, so
-//! the merge confirms up to the earliest of the clusters' latest heartbeats: a cluster whose
-//! announcements stopped arriving (its listener cut, its server stalled) leaves the replay
-//! cache unconfirmed within a second, and replays then go to their stores until it is heard
-//! again (docs/scaling.md).
-
-use std::sync::{Arc, Mutex, PoisonError};
+//! (`Erasure::Caught`) confirms the replay cache only for what that one cluster announced: the
+//! merge names the cluster as its part, and the cache serves a namespace's replays only while
+//! its own cluster's heartbeat confirms it. A cluster whose announcements stopped arriving (its
+//! listener cut, its server stalled) leaves its own namespaces' replays to its store within a
+//! second, and no other's (docs/scaling.md).
 
 use futures::future::join_all;
 use tokio::sync::broadcast;
@@ -18,18 +16,16 @@ use crate::store::{AdminStore, Erasure, KeyEvent, Store};
 
 /// Runs every cluster's listener and the merge until `shutdown`.
 pub(super) async fn follow_clusters(store: &ClusteredStore, shutdown: CancellationToken) {
-    let caught = Arc::new(Mutex::new(vec![None; store.clusters.len()]));
     join_all(store.clusters.iter().enumerate().map(|(at, cluster)| {
         // Subscribed before the listener starts, so that nothing it hears is missed.
         let events = cluster.store.key_events();
         let erasures = cluster.store.erasures();
         let shutdown = shutdown.clone();
-        let caught = caught.clone();
         async move {
             tokio::join!(
                 cluster.store.watch_keys(shutdown.clone()),
                 forward_events(events, &store.events, &shutdown),
-                forward_erasures(erasures, &store.erasures, (at, &caught), &shutdown),
+                forward_erasures(erasures, &store.erasures, at, &shutdown),
             );
         }
     }))
@@ -54,13 +50,10 @@ async fn forward_events(
     }
 }
 
-/// The latest heartbeat heard back from each cluster (`None`: none yet).
-type Caught = Mutex<Vec<Option<std::time::Instant>>>;
-
 async fn forward_erasures(
     mut from: broadcast::Receiver<Erasure>,
     to: &broadcast::Sender<Erasure>,
-    (at, caught): (usize, &Caught),
+    cluster: usize,
     shutdown: &CancellationToken,
 ) {
     loop {
@@ -69,21 +62,14 @@ async fn forward_erasures(
             erasure = from.recv() => erasure,
         };
         let merged = match erasure {
-            Ok(Erasure::Caught(sent)) => {
-                let mut latest = caught.lock().unwrap_or_else(PoisonError::into_inner);
-                latest[at] = Some(sent);
-                // Every cluster must have been heard: the earliest of their latest heartbeats.
-                match latest.iter().copied().collect::<Option<Vec<_>>>() {
-                    Some(all) => all.into_iter().min().map(Erasure::Caught),
-                    None => None,
-                }
-            }
-            Ok(erasure) => Some(erasure),
-            Err(RecvError::Lagged(_)) => Some(Erasure::Missed),
+            Ok(Erasure::Caught { sent, .. }) => Erasure::Caught {
+                sent,
+                part: cluster,
+            },
+            Ok(erasure) => erasure,
+            Err(RecvError::Lagged(_)) => Erasure::Missed,
             Err(RecvError::Closed) => return,
         };
-        if let Some(erasure) = merged {
-            let _ = to.send(erasure);
-        }
+        let _ = to.send(merged);
     }
 }

@@ -159,8 +159,25 @@ impl ClusteredStore {
         groups
     }
 
-    /// Runs `round` on its clusters: at once on the one cluster it is placed on (always so with
-    /// one cluster), else one part per cluster, concurrently, the answers put back in order.
+    /// The one cluster every command of `round` is placed on, if there is one (always so for
+    /// the coordinator's rounds, which are formed per cluster): the round then runs there as it
+    /// is, without being copied.
+    fn sole_cluster<C>(
+        &self,
+        round: &Round<C>,
+        scope: impl Fn(&C) -> &str,
+    ) -> Option<Result<&PgStore, StoreError>> {
+        let mut clusters = round
+            .iter()
+            .map(|command| self.placement.cluster_for(scope(command)));
+        let first = clusters.next()?;
+        clusters
+            .all(|cluster| cluster == first)
+            .then(|| self.usable(first))
+    }
+
+    /// Runs `round` on its clusters, one part per cluster, concurrently, the answers put back
+    /// in order.
     async fn split<C, T, F, Fut>(
         &self,
         round: &Round<C>,
@@ -303,36 +320,54 @@ impl Store for ClusteredStore {
         &self,
         round: &Round<TryStartCommand>,
     ) -> Vec<Result<TryStartOutcome, StoreError>> {
-        self.split(
-            round,
-            |c| c.namespace.as_str(),
-            |store, part| async move { store.try_start_batch(&part).await },
-        )
-        .await
+        match self.sole_cluster(round, |c| c.namespace.as_str()) {
+            Some(Ok(store)) => store.try_start_batch(round).await,
+            Some(Err(error)) => failed(error, round.len()),
+            None => {
+                self.split(
+                    round,
+                    |c| c.namespace.as_str(),
+                    |store, part| async move { store.try_start_batch(&part).await },
+                )
+                .await
+            }
+        }
     }
 
     async fn mark_processed_batch(
         &self,
         round: &Round<MarkProcessedCommand>,
     ) -> Vec<Result<Vec<ProcessedEvent>, StoreError>> {
-        self.split(
-            round,
-            |c| c.consumer.as_str(),
-            |store, part| async move { store.mark_processed_batch(&part).await },
-        )
-        .await
+        match self.sole_cluster(round, |c| c.consumer.as_str()) {
+            Some(Ok(store)) => store.mark_processed_batch(round).await,
+            Some(Err(error)) => failed(error, round.len()),
+            None => {
+                self.split(
+                    round,
+                    |c| c.consumer.as_str(),
+                    |store, part| async move { store.mark_processed_batch(&part).await },
+                )
+                .await
+            }
+        }
     }
 
     async fn complete_batch(
         &self,
         round: &Round<CompleteCommand>,
     ) -> Vec<Result<Result<Completion, Rejection>, StoreError>> {
-        self.split(
-            round,
-            |c| c.namespace.as_str(),
-            |store, part| async move { store.complete_batch(&part).await },
-        )
-        .await
+        match self.sole_cluster(round, |c| c.namespace.as_str()) {
+            Some(Ok(store)) => store.complete_batch(round).await,
+            Some(Err(error)) => failed(error, round.len()),
+            None => {
+                self.split(
+                    round,
+                    |c| c.namespace.as_str(),
+                    |store, part| async move { store.complete_batch(&part).await },
+                )
+                .await
+            }
+        }
     }
 
     async fn release(&self, command: &ReleaseCommand) -> Result<Result<(), Rejection>, StoreError> {

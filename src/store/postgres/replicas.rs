@@ -75,7 +75,8 @@ impl Replica {
     pub fn heard(&self, channel: &str, payload: &str) -> Option<Erasure> {
         if channel == self.channel {
             let nanos: u64 = payload.parse().ok()?;
-            return Some(Erasure::Caught(self.anchor + Duration::from_nanos(nanos)));
+            let sent = self.anchor + Duration::from_nanos(nanos);
+            return Some(Erasure::Caught { sent, part: 0 });
         }
         if channel != REPLICAS_CHANNEL {
             return None;

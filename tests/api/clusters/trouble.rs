@@ -139,6 +139,31 @@ async fn cluster_ready_reads(app: &TestApp, cluster: &str, ready: f64) {
     .await;
 }
 
+/// Deletes a key's row behind the service's back, on `node`.
+async fn delete_key_by_hand(node: &Node, namespace: &str, key: &str) {
+    let mut connection = node.connect(DATABASE).await;
+    sqlx::query("DELETE FROM idempotency_keys WHERE namespace = $1 AND key = $2")
+        .bind(namespace)
+        .bind(key)
+        .execute(&mut connection)
+        .await
+        .expect("delete the row by hand");
+}
+
+/// Whether a Lookup of `key` of `misc` answers it completed (its row deleted by hand: only the
+/// replay cache can).
+async fn replayed_from_memory(client: &Client, key: &str) -> bool {
+    let answer = client
+        .clone()
+        .lookup(lookup(key).in_namespace("misc".into()))
+        .await
+        .expect("a Lookup of a's key");
+    matches!(
+        answer.into_inner().state,
+        Some(pb::lookup_response::State::Completed(_))
+    )
+}
+
 async fn health_now(app: &TestApp) -> ServingStatus {
     let mut health = app.health().await;
     let answer = health
@@ -153,7 +178,8 @@ async fn health_now(app: &TestApp) -> ServingStatus {
 /// Cluster b paused (every process of it stopped where it stands) under steady load on all
 /// three: b's calls are UNAVAILABLE with `outcome`, within the operation timeout; a's and c's
 /// callers keep being answered, none fails; health stays SERVING; the cluster gauge says
-/// which one is lost; no call on a or c waits anywhere near as long as b's calls do; resumed,
+/// which one is lost; no call on a or c waits anywhere near as long as b's calls do, and a's
+/// replays are still served from memory (each cluster confirms its own); resumed,
 /// b is served again. The operation timeout is 2 s (not 5), so that b's calls fail sooner.
 #[tokio::test]
 async fn a_paused_cluster_fails_only_its_own_namespaces() {
@@ -173,6 +199,17 @@ async fn a_paused_cluster_fails_only_its_own_namespaces() {
         lifecycle(&client, namespace, &unique_key(namespace), b"warm").await;
     }
     cluster_ready_reads(&app, "b", 1.0).await;
+    // A completed key of a whose row is then deleted by hand: only the replay cache can answer
+    // it completed, and it does (its cluster's heartbeats confirm it).
+    let remembered = unique_key("remembered");
+    lifecycle(&client, "misc", &remembered, b"kept").await;
+    delete_key_by_hand(&clusters.nodes[0], "misc", &remembered).await;
+    eventually(
+        Duration::from_secs(10),
+        "a's key is replayed from memory",
+        || async { replayed_from_memory(&client, &remembered).await },
+    )
+    .await;
     let stop = CancellationToken::new();
     let loads = [
         steady_load(&client, "misc", &stop),
@@ -216,6 +253,12 @@ async fn a_paused_cluster_fails_only_its_own_namespaces() {
     )
     .await;
     loads_answer_more(&loads, 50).await;
+    // b silent for seconds, longer than a heartbeat confirms: a's replays are still served
+    // from memory, confirmed by a's own heartbeats.
+    assert!(
+        replayed_from_memory(&client, &remembered).await,
+        "a's replay went to the store while b was paused"
+    );
 
     clusters.nodes[1].resume().await;
     cluster_ready_reads(&app, "b", 1.0).await;
