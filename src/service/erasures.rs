@@ -215,10 +215,7 @@ pub async fn every_replica_honoured(
     // Subscribed before the request, so that no acknowledgement goes unheard.
     let mut heard = store.erasures();
     let barrier = uuid::Uuid::new_v4().as_u64_pair().0;
-    let asked = async {
-        store.ask_acknowledgements(barrier, namespace).await?;
-        store.replicas_seen_within(SEEN_WITHIN, namespace).await
-    };
+    let asked = store.ask_acknowledgements(barrier, namespace, SEEN_WITHIN);
     let mut waiting: HashSet<String> = match tokio::time::timeout_at(deadline, asked).await {
         Ok(Ok(live)) => live.into_iter().collect(),
         Ok(Err(error)) => {

@@ -19,21 +19,13 @@ pub trait Replicas {
 
     /// Asks every replica to acknowledge `store::Erasure::Barrier` `barrier` once it has
     /// applied every erasure that committed before, on the store that serves `scope` (the
-    /// erased namespace: with several clusters, the one its erasure committed on).
+    /// erased namespace: with several clusters, the one its erasure committed on); answers the
+    /// replicas whose heartbeat that store's clock saw within `seen_within`. One statement.
     fn ask_acknowledgements(
         &self,
         _barrier: u64,
         _scope: &str,
-    ) -> impl Future<Output = Result<(), StoreError>> + Send {
-        async { Ok(()) }
-    }
-
-    /// The replicas whose heartbeat the clock of the store that serves `scope` saw within
-    /// `within`.
-    fn replicas_seen_within(
-        &self,
-        _within: Duration,
-        _scope: &str,
+        _seen_within: Duration,
     ) -> impl Future<Output = Result<Vec<String>, StoreError>> + Send {
         async { Ok(Vec::new()) }
     }
@@ -59,23 +51,28 @@ impl Replicas for AnyStore {
         }
     }
 
-    async fn ask_acknowledgements(&self, barrier: u64, scope: &str) -> Result<(), StoreError> {
-        match self {
-            Self::Postgres(store) => store.ask_acknowledgements(barrier, scope).await,
-            Self::Clusters(store) => store.ask_acknowledgements(barrier, scope).await,
-            Self::Sqlite(store) => store.ask_acknowledgements(barrier, scope).await,
-        }
-    }
-
-    async fn replicas_seen_within(
+    async fn ask_acknowledgements(
         &self,
-        within: Duration,
+        barrier: u64,
         scope: &str,
+        seen_within: Duration,
     ) -> Result<Vec<String>, StoreError> {
         match self {
-            Self::Postgres(store) => store.replicas_seen_within(within, scope).await,
-            Self::Clusters(store) => store.replicas_seen_within(within, scope).await,
-            Self::Sqlite(store) => store.replicas_seen_within(within, scope).await,
+            Self::Postgres(store) => {
+                store
+                    .ask_acknowledgements(barrier, scope, seen_within)
+                    .await
+            }
+            Self::Clusters(store) => {
+                store
+                    .ask_acknowledgements(barrier, scope, seen_within)
+                    .await
+            }
+            Self::Sqlite(store) => {
+                store
+                    .ask_acknowledgements(barrier, scope, seen_within)
+                    .await
+            }
         }
     }
 

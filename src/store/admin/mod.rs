@@ -71,7 +71,7 @@ pub enum Erasure {
     },
     /// An eraser asks every replica to acknowledge, once it has applied what came before.
     Barrier(u64),
-    /// `replica` (as `Replicas::replicas_seen_within` names it) acknowledged `barrier`.
+    /// `replica` (as `Replicas::ask_acknowledgements` names it) acknowledged `barrier`.
     Acknowledged {
         barrier: u64,
         replica: String,

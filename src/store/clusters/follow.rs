@@ -24,52 +24,53 @@ pub(super) async fn follow_clusters(store: &ClusteredStore, shutdown: Cancellati
         async move {
             tokio::join!(
                 cluster.store.watch_keys(shutdown.clone()),
-                forward_events(events, &store.events, &shutdown),
-                forward_erasures(erasures, &store.erasures, at, &shutdown),
+                forward(
+                    events,
+                    &store.events,
+                    (KeyEvent::Missed, |event| event),
+                    &shutdown
+                ),
+                forward(
+                    erasures,
+                    &store.erasures,
+                    (Erasure::Missed, from_cluster(at)),
+                    &shutdown
+                ),
             );
         }
     }))
     .await;
 }
 
-async fn forward_events(
-    mut from: broadcast::Receiver<KeyEvent>,
-    to: &broadcast::Sender<KeyEvent>,
+/// Sends what `from` hears on to `to`, each through `map`, until `shutdown`; what `from`
+/// dropped (its receiver lagged) is sent as `missed`.
+async fn forward<T: Clone>(
+    mut from: broadcast::Receiver<T>,
+    to: &broadcast::Sender<T>,
+    (missed, map): (T, impl Fn(T) -> T),
     shutdown: &CancellationToken,
 ) {
     loop {
-        let event = tokio::select! {
+        let next = tokio::select! {
             () = shutdown.cancelled() => return,
-            event = from.recv() => event,
+            next = from.recv() => next,
         };
-        let _ = match event {
-            Ok(event) => to.send(event),
-            Err(RecvError::Lagged(_)) => to.send(KeyEvent::Missed),
+        let _ = match next {
+            Ok(item) => to.send(map(item)),
+            Err(RecvError::Lagged(_)) => to.send(missed.clone()),
             Err(RecvError::Closed) => return,
         };
     }
 }
 
-async fn forward_erasures(
-    mut from: broadcast::Receiver<Erasure>,
-    to: &broadcast::Sender<Erasure>,
-    cluster: usize,
-    shutdown: &CancellationToken,
-) {
-    loop {
-        let erasure = tokio::select! {
-            () = shutdown.cancelled() => return,
-            erasure = from.recv() => erasure,
-        };
-        let merged = match erasure {
-            Ok(Erasure::Caught { sent, .. }) => Erasure::Caught {
-                sent,
-                part: cluster,
-            },
-            Ok(erasure) => erasure,
-            Err(RecvError::Lagged(_)) => Erasure::Missed,
-            Err(RecvError::Closed) => return,
-        };
-        let _ = to.send(merged);
+/// A cluster's erasures as the merge sends them: a heartbeat heard back names the cluster as
+/// the part it confirms.
+fn from_cluster(cluster: usize) -> impl Fn(Erasure) -> Erasure {
+    move |erasure| match erasure {
+        Erasure::Caught { sent, .. } => Erasure::Caught {
+            sent,
+            part: cluster,
+        },
+        other => other,
     }
 }

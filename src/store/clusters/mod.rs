@@ -300,6 +300,21 @@ fn sum_of(answers: Vec<Result<u64, StoreError>>) -> Result<u64, StoreError> {
     combined(answers, |total, part| *total += part)
 }
 
+/// `$method` for `$round`: as it is on the one cluster it lies on (`sole_cluster`), else split
+/// per cluster (`split`).
+macro_rules! on_clusters {
+    ($self:ident, $round:ident, |$c:ident| $scope:expr, $method:ident) => {
+        match $self.sole_cluster($round, |$c| $scope) {
+            Some(Ok(store)) => store.$method($round).await,
+            Some(Err(error)) => failed(error, $round.len()),
+            None => {
+                let run = |store: PgStore, part| async move { store.$method(&part).await };
+                $self.split($round, |$c| $scope, run).await
+            }
+        }
+    };
+}
+
 impl Store for ClusteredStore {
     async fn try_start(&self, command: &TryStartCommand) -> Result<TryStartOutcome, StoreError> {
         self.serving(command.namespace.as_str())?
@@ -320,54 +335,21 @@ impl Store for ClusteredStore {
         &self,
         round: &Round<TryStartCommand>,
     ) -> Vec<Result<TryStartOutcome, StoreError>> {
-        match self.sole_cluster(round, |c| c.namespace.as_str()) {
-            Some(Ok(store)) => store.try_start_batch(round).await,
-            Some(Err(error)) => failed(error, round.len()),
-            None => {
-                self.split(
-                    round,
-                    |c| c.namespace.as_str(),
-                    |store, part| async move { store.try_start_batch(&part).await },
-                )
-                .await
-            }
-        }
+        on_clusters!(self, round, |c| c.namespace.as_str(), try_start_batch)
     }
 
     async fn mark_processed_batch(
         &self,
         round: &Round<MarkProcessedCommand>,
     ) -> Vec<Result<Vec<ProcessedEvent>, StoreError>> {
-        match self.sole_cluster(round, |c| c.consumer.as_str()) {
-            Some(Ok(store)) => store.mark_processed_batch(round).await,
-            Some(Err(error)) => failed(error, round.len()),
-            None => {
-                self.split(
-                    round,
-                    |c| c.consumer.as_str(),
-                    |store, part| async move { store.mark_processed_batch(&part).await },
-                )
-                .await
-            }
-        }
+        on_clusters!(self, round, |c| c.consumer.as_str(), mark_processed_batch)
     }
 
     async fn complete_batch(
         &self,
         round: &Round<CompleteCommand>,
     ) -> Vec<Result<Result<Completion, Rejection>, StoreError>> {
-        match self.sole_cluster(round, |c| c.namespace.as_str()) {
-            Some(Ok(store)) => store.complete_batch(round).await,
-            Some(Err(error)) => failed(error, round.len()),
-            None => {
-                self.split(
-                    round,
-                    |c| c.namespace.as_str(),
-                    |store, part| async move { store.complete_batch(&part).await },
-                )
-                .await
-            }
-        }
+        on_clusters!(self, round, |c| c.namespace.as_str(), complete_batch)
     }
 
     async fn release(&self, command: &ReleaseCommand) -> Result<Result<(), Rejection>, StoreError> {

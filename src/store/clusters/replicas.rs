@@ -17,19 +17,14 @@ impl Replicas for ClusteredStore {
         true
     }
 
-    async fn ask_acknowledgements(&self, barrier: u64, scope: &str) -> Result<(), StoreError> {
-        self.serving(scope)?
-            .ask_acknowledgements(barrier, scope)
-            .await
-    }
-
-    async fn replicas_seen_within(
+    async fn ask_acknowledgements(
         &self,
-        within: Duration,
+        barrier: u64,
         scope: &str,
+        seen_within: Duration,
     ) -> Result<Vec<String>, StoreError> {
         self.serving(scope)?
-            .replicas_seen_within(within, scope)
+            .ask_acknowledgements(barrier, scope, seen_within)
             .await
     }
 

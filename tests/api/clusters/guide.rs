@@ -4,7 +4,7 @@
 //! started as written (plus a free port and an address file) and must serve each namespace
 //! from the cluster its rule names.
 
-use crate::support::process::{ServerProcess, coordinator};
+use crate::support::process::{run_as_written, serve_as_written};
 use crate::support::written::commands_marked;
 
 use super::*;
@@ -34,40 +34,14 @@ async fn the_scaling_guide_works_as_written() {
     for node in &clusters.nodes {
         roles_and_database(node).await;
     }
-    let binary = coordinator();
-    let bin_dir = binary.path().parent().expect("the binary's folder");
-    let path = format!(
-        "{}:{}",
-        bin_dir.display(),
-        std::env::var("PATH").unwrap_or_default()
-    );
     let environment = [
         ("MAIN_HOST", clusters.nodes[0].host()),
         ("ORDERS_HOST", clusters.nodes[1].host()),
         ("BILLING_HOST", clusters.nodes[2].host()),
-        ("PATH", path),
     ];
-    let bash = |script: &str| {
-        let mut command = tokio::process::Command::new("bash");
-        command.args(["-c", script, "bash"]);
-        command.envs(environment.iter().cloned());
-        command
-    };
-    let [migrate, serve] = commands.as_slice() else {
-        panic!("two commands");
-    };
-    let output = bash(&format!("set -euo pipefail\n{migrate}"))
-        .output()
-        .await
-        .expect("bash");
-    assert!(
-        output.status.success(),
-        "{migrate}\n{}{}",
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr)
-    );
-    // As written, with the test's plumbing after it: a free port, the address file.
-    let server = ServerProcess::spawn(bash(&format!("exec {serve} \"$@\"")), &[]).await;
+    let (serve, setup) = commands.split_last().expect("commands");
+    run_as_written(setup, &environment).await;
+    let server = serve_as_written(serve, &environment).await;
     let client = server.client_when_serving().await;
     let placed = [("misc", 0), ("orders-eu", 1), ("billing", 2)];
     for (namespace, _) in placed {

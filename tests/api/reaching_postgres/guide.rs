@@ -7,7 +7,7 @@
 use std::path::Path;
 
 use super::serves_encrypted;
-use crate::support::process::{ServerProcess, coordinator};
+use crate::support::process::{run_as_written, serve_as_written};
 use crate::support::tls_cluster::Cluster;
 use crate::support::written::commands_marked;
 
@@ -29,13 +29,6 @@ async fn the_two_roles_of_the_operations_guide_work_as_written() {
     secret(&migrator_password, "migrator-pw-4c1d\n");
     secret(&service_password, "service-pw-9e2b\n");
     let ca = cluster.certificates.ca.display().to_string();
-    let binary = coordinator();
-    let bin_dir = binary.path().parent().expect("the binary's folder");
-    let path = format!(
-        "{}:{}",
-        bin_dir.display(),
-        std::env::var("PATH").unwrap_or_default()
-    );
     let environment = [
         (
             "ADMIN_URL",
@@ -55,35 +48,10 @@ async fn the_two_roles_of_the_operations_guide_work_as_written() {
             "SERVICE_PASSWORD_FILE",
             service_password.display().to_string(),
         ),
-        ("PATH", path),
     ];
-    let bash = |script: &str| {
-        let mut command = tokio::process::Command::new("bash");
-        command.args(["-c", script, "bash"]);
-        for (name, value) in &environment {
-            command.env(name, value);
-        }
-        command
-    };
     let (serve, setup) = commands.split_last().expect("commands");
-    assert!(
-        serve.starts_with("idempotency-coordinator serve"),
-        "{serve}"
-    );
-    for command in setup {
-        let output = bash(&format!("set -euo pipefail\n{command}"))
-            .output()
-            .await
-            .expect("bash");
-        assert!(
-            output.status.success(),
-            "{command}\n{}{}",
-            String::from_utf8_lossy(&output.stdout),
-            String::from_utf8_lossy(&output.stderr)
-        );
-    }
-    // As written, with the test's plumbing after it: a free port, the address file.
-    let server = ServerProcess::spawn(bash(&format!("exec {serve} \"$@\"")), &[]).await;
+    run_as_written(setup, &environment).await;
+    let server = serve_as_written(serve, &environment).await;
     serves_encrypted(&server, &cluster, "idempotency").await;
     let mut connection = cluster.connect("idempotency").await;
     let (owned,): (i64,) = sqlx::query_as(

@@ -127,6 +127,55 @@ pub fn operator_bash(home: &std::path::Path, script: &str) -> std::process::Comm
     command
 }
 
+/// A guide's command in bash, as an operator pastes it, with this build's binary first on the
+/// PATH and `environment` (the variables the guide names) set; arguments added to the command
+/// reach it as `"$@"`.
+pub fn guide_shell(script: &str, environment: &[(&str, String)]) -> tokio::process::Command {
+    let binary = coordinator();
+    let folder = binary.path().parent().expect("the binary's folder");
+    let path = format!(
+        "{}:{}",
+        folder.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let mut command = tokio::process::Command::new("bash");
+    command
+        .args(["-c", script, "bash"])
+        .env("PATH", path)
+        .envs(environment.iter().map(|(name, value)| (*name, value)));
+    command
+}
+
+/// Runs each of a guide's `commands` as [`guide_shell`] does, under `set -euo pipefail`, in
+/// order; each must succeed.
+pub async fn run_as_written(commands: &[String], environment: &[(&str, String)]) {
+    for command in commands {
+        let output = guide_shell(&format!("set -euo pipefail\n{command}"), environment)
+            .output()
+            .await
+            .expect("bash");
+        assert!(
+            output.status.success(),
+            "{command}\n{}",
+            both_outputs(&output)
+        );
+    }
+}
+
+/// The serve command of a guide, started as written with the tests' plumbing after it (a free
+/// port, the address file).
+pub async fn serve_as_written(serve: &str, environment: &[(&str, String)]) -> ServerProcess {
+    assert!(
+        serve.starts_with("idempotency-coordinator serve"),
+        "{serve}"
+    );
+    ServerProcess::spawn(
+        guide_shell(&format!("exec {serve} \"$@\""), environment),
+        &[],
+    )
+    .await
+}
+
 /// A command's standard output and error, one after the other.
 pub fn both_outputs(output: &std::process::Output) -> String {
     format!(

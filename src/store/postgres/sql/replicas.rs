@@ -34,20 +34,22 @@ WITH quick AS (
 SELECT pg_notify('idempotency_replicas', payload) FROM quick, unnest($1::text[]) AS payload
 "#;
 
-/// An eraser's request to every replica to acknowledge (payload `$1`), on [`REPLICAS_CHANNEL`].
-/// Committed without waiting for the flush or a standby, so that the announcements queued
-/// behind it (every replica's heartbeat) do not wait for those either; a lost request only
-/// makes the eraser wait its whole bound.
-pub(in crate::store::postgres) const BARRIER: &str = r#"
+/// An eraser's request to every replica to acknowledge (payload `$1`), on [`REPLICAS_CHANNEL`],
+/// and the replicas whose heartbeat the database clock saw within the last `$2` seconds (one
+/// row, their ids in an array). Committed without waiting for the flush or a standby, so that
+/// the announcements queued behind it (every replica's heartbeat) do not wait for those either;
+/// a lost request only makes the eraser wait its whole bound.
+pub(in crate::store::postgres) const ASK_ACKNOWLEDGEMENTS: &str = r#"
 WITH quick AS (
     SELECT set_config('synchronous_commit', 'off', true) AS setting
+), announced AS (
+    SELECT pg_notify('idempotency_replicas', $1) FROM quick
 )
-SELECT 1 FROM quick, (SELECT pg_notify('idempotency_replicas', $1)) AS announced
+SELECT array(
+    SELECT replace(replica::text, '-', '') FROM idempotency_replicas
+    WHERE seen_at > now() - make_interval(secs => $2)
+) FROM announced
 "#;
-
-/// The replicas whose heartbeat the database clock saw within the last `$1` seconds.
-pub(in crate::store::postgres) const LIVE_REPLICAS: &str = "SELECT replace(replica::text, '-', '') \
-     FROM idempotency_replicas WHERE seen_at > now() - make_interval(secs => $1)";
 
 /// A replica's row (`$1`), deleted as it shuts down: erasures need not wait for it any more.
 pub(in crate::store::postgres) const DEPART: &str =
