@@ -140,7 +140,7 @@ enum Sweep {
 }
 
 async fn sweep<S: AdminStore>(
-    Part { store, cluster }: &Part<S>,
+    part: &Part<S>,
     table: Table,
     settings: &ReaperSettings,
     shutdown: &CancellationToken,
@@ -152,9 +152,9 @@ async fn sweep<S: AdminStore>(
         }
         let batch = async {
             match table {
-                Table::Keys => store.reap_expired_keys(settings.batch_size).await,
-                Table::Events => store.reap_expired_events(settings.batch_size).await,
-                Table::Audit => store.reap_expired_audit(settings.batch_size).await,
+                Table::Keys => part.store.reap_expired_keys(settings.batch_size).await,
+                Table::Events => part.store.reap_expired_events(settings.batch_size).await,
+                Table::Audit => part.store.reap_expired_audit(settings.batch_size).await,
             }
         };
         let deleted = match tokio::time::timeout(settings.batch_timeout, batch).await {
@@ -164,12 +164,12 @@ async fn sweep<S: AdminStore>(
                 return Sweep::Done;
             }
             Ok(Err(error)) => {
-                tracing::warn!(?table, cluster = cluster.as_ref().map(Label::value),
+                tracing::warn!(?table, cluster = part.cluster.as_ref().map(Label::value),
                     error = %error_chain(&error), "reaping failed; will retry");
                 return Sweep::Done;
             }
             Err(_) => {
-                tracing::warn!(?table, cluster = cluster.as_ref().map(Label::value),
+                tracing::warn!(?table, cluster = part.cluster.as_ref().map(Label::value),
                     timeout = ?settings.batch_timeout, "reaping timed out; will retry");
                 return Sweep::Done;
             }
@@ -177,9 +177,7 @@ async fn sweep<S: AdminStore>(
         deleted_total += deleted;
         // One line per statement (at debug), which is how the batch bound is seen from outside.
         tracing::debug!(table = table.label(), deleted, "reaped one batch");
-        let labels: Vec<Label> = std::iter::once(Label::new("table", table.label()))
-            .chain(cluster.clone())
-            .collect();
+        let labels = part.labels(&[("table", table.label())]);
         metrics::counter!("idempotency_reaped_rows_total", labels).increment(deleted);
         if deleted < u64::from(settings.batch_size) {
             if deleted_total > 0 {

@@ -240,20 +240,15 @@ pub struct Sources {
 
 impl Sources {
     fn sample(&self) {
-        match &self.store {
-            crate::store::AnyStore::Clusters(store) => {
-                for (cluster, (in_use, idle)) in store.pool_connections_by_cluster() {
-                    let cluster = cluster.to_owned();
-                    gauge!("idempotency_pool_connections", "state" => "in_use", "cluster" => cluster.clone())
-                        .set(in_use as f64);
-                    gauge!("idempotency_pool_connections", "state" => "idle", "cluster" => cluster)
-                        .set(idle as f64);
-                }
-            }
-            store => {
-                let (in_use, idle) = store.pool_connections();
-                gauge!("idempotency_pool_connections", "state" => "in_use").set(in_use as f64);
-                gauge!("idempotency_pool_connections", "state" => "idle").set(idle as f64);
+        // Each cluster's pool on its own (labelled with its name), or the one store's.
+        for (cluster, part) in self.store.parts() {
+            let (in_use, idle) = part.pool_connections();
+            for (state, connections) in [("in_use", in_use), ("idle", idle)] {
+                let labels: Vec<metrics::Label> = std::iter::once(("state", state.to_owned()))
+                    .chain(cluster.clone().map(|name| ("cluster", name)))
+                    .map(|(key, value)| metrics::Label::new(key, value))
+                    .collect();
+                gauge!("idempotency_pool_connections", labels).set(connections as f64);
             }
         }
         let serving = self.health.current() == crate::health::ServingStatus::Serving;

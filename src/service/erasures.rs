@@ -90,6 +90,8 @@ impl Confirmation {
     pub fn holds_for(&self, namespace: &str) -> bool {
         match &self.0 {
             None => true,
+            // One part (a single database): no need to ask which, on every replay.
+            Some(confirmed) if confirmed.until.len() == 1 => confirmed.holds(0),
             Some(confirmed) => confirmed.holds((confirmed.part_of)(namespace)),
         }
     }

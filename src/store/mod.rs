@@ -340,12 +340,15 @@ impl AnyStore {
     pub fn pool_connections(&self) -> (u32, u32) {
         match self {
             Self::Postgres(store) => store.pool_connections(),
-            Self::Clusters(store) => store.pool_connections_by_cluster().into_iter().fold(
-                (0, 0),
-                |(in_use, idle), (_, (more_in_use, more_idle))| {
-                    (in_use + more_in_use, idle + more_idle)
-                },
-            ),
+            Self::Clusters(store) => {
+                store
+                    .clusters()
+                    .iter()
+                    .fold((0, 0), |(in_use, idle), cluster| {
+                        let (more_in_use, more_idle) = cluster.store.pool_connections();
+                        (in_use + more_in_use, idle + more_idle)
+                    })
+            }
             Self::Sqlite(store) => store.pool_connections(),
         }
     }

@@ -238,14 +238,6 @@ impl ClusteredStore {
         .await
     }
 
-    /// Each cluster's pool connections (in use, idle), by name.
-    pub fn pool_connections_by_cluster(&self) -> Vec<(&str, (u32, u32))> {
-        self.clusters
-            .iter()
-            .map(|c| (c.name.as_str(), c.store.pool_connections()))
-            .collect()
-    }
-
     /// `migrate`: every cluster (the first failure, naming its cluster, stops it).
     pub async fn migrate_granting(&self, grant_to: Option<&str>) -> Result<(), StoreError> {
         for cluster in self.clusters.iter() {
