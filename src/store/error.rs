@@ -44,6 +44,10 @@ pub enum StoreError {
         #[source]
         cause: sqlx::Error,
     },
+    /// The cluster asked does not serve the namespace (a move's gate): nothing was read or
+    /// written, and the gate names the cluster to ask.
+    #[error("{0}")]
+    Placed(crate::store::Gate),
     /// One failure shared by every command of a batch.
     #[error(transparent)]
     Shared(std::sync::Arc<StoreError>),
@@ -59,6 +63,7 @@ impl StoreError {
             | Self::Unready(_)
             | Self::Unreachable(_)
             | Self::NotMigrated(_)
+            | Self::Placed(_)
             | Self::KeyHeld { .. } => true,
             Self::Shared(inner) => inner.is_transient(),
             _ => false,
@@ -91,6 +96,15 @@ impl StoreError {
         match self {
             Self::KeyHeld { shared, .. } => Some(*shared),
             Self::Shared(inner) => inner.key_held(),
+            _ => None,
+        }
+    }
+
+    /// The gate that refused the statement, if one did.
+    pub fn placed(&self) -> Option<&crate::store::Gate> {
+        match self {
+            Self::Placed(gate) => Some(gate),
+            Self::Shared(inner) => inner.placed(),
             _ => None,
         }
     }

@@ -4,6 +4,7 @@
 pub mod admin;
 pub mod clusters;
 mod error;
+pub mod gate;
 pub mod postgres;
 mod replicas;
 mod row;
@@ -27,6 +28,7 @@ use crate::domain::{
 pub use admin::{AdminStore, EraseCursor, Erased, Erasure};
 pub use clusters::ClusteredStore;
 pub use error::StoreError;
+pub use gate::{Gate, GateState};
 pub use postgres::PgStore;
 pub use replicas::Replicas;
 pub use row::Row;

@@ -2,6 +2,7 @@
 //! erasures and audit trail) goes to the cluster it is placed on; what spans all namespaces
 //! (the stuck keys, the audit trail's reaping) asks every cluster.
 
+use super::routes::on_home;
 use super::{ClusteredStore, combined, sum_of};
 use crate::domain::admin::{
     AuditEntry, AuditEvent, AuditFilter, EraseBatch, ForceReleased, FullKey, KeyFilter, KeySummary,
@@ -17,21 +18,19 @@ impl AdminStore for ClusteredStore {
         after: Option<&PageCursor>,
         limit: u32,
     ) -> Result<Vec<KeySummary>, StoreError> {
-        self.serving(filter.namespace.as_str())?
-            .list_keys(filter, after, limit)
-            .await
+        on_home!(
+            self,
+            filter.namespace.as_str(),
+            list_keys(filter, after, limit)
+        )
     }
 
     async fn get_key(&self, namespace: &Scope, key: &Key) -> Result<Option<FullKey>, StoreError> {
-        self.serving(namespace.as_str())?
-            .get_key(namespace, key)
-            .await
+        on_home!(self, namespace.as_str(), get_key(namespace, key))
     }
 
     async fn namespace_stats(&self, namespace: &Scope) -> Result<NamespaceStats, StoreError> {
-        self.serving(namespace.as_str())?
-            .namespace_stats(namespace)
-            .await
+        on_home!(self, namespace.as_str(), namespace_stats(namespace))
     }
 
     async fn force_release(
@@ -39,9 +38,7 @@ impl AdminStore for ClusteredStore {
         audit: &AuditEntry,
         key: &Key,
     ) -> Result<ForceReleased, StoreError> {
-        self.serving(audit.namespace.as_str())?
-            .force_release(audit, key)
-            .await
+        on_home!(self, audit.namespace.as_str(), force_release(audit, key))
     }
 
     async fn erase_key(
@@ -49,9 +46,7 @@ impl AdminStore for ClusteredStore {
         audit: &AuditEntry,
         key: &Key,
     ) -> Result<(Option<KeySummary>, i64), StoreError> {
-        self.serving(audit.namespace.as_str())?
-            .erase_key(audit, key)
-            .await
+        on_home!(self, audit.namespace.as_str(), erase_key(audit, key))
     }
 
     async fn erase_namespace_batch(
@@ -60,21 +55,19 @@ impl AdminStore for ClusteredStore {
         batch: EraseBatch,
         from: &EraseCursor,
     ) -> Result<Erased, StoreError> {
-        self.serving(namespace.as_str())?
-            .erase_namespace_batch(namespace, batch, from)
-            .await
+        on_home!(
+            self,
+            namespace.as_str(),
+            erase_namespace_batch(namespace, batch, from)
+        )
     }
 
     async fn namespace_has_rows(&self, namespace: &Scope) -> Result<bool, StoreError> {
-        self.serving(namespace.as_str())?
-            .namespace_has_rows(namespace)
-            .await
+        on_home!(self, namespace.as_str(), namespace_has_rows(namespace))
     }
 
     async fn record_audit(&self, audit: &AuditEntry) -> Result<i64, StoreError> {
-        self.serving(audit.namespace.as_str())?
-            .record_audit(audit)
-            .await
+        on_home!(self, audit.namespace.as_str(), record_audit(audit))
     }
 
     async fn list_audit(
@@ -83,9 +76,11 @@ impl AdminStore for ClusteredStore {
         before: Option<i64>,
         limit: u32,
     ) -> Result<Vec<AuditEvent>, StoreError> {
-        self.serving(filter.namespace.as_str())?
-            .list_audit(filter, before, limit)
-            .await
+        on_home!(
+            self,
+            filter.namespace.as_str(),
+            list_audit(filter, before, limit)
+        )
     }
 
     async fn reap_expired_audit(&self, limit: u32) -> Result<u64, StoreError> {

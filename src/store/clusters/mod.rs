@@ -8,9 +8,11 @@
 
 mod admin;
 mod follow;
+pub mod moves;
 pub mod placement;
 mod readiness;
 mod replicas;
+mod routes;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -21,6 +23,7 @@ use tokio::sync::broadcast;
 use tokio_util::sync::CancellationToken;
 
 use self::placement::{ClusterName, Placement};
+use self::routes::{Routes, on_home};
 use super::postgres::{PgSettings, PgStore};
 use super::{Erasure, ExpiredBacklog, KeyEvent, LockWait, Row, Store, StoreError};
 use crate::domain::batch::{Batchable, Round};
@@ -53,6 +56,8 @@ struct ClusterState {
 pub struct ClusteredStore {
     clusters: Arc<[Cluster]>,
     placement: Arc<Placement>,
+    /// The scopes a move took off the cluster their rule names (`routes.rs`).
+    routes: Arc<Routes>,
     events: broadcast::Sender<KeyEvent>,
     erasures: broadcast::Sender<Erasure>,
     /// `migrate` was asked for: a cluster unreachable then is migrated when its probe first
@@ -61,6 +66,9 @@ pub struct ClusteredStore {
     /// How long one cluster's probe may take, so that a stalled cluster does not hold the
     /// others' answer past the readiness check's bound.
     probe_bound: Duration,
+    /// How long a call waits for a move's cut-over to end before it is answered UNAVAILABLE:
+    /// half the operation's timeout, like a held key's first wait.
+    cut_over_wait: Duration,
 }
 
 impl std::fmt::Debug for ClusteredStore {
@@ -111,25 +119,17 @@ impl ClusteredStore {
         Ok(Self {
             clusters: clusters.into(),
             placement: Arc::new(placement),
+            routes: Arc::default(),
             events: broadcast::channel(1024).0,
             erasures: broadcast::channel(1024).0,
             migrates: Arc::default(),
             probe_bound: shared.operation_timeout / 2,
+            cut_over_wait: shared.operation_timeout / 2,
         })
     }
 
     pub fn clusters(&self) -> &[Cluster] {
         &self.clusters
-    }
-
-    /// The index (in [`ClusteredStore::clusters`]) of the cluster that serves `scope`.
-    pub fn cluster_of(&self, scope: &str) -> usize {
-        self.placement.cluster_for(scope)
-    }
-
-    /// The cluster that serves `scope`, if calls may go to it.
-    fn serving(&self, scope: &str) -> Result<&PgStore, StoreError> {
-        self.usable(self.placement.cluster_for(scope))
     }
 
     fn usable(&self, at: usize) -> Result<&PgStore, StoreError> {
@@ -150,7 +150,7 @@ impl ClusteredStore {
     fn groups<'a>(&self, scopes: impl Iterator<Item = &'a str>) -> Vec<(usize, Vec<usize>)> {
         let mut groups: Vec<(usize, Vec<usize>)> = Vec::new();
         for (position, scope) in scopes.enumerate() {
-            let cluster = self.placement.cluster_for(scope);
+            let cluster = self.cluster_of(scope);
             match groups.iter_mut().find(|(at, _)| *at == cluster) {
                 Some((_, positions)) => positions.push(position),
                 None => groups.push((cluster, vec![position])),
@@ -167,9 +167,7 @@ impl ClusteredStore {
         round: &Round<C>,
         scope: impl Fn(&C) -> &str,
     ) -> Option<Result<&PgStore, StoreError>> {
-        let mut clusters = round
-            .iter()
-            .map(|command| self.placement.cluster_for(scope(command)));
+        let mut clusters = round.iter().map(|command| self.cluster_of(scope(command)));
         let first = clusters.next()?;
         clusters
             .all(|cluster| cluster == first)
@@ -294,33 +292,29 @@ fn sum_of(answers: Vec<Result<u64, StoreError>>) -> Result<u64, StoreError> {
 
 /// `$method` for `$round`: as it is on the one cluster it lies on (`sole_cluster`), else split
 /// per cluster (`split`).
+/// The commands a gate refused are then run again where it points (`rerouted`).
 macro_rules! on_clusters {
-    ($self:ident, $round:ident, |$c:ident| $scope:expr, $method:ident) => {
-        match $self.sole_cluster($round, |$c| $scope) {
+    ($self:ident, $round:ident, |$c:ident| $scope:expr, $method:ident) => {{
+        let run = |store: PgStore, part: Round<_>| async move { store.$method(&part).await };
+        let answers = match $self.sole_cluster($round, |$c| $scope) {
             Some(Ok(store)) => store.$method($round).await,
             Some(Err(error)) => failed(error, $round.len()),
-            None => {
-                let run = |store: PgStore, part| async move { store.$method(&part).await };
-                $self.split($round, |$c| $scope, run).await
-            }
-        }
-    };
+            None => $self.split($round, |$c| $scope, run).await,
+        };
+        $self.rerouted($round, |$c| $scope, answers, run).await
+    }};
 }
 
 impl Store for ClusteredStore {
     async fn try_start(&self, command: &TryStartCommand) -> Result<TryStartOutcome, StoreError> {
-        self.serving(command.namespace.as_str())?
-            .try_start(command)
-            .await
+        on_home!(self, command.namespace.as_str(), try_start(command))
     }
 
     async fn complete(
         &self,
         command: &CompleteCommand,
     ) -> Result<Result<Completion, Rejection>, StoreError> {
-        self.serving(command.namespace.as_str())?
-            .complete(command)
-            .await
+        on_home!(self, command.namespace.as_str(), complete(command))
     }
 
     async fn try_start_batch(
@@ -345,9 +339,7 @@ impl Store for ClusteredStore {
     }
 
     async fn release(&self, command: &ReleaseCommand) -> Result<Result<(), Rejection>, StoreError> {
-        self.serving(command.namespace.as_str())?
-            .release(command)
-            .await
+        on_home!(self, command.namespace.as_str(), release(command))
     }
 
     fn limited(&self, deadline: std::time::Instant, lock_wait: LockWait) -> Self {
@@ -369,26 +361,22 @@ impl Store for ClusteredStore {
         &self,
         command: &ExtendLeaseCommand,
     ) -> Result<Result<Instant, Rejection>, StoreError> {
-        self.serving(command.namespace.as_str())?
-            .extend_lease(command)
-            .await
+        on_home!(self, command.namespace.as_str(), extend_lease(command))
     }
 
     async fn lookup(&self, query: &LookupQuery) -> Result<KeyState, StoreError> {
-        self.serving(query.namespace.as_str())?.lookup(query).await
+        on_home!(self, query.namespace.as_str(), lookup(query))
     }
 
     async fn watch(&self, query: &LookupQuery) -> Result<KeyState, StoreError> {
-        self.serving(query.namespace.as_str())?.watch(query).await
+        on_home!(self, query.namespace.as_str(), watch(query))
     }
 
     async fn mark_processed(
         &self,
         command: &MarkProcessedCommand,
     ) -> Result<Vec<ProcessedEvent>, StoreError> {
-        self.serving(command.consumer.as_str())?
-            .mark_processed(command)
-            .await
+        on_home!(self, command.consumer.as_str(), mark_processed(command))
     }
 
     async fn reap_expired_keys(&self, limit: u32) -> Result<u64, StoreError> {

@@ -23,7 +23,7 @@ impl Replicas for ClusteredStore {
         scope: &str,
         seen_within: Duration,
     ) -> Result<Vec<String>, StoreError> {
-        self.serving(scope)?
+        self.usable(self.cluster_of(scope))?
             .ask_acknowledgements(barrier, scope, seen_within)
             .await
     }

@@ -30,6 +30,17 @@ pub(super) fn classify(error: sqlx::Error) -> StoreError {
                 cause: error,
             };
         }
+        // The placement gate: this cluster does not serve the namespace (a move's).
+        sqlx::Error::Database(db) if db.code().as_deref() == Some("IDM01") => {
+            let detail = db
+                .try_downcast_ref::<sqlx::postgres::PgDatabaseError>()
+                .and_then(|pg| pg.detail())
+                .and_then(crate::store::Gate::from_detail);
+            return match detail {
+                Some(gate) => StoreError::Placed(gate),
+                None => StoreError::Internal(error),
+            };
+        }
         sqlx::Error::Database(db) => {
             let code = db.code().unwrap_or_default();
             match code.as_ref() {

@@ -213,6 +213,9 @@ FROM generate_series(0, 19999) AS i
 /// The buffers the erase batch's index scan of `idempotency_keys_pkey` touched, from the JSON
 /// of `EXPLAIN (ANALYZE, BUFFERS)`.
 fn index_scan_buffers(plan: &serde_json::Value) -> Option<u64> {
+    if plan.is_null() {
+        return None;
+    }
     if plan["Node Type"] == "Index Scan" && plan["Index Name"] == "idempotency_keys_pkey" {
         let blocks = |name: &str| plan[name].as_u64().unwrap_or(0);
         return Some(blocks("Shared Hit Blocks") + blocks("Shared Read Blocks"));

@@ -46,7 +46,9 @@ pub(in crate::store::postgres) const LIST_KEYS_BY_KEY: &str = concat!(
     "SELECT ",
     summary_columns!("now()"),
     " FROM idempotency_keys
-WHERE namespace = $1 AND key >= $2 AND key > $3 AND key < $4 AND expires_at > now()
+WHERE namespace = $1 AND key >= $2 AND key > $3 AND key < $4 AND expires_at > now() AND ",
+    gate!("= $1"),
+    "
   AND ($5::bigint = 0 OR $5::bigint = ",
     state_code!("now()"),
     ")
@@ -82,7 +84,8 @@ macro_rules! run_out_keys {
             " FROM idempotency_keys
 WHERE namespace = $1 AND completed_at IS NULL
   AND (lease_expires_at, key) > (coalesce($2::timestamptz, '-infinity'), coalesce($3::text, ''))
-  AND lease_expires_at <= now() AND expires_at > now()",
+  AND lease_expires_at <= now() AND expires_at > now() AND ",
+            gate!("= $1"),
             $($which)*,
             claimed_between!(),
             "
@@ -108,7 +111,8 @@ pub(in crate::store::postgres) const LIST_HELD_KEYS: &str = concat!(
     " FROM idempotency_keys
 WHERE namespace = $1 AND completed_at IS NULL
   AND (lease_expires_at, key) > (coalesce($2::timestamptz, '-infinity'), coalesce($3::text, ''))
-  AND expires_at > now()",
+  AND expires_at > now() AND ",
+    gate!("= $1"),
     claimed_between!(),
     "
 ORDER BY lease_expires_at, key
@@ -123,7 +127,8 @@ pub(in crate::store::postgres) const LIST_IN_PROGRESS_KEYS: &str = concat!(
     " FROM idempotency_keys
 WHERE namespace = $1 AND completed_at IS NULL
   AND (lease_expires_at, key) > (coalesce($2::timestamptz, now()), coalesce($3::text, ''))
-  AND lease_expires_at > now() AND expires_at > now()",
+  AND lease_expires_at > now() AND expires_at > now() AND ",
+    gate!("= $1"),
     claimed_between!(),
     "
 ORDER BY lease_expires_at, key
@@ -141,7 +146,9 @@ WHERE namespace = $1 AND completed_at IS NOT NULL
   AND (completed_at, key) > (coalesce($2::timestamptz, '-infinity'), coalesce($3::text, ''))
   AND completed_at >= coalesce($4::timestamptz, '-infinity')
   AND completed_at < coalesce($5::timestamptz, 'infinity')
-  AND expires_at > now()
+  AND expires_at > now() AND ",
+    gate!("= $1"),
+    "
 ORDER BY completed_at, key
 LIMIT $6"
 );
@@ -151,13 +158,15 @@ pub(in crate::store::postgres) const GET_KEY: &str = concat!(
     "SELECT ",
     summary_columns!("now()"),
     ", response, checkpoint FROM idempotency_keys
-WHERE namespace = $1 AND key = $2 AND expires_at > now()"
+WHERE namespace = $1 AND key = $2 AND expires_at > now() AND ",
+    gate!("= $1")
 );
 
 /// Namespace `$1`'s counts and bytes (one pass over its live rows), its oldest stuck key (from
 /// `idempotency_keys_in_progress`), its live processed events, and the clock. A released key
 /// counts as released, not stuck.
-pub(in crate::store::postgres) const NAMESPACE_STATS: &str = r#"
+pub(in crate::store::postgres) const NAMESPACE_STATS: &str = concat!(
+    r#"
 SELECT
     count(*) FILTER (WHERE k.completed_at IS NULL AND k.lease_expires_at > now()
                      AND k.released_token IS DISTINCT FROM k.lease_token) AS in_progress,
@@ -183,9 +192,12 @@ LEFT JOIN LATERAL (
     ORDER BY s.lease_expires_at, s.key
     LIMIT 1
 ) AS oldest ON true
-WHERE k.namespace = $1 AND k.expires_at > now()
+WHERE k.namespace = $1 AND k.expires_at > now() AND "#,
+    gate!("= $1"),
+    r#"
 GROUP BY oldest.key, oldest.lease_expires_at
-"#;
+"#
+);
 
 /// Stuck keys across all namespaces (not the released ones), for the gauges: how many, and how
 /// long ago (in microseconds) the oldest one's lease ran out. Reads only
@@ -212,7 +224,9 @@ pub(in crate::store::postgres) const FORCE_RELEASE: &str = concat!(
     summary_columns!("clock_timestamp()"),
     " FROM idempotency_keys
     WHERE namespace = $1 AND key = $2 AND completed_at IS NULL
-      AND expires_at > clock_timestamp()
+      AND expires_at > clock_timestamp() AND ",
+    gate!("= $1"),
+    "
     FOR UPDATE
 ), revoked AS (
     UPDATE idempotency_keys AS k
@@ -235,14 +249,19 @@ SELECT before.*, revoked.revoked_token FROM before, revoked"
 
 /// Whether live key `$1`, `$2` is completed (no row: absent), to explain a ForceRelease that
 /// changed nothing.
-pub(in crate::store::postgres) const KEY_COMPLETED: &str = "SELECT completed_at IS NOT NULL FROM idempotency_keys \
-     WHERE namespace = $1 AND key = $2 AND expires_at > now()";
+pub(in crate::store::postgres) const KEY_COMPLETED: &str = concat!(
+    "SELECT completed_at IS NOT NULL FROM idempotency_keys \
+     WHERE namespace = $1 AND key = $2 AND expires_at > now() AND ",
+    gate!("= $1")
+);
 
 /// EraseKey: deletes key `$1`, `$2` in whatever state, announcing it to waiters; answers the row
 /// as it was when it was live. The transaction also runs [`ANNOUNCE_ERASED`].
 pub(in crate::store::postgres) const ERASE_KEY: &str = concat!(
     "WITH gone AS (
-    DELETE FROM idempotency_keys AS k WHERE k.namespace = $1 AND k.key = $2
+    DELETE FROM idempotency_keys AS k WHERE k.namespace = $1 AND k.key = $2 AND ",
+    gate!("= $1"),
+    "
     RETURNING ",
     summary_columns!("clock_timestamp()"),
     ", k.expires_at > clock_timestamp() AS live, ",
@@ -269,7 +288,9 @@ WITH doomed AS (
             $owner,
             " = $1 AND ",
             $name,
-            " > $3
+            " > $3 AND ",
+            gate!("= $1"),
+            "
     ORDER BY ",
             $name,
             "
@@ -313,29 +334,42 @@ pub(in crate::store::postgres) const ERASE_EVENTS_BATCH: &str =
 
 /// Whether namespace `$1` still has any key or processed event (rows skipped because they
 /// were held, or written since).
-pub(in crate::store::postgres) const NAMESPACE_HAS_ROWS: &str = "SELECT \
-     EXISTS (SELECT 1 FROM idempotency_keys WHERE namespace = $1) \
-     OR EXISTS (SELECT 1 FROM processed_events WHERE consumer = $1)";
+pub(in crate::store::postgres) const NAMESPACE_HAS_ROWS: &str = concat!(
+    "SELECT EXISTS (SELECT 1 FROM idempotency_keys WHERE namespace = $1) \
+     OR EXISTS (SELECT 1 FROM processed_events WHERE consumer = $1) WHERE ",
+    gate!("= $1")
+);
 
 /// Records an audit event, stamped by the database clock and kept for `$8` microseconds.
-pub(in crate::store::postgres) const RECORD_AUDIT: &str = r#"
+pub(in crate::store::postgres) const RECORD_AUDIT: &str = concat!(
+    r#"
 INSERT INTO admin_audit_events
     (at, actor, action, namespace, key, reason, record_before, outcome, expires_at)
-VALUES (clock_timestamp(), $1, $2, $3, $4, $5, $6, $7,
-        clock_timestamp() + $8 * interval '1 microsecond')
+SELECT clock_timestamp(), $1, $2, $3, $4, $5, $6, $7,
+       clock_timestamp() + $8 * interval '1 microsecond'
+WHERE "#,
+    gate!("= $3"),
+    r#"
 RETURNING id
-"#;
+"#
+);
 
 /// Namespace `$1`'s live audit events, newest first, before id `$2` (NULL: from the newest),
 /// `$3` at most.
-pub(in crate::store::postgres) const LIST_AUDIT: &str = r#"
+pub(in crate::store::postgres) const LIST_AUDIT: &str = concat!(
+    r#"
 SELECT id, at, actor, action, namespace, key, reason, record_before, outcome
 FROM admin_audit_events
 WHERE namespace = $1 AND id < coalesce($2::bigint, 9223372036854775807) AND expires_at > now()
+  AND "#,
+    gate!("= $1"),
+    r#"
   AND ($4::text IS NULL OR key = $4::text) AND ($5::text IS NULL OR actor = $5::text)
+
 ORDER BY id DESC
 LIMIT $3
-"#;
+"#
+);
 
 /// The reaper's batch of expired audit events.
 pub(in crate::store::postgres) const REAP_AUDIT: &str = reap!("admin_audit_events");

@@ -26,6 +26,21 @@ macro_rules! notify_watched_key {
     };
 }
 
+/// The placement gate (`migrations/postgres/20261207000001_placement_gates.sql`): true while no
+/// scope the statement names (`scope $cond`) has a row in `idempotency_placement_gates`; for a
+/// scope that has one, the statement fails with SQLSTATE IDM01 before it reads or writes a row
+/// (`StoreError::Placed`), and the service asks the cluster the row names. Uncorrelated, so
+/// PostgreSQL evaluates it once per statement, first (an InitPlan in a one-time filter).
+macro_rules! gate {
+    ($cond:literal) => {
+        concat!(
+            "NOT EXISTS (SELECT FROM idempotency_placement_gates AS gate WHERE gate.scope ",
+            $cond,
+            " AND idempotency_gate_refuses(gate.scope, gate.state, gate.peer))"
+        )
+    };
+}
+
 /// The columns of [`KeyRow`], for statements that return one.
 macro_rules! key_columns {
     ($alias:literal) => {
@@ -61,13 +76,18 @@ macro_rules! key_columns {
 /// transaction's own, never before a wait. `$1` … `$7`: namespace, key, fingerprint, lease and
 /// retention in microseconds, attempt id, holder (written with a claim: see
 /// `migrations/postgres/20261205000001_holder.sql`).
-pub(super) const TRY_START: &str =
-    "SELECT * FROM idempotency_try_start($1, $2, $3, $4, $5, $6, $7)";
+pub(super) const TRY_START: &str = concat!(
+    "SELECT * FROM idempotency_try_start($1, $2, $3, $4, $5, $6, $7) WHERE ",
+    gate!("= $1")
+);
 
 /// TryStart for many keys (distinct) in one call: `idempotency_try_start_batch`, the same
 /// table row by row, the keys taken in key order. Its arrays are the columns of [`TRY_START`].
-pub(super) const TRY_START_BATCH: &str = "SELECT * FROM idempotency_try_start_batch($1::text[], \
-     $2::text[], $3::bytea[], $4::bigint[], $5::bigint[], $6::text[], $7::text[])";
+pub(super) const TRY_START_BATCH: &str = concat!(
+    "SELECT * FROM idempotency_try_start_batch($1::text[], $2::text[], $3::bytea[], \
+     $4::bigint[], $5::bigint[], $6::text[], $7::text[]) WHERE ",
+    gate!("= ANY($1::text[])")
+);
 
 /// What Complete reads of each locked row, beside its call's input.
 macro_rules! complete_locked_columns {
@@ -139,6 +159,9 @@ locked AS MATERIALIZED (
            i.response AS new_response, i.retention_us AS new_retention_us
     FROM idempotency_keys AS k
     JOIN input AS i ON k.namespace = i.namespace AND k.key = i.key
+    WHERE "#,
+    gate!("= ANY($1::text[])"),
+    r#"
     ORDER BY k.namespace COLLATE "C", k.key COLLATE "C"
     FOR UPDATE OF k
 ),
@@ -163,7 +186,9 @@ WITH locked AS MATERIALIZED (
     r#", $3::bigint AS presented_token, $4::bytea AS new_response,
            $5::bigint AS new_retention_us
     FROM idempotency_keys AS k
-    WHERE k.namespace = $1 AND k.key = $2
+    WHERE k.namespace = $1 AND k.key = $2 AND "#,
+    gate!("= $1"),
+    r#"
     FOR UPDATE
 ),
 "#,
@@ -180,24 +205,30 @@ LEFT JOIN completed AS c ON true
 /// lock, and keep that verdict when the lock holder leaves the row unchanged.)
 macro_rules! locked_key {
     () => {
-        r#"WITH locked AS MATERIALIZED (
+        concat!(
+            r#"WITH locked AS MATERIALIZED (
     SELECT namespace, key, lease_token, completed_at, expires_at, retention_us
     FROM idempotency_keys
-    WHERE namespace = $1 AND key = $2
+    WHERE namespace = $1 AND key = $2 AND "#,
+            gate!("= $1"),
+            r#"
     FOR UPDATE
 )
 "#
+        )
     };
 }
 
 /// Read after a guarded write (Release, ExtendLease) changed nothing, to say why. Tokens are
 /// never reused and a completed key never returns to progress, so what this finds explains the
 /// refusal. No response is offered, so a completed key is never "the same completion".
-pub(super) const GUARD_STATE: &str = r#"
+pub(super) const GUARD_STATE: &str = concat!(
+    r#"
 SELECT lease_token, completed_at, expires_at, false AS same_response
 FROM idempotency_keys
-WHERE namespace = $1 AND key = $2 AND expires_at > now()
-"#;
+WHERE namespace = $1 AND key = $2 AND expires_at > now() AND "#,
+    gate!("= $1")
+);
 
 pub(super) const RELEASE: &str = concat!(
     locked_key!(),
@@ -241,7 +272,8 @@ macro_rules! lookup {
             "SELECT ",
             key_columns!(""),
             $extra,
-            " FROM idempotency_keys WHERE namespace = $1 AND key = $2 AND expires_at > now()"
+            " FROM idempotency_keys WHERE namespace = $1 AND key = $2 AND expires_at > now() AND ",
+            gate!("= $1")
         )
     };
 }
@@ -257,7 +289,9 @@ pub(super) const LOOKUP_WATCHED: &str = lookup!(", watched");
 /// already.
 pub(super) const WATCH_KEY: &str = concat!(
     "UPDATE idempotency_keys AS k SET watched = true \
-     WHERE k.namespace = $1 AND k.key = $2 AND NOT k.watched RETURNING ",
+     WHERE k.namespace = $1 AND k.key = $2 AND NOT k.watched AND ",
+    gate!("= $1"),
+    " RETURNING ",
     key_columns!("k."),
     ", k.expires_at > clock_timestamp() AS live"
 );
@@ -297,6 +331,9 @@ requested AS (
            r.retention_us, r.position
     FROM unnest($1::text[], $2::text[], $3::bigint[]) WITH ORDINALITY
         AS r(consumer, event_id, retention_us, position)
+    WHERE "#,
+    gate!("= ANY($1::text[])"),
+    r#"
 ),
 first_requests AS (
     SELECT DISTINCT ON (consumer, event_id) consumer, event_id, retention_us
@@ -334,6 +371,9 @@ WITH batch AS (SELECT nextval('mark_batch_seq') AS id)
 INSERT INTO processed_events AS e (consumer, event_id, processed_at, expires_at, mark_batch)
 SELECT $1, $2, now(), now() + $3 * interval '1 microsecond', batch.id
 FROM batch
+WHERE "#,
+    gate!("= $1"),
+    r#"
 "#,
     mark_on_conflict!(),
     r#"RETURNING e.event_id, e.processed_at,
