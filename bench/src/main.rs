@@ -8,6 +8,7 @@
 //!   side by side, in rotating rounds.
 //! - `reaper-under-load` measures TryStart while the reaper clears a backlog of expired keys,
 //!   against TryStart without a backlog.
+//! - `move-under-load` measures a namespace's move between two PostgreSQL clusters under load.
 //! - `gateway` measures the HTTP gateway with wrk against the upstream alone.
 
 mod contended;
@@ -17,6 +18,7 @@ mod erase;
 mod flags;
 mod gateway;
 mod load;
+mod moving;
 mod pgbench;
 mod reaper;
 mod scratch;
@@ -94,6 +96,9 @@ enum BenchCommand {
     /// TryStart throughput while the admin API erases a namespace of a million keys, against
     /// without (before and after).
     EraseUnderLoad(erase::Settings),
+    /// A namespace of a million keys moved to another PostgreSQL cluster under load: its
+    /// frozen time, its calls' latency, and another namespace's throughput against without.
+    MoveUnderLoad(moving::Settings),
     /// Callers piled up on a few keys whose holder works, then completes: waiting on the server
     /// (TryStart's `wait`) against polling every 50 ms.
     Contended(contended::Settings),
@@ -269,6 +274,7 @@ async fn main() -> anyhow::Result<()> {
         }
         BenchCommand::ReaperUnderLoad(settings) => reaper::run(settings).await?,
         BenchCommand::EraseUnderLoad(settings) => erase::run(settings).await?,
+        BenchCommand::MoveUnderLoad(settings) => moving::run(settings).await?,
         BenchCommand::Contended(settings) => contended::run(settings).await?,
         BenchCommand::CompareFlags(settings) => flags::run(settings).await?,
         BenchCommand::Gateway(settings) => gateway::run(settings).await?,

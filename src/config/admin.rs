@@ -113,6 +113,39 @@ idempotency-coordinator admin audit --namespace payments --key order-1042 --acto
         #[arg(long, default_value = "")]
         page_token: String,
     },
+    /// Where namespaces live when the service runs on several PostgreSQL clusters.
+    #[command(subcommand)]
+    Placement(PlacementCommand),
+}
+
+/// `admin placement …`.
+#[derive(Debug, Clone, Subcommand)]
+pub enum PlacementCommand {
+    /// Moves a namespace to another cluster while it is served (or resumes its unfinished
+    /// move); with --rollback, rolls back its unfinished move.
+    #[command(
+        after_help = "Examples:\n  idempotency-coordinator admin placement move --namespace \
+payments --to b --reason \"b has room\"\n  idempotency-coordinator admin placement move \
+--namespace payments --rollback --reason \"b is failing over\""
+    )]
+    Move {
+        /// The namespace to move.
+        #[arg(long)]
+        namespace: String,
+        /// The cluster to move it to, by its name in --cluster.
+        #[arg(
+            long,
+            required_unless_present = "rollback",
+            conflicts_with = "rollback"
+        )]
+        to: Option<String>,
+        /// Roll back the namespace's unfinished move instead.
+        #[arg(long)]
+        rollback: bool,
+        /// Why, for the audit trail.
+        #[arg(long)]
+        reason: String,
+    },
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]

@@ -406,6 +406,8 @@ pub enum AdminAction {
     EraseNamespace,
     /// The end of a namespace's erasure, with what it erased.
     EraseNamespaceDone,
+    /// A namespace moved to another cluster, or its move rolled back.
+    MovePlacement,
 }
 
 impl AdminAction {
@@ -415,6 +417,7 @@ impl AdminAction {
             Self::EraseKey => "erase_key",
             Self::EraseNamespace => "erase_namespace",
             Self::EraseNamespaceDone => "erase_namespace_done",
+            Self::MovePlacement => "move_placement",
         }
     }
 }

@@ -2,6 +2,8 @@
 //! (`auth_layer`) has already checked the caller's admin right and scope, and says who it is
 //! ([`AdminCaller`]); each call counts `idempotency_admin_actions_total{action,outcome}`.
 
+mod placement;
+
 use std::pin::Pin;
 
 use tokio_stream::Stream;
@@ -20,6 +22,7 @@ use crate::proto::idempotency::v1::admin_service_server::AdminService;
 use crate::service::CoordinatorError;
 use crate::service::admin::{Actor, Admin, EraseProgress};
 use crate::store::StoreError;
+use placement::move_placement;
 
 pub struct AdminApi {
     admin: Admin,
@@ -258,6 +261,7 @@ counted_rpcs! {
     erase_key(pb::EraseKeyRequest, caller) -> pb::EraseKeyResponse;
     erase_namespace(pb::EraseNamespaceRequest, caller) -> EraseStream;
     list_audit_events(pb::ListAuditEventsRequest) -> pb::ListAuditEventsResponse;
+    move_placement(pb::MovePlacementRequest, caller) -> pb::MovePlacementResponse;
 }
 
 async fn list_keys(admin: &Admin, request: pb::ListKeysRequest) -> Answer<pb::ListKeysResponse> {

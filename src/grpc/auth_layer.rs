@@ -61,6 +61,7 @@ pub fn admin_action_label(method: &str) -> &'static str {
         "ForceRelease" => "force_release",
         "EraseKey" => "erase_key",
         "EraseNamespace" => "erase_namespace",
+        "MovePlacement" => "move_placement",
         _ => "unknown",
     }
 }

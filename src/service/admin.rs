@@ -13,6 +13,8 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+pub mod moves;
+
 use super::ReplayCache;
 use super::erasures::{Honoured, every_replica_honoured};
 use super::held_keys::{EraseKey, ForceRelease, HeldKeys, RunsAlone};

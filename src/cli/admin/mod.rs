@@ -20,7 +20,7 @@ use tonic::transport::Channel;
 use tonic::{Request, Status};
 
 use crate::config::admin::{
-    AdminArgs, AdminCommand, AdminConnection, KeysCommand, OutputFormat, StateArg,
+    AdminArgs, AdminCommand, AdminConnection, KeysCommand, OutputFormat, PlacementCommand, StateArg,
 };
 use crate::proto::idempotency::v1 as pb;
 use crate::proto::idempotency::v1::admin_service_client::AdminServiceClient;
@@ -311,6 +311,26 @@ async fn execute(connection: &AdminConnection, command: AdminCommand) -> Result<
                 .await?
                 .into_inner();
             print_audit(output, &answer);
+        }
+        AdminCommand::Placement(PlacementCommand::Move {
+            namespace,
+            to,
+            rollback,
+            reason,
+        }) => {
+            let answer = client
+                .move_placement(request(
+                    connection,
+                    pb::MovePlacementRequest {
+                        namespace: namespace.clone(),
+                        to: to.unwrap_or_default(),
+                        rollback,
+                        reason,
+                    },
+                ))
+                .await?
+                .into_inner();
+            print_move(output, &namespace, &answer);
         }
     }
     Ok(())

@@ -267,6 +267,53 @@ pub(super) fn print_erasure(
     }
 }
 
+pub(super) fn print_move(
+    output: OutputFormat,
+    namespace: &str,
+    answer: &pb::MovePlacementResponse,
+) {
+    let frozen_ms = answer
+        .frozen
+        .as_ref()
+        .map(|d| d.seconds.saturating_mul(1000) + i64::from(d.nanos / 1_000_000))
+        .unwrap_or(0);
+    match output {
+        OutputFormat::Json => print_json(&json!({
+            "namespace": namespace,
+            "from": answer.from,
+            "to": answer.to,
+            "outcome": answer.outcome,
+            "keys_copied": answer.keys_copied,
+            "events_copied": answer.events_copied,
+            "audit_events_copied": answer.audit_events_copied,
+            "rows_deleted": answer.rows_deleted,
+            "frozen_ms": frozen_ms,
+            "audit_event_id": answer.audit_event_id,
+        })),
+        OutputFormat::Table => match answer.outcome.as_str() {
+            "moved" => println!(
+                "moved namespace {namespace} from {} to {}: {} keys, {} processed events, {} \
+                 audit events; served by neither for {frozen_ms} ms; audit event {}",
+                answer.from,
+                answer.to,
+                answer.keys_copied,
+                answer.events_copied,
+                answer.audit_events_copied,
+                answer.audit_event_id
+            ),
+            "rolled_back" => println!(
+                "rolled back the move of namespace {namespace} to {}: it stays on {}; audit \
+                 event {}",
+                answer.to, answer.from, answer.audit_event_id
+            ),
+            _ => println!(
+                "nothing to do: namespace {namespace} lives on {}; audit event {}",
+                answer.to, answer.audit_event_id
+            ),
+        },
+    }
+}
+
 pub(super) fn print_stats(
     output: OutputFormat,
     namespace: &str,

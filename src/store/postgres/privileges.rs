@@ -8,7 +8,10 @@
 //! (Release, the reaper, the erasure), and so is the replicas' table (a heartbeat is an upsert;
 //! a starting replica deletes the rows of replicas long gone); the two sequences give tokens and mark batches (`nextval`, and
 //! `pg_sequence_last_value`, which needs `USAGE` or `SELECT`); the migrations' table is only
-//! read (the schema's version); TryStart's functions are executed. Nothing else: no `CREATE`,
+//! read (the schema's version); TryStart's functions are executed. A move of a namespace
+//! (`moves.rs`) sets and lifts the placement gates (the table's DML), copies the rows with
+//! `COPY` (`SELECT`, `INSERT`), and raises the sequences through a function that runs as their
+//! owner. Nothing else: no `CREATE`,
 //! no ownership, no `TRUNCATE`, no `REFERENCES`, no `TRIGGER`.
 
 use sqlx::{AssertSqlSafe, PgConnection};
@@ -58,6 +61,11 @@ const SERVICE_RIGHTS: &[Right] = &[
     },
     Right {
         object: Object::Table,
+        name: "idempotency_placement_gates",
+        privileges: DATA,
+    },
+    Right {
+        object: Object::Table,
         name: "_sqlx_migrations",
         privileges: &["SELECT"],
     },
@@ -79,6 +87,16 @@ const SERVICE_RIGHTS: &[Right] = &[
     Right {
         object: Object::Function,
         name: "idempotency_try_start_batch",
+        privileges: &["EXECUTE"],
+    },
+    Right {
+        object: Object::Function,
+        name: "idempotency_gate_refuses",
+        privileges: &["EXECUTE"],
+    },
+    Right {
+        object: Object::Function,
+        name: "idempotency_raise_sequences",
         privileges: &["EXECUTE"],
     },
 ];

@@ -9,6 +9,7 @@
 //! PostgreSQL only: the embedded store is one file.
 
 mod guide;
+mod moves;
 mod placement;
 mod trouble;
 

@@ -1,0 +1,85 @@
+//! Moving a namespace between clusters while it is served (`AdminService.MovePlacement`,
+//! docs/scaling.md, "Moving a namespace"): under load on two replicas, with a holder whose lease
+//! spans the move, a waiter, replays, processed events and callers racing for the same keys,
+//! nothing acknowledged is lost, no work runs twice, tokens keep increasing and every waiter is
+//! answered (`under_load`); a move interrupted by the service killed after its fence is
+//! resumed, or rolled back, and the namespace is served from exactly one cluster throughout
+//! (`interrupted`); a request that does not fit is refused, naming why (`refused`).
+
+mod interrupted;
+mod refused;
+mod under_load;
+
+use idempotency_coordinator::proto::idempotency::v1::admin_service_client::AdminServiceClient;
+use tonic::transport::Channel;
+
+use super::*;
+
+/// The tests' operation timeout: a call during a cut-over waits half of it at most, and a
+/// move's drain twice it and a second.
+const FLAGS: &[&str] = &["--operation-timeout", "2s"];
+
+type Admin = AdminServiceClient<Channel>;
+
+async fn admin_of(endpoint: String) -> Admin {
+    AdminServiceClient::connect(endpoint)
+        .await
+        .expect("the admin API")
+}
+
+fn move_request(namespace: &str, to: &str) -> pb::MovePlacementRequest {
+    pb::MovePlacementRequest {
+        namespace: namespace.into(),
+        to: to.into(),
+        rollback: false,
+        reason: "rebalancing".into(),
+    }
+}
+
+fn rollback_request(namespace: &str) -> pb::MovePlacementRequest {
+    pb::MovePlacementRequest {
+        namespace: namespace.into(),
+        to: String::new(),
+        rollback: true,
+        reason: "the target is failing over".into(),
+    }
+}
+
+/// `namespace`'s gate on `node`: its state and the cluster it names.
+async fn gate_on(node: &Node, namespace: &str) -> Option<(String, String)> {
+    let mut connection = node.connect(DATABASE).await;
+    sqlx::query_as("SELECT state, peer FROM idempotency_placement_gates WHERE scope = $1")
+        .bind(namespace)
+        .fetch_optional(&mut connection)
+        .await
+        .unwrap_or_else(|error| panic!("the gates of {}: {error}", node.name))
+}
+
+/// The last token `node`'s sequence handed out.
+async fn last_token_on(node: &Node) -> i64 {
+    let mut connection = node.connect(DATABASE).await;
+    let (last,): (Option<i64>,) =
+        sqlx::query_as("SELECT pg_sequence_last_value('lease_token_seq')")
+            .fetch_one(&mut connection)
+            .await
+            .expect("the token sequence");
+    last.unwrap_or(0)
+}
+
+/// The audit trail's actions for `namespace`, newest first.
+async fn audit_actions(admin: &Admin, namespace: &str) -> Vec<String> {
+    answered(
+        admin
+            .clone()
+            .list_audit_events(pb::ListAuditEventsRequest {
+                namespace: namespace.into(),
+                ..Default::default()
+            })
+            .await,
+        "ListAuditEvents",
+    )
+    .events
+    .into_iter()
+    .map(|event| event.action)
+    .collect()
+}

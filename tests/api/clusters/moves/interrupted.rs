@@ -1,0 +1,213 @@
+//! A move interrupted after its fence, by the service killed or by a transaction that does not
+//! end: the namespace is served by exactly one cluster (by neither while fenced, its calls
+//! refused UNAVAILABLE with nothing written), and the move is resumed or rolled back.
+
+use std::time::{Duration, Instant};
+
+use sqlx::Connection;
+use tonic::Code;
+use tonic_types::StatusExt;
+
+use super::*;
+use crate::support::process::{ServerProcess, coordinator};
+
+/// The coordinator binary serving the three clusters with the tests' placement.
+async fn serve_process(clusters: &Clusters) -> ServerProcess {
+    let mut command = coordinator().command();
+    command
+        .arg("serve")
+        .args(cluster_flags(clusters, FLAGS))
+        .env("RUST_LOG", "info");
+    ServerProcess::spawn(command, &[]).await
+}
+
+/// A session on `node` in a transaction begun now and left open: a move's drain waits for it.
+async fn old_transaction(node: &Node) -> sqlx::PgConnection {
+    let mut connection = node.connect(DATABASE).await;
+    sqlx::raw_sql("BEGIN; SELECT txid_current()")
+        .execute(&mut connection)
+        .await
+        .expect("an open transaction");
+    connection
+}
+
+/// Starts a move of `namespace` to `to` and waits until `from` is fenced ("leaving"): the move
+/// then waits for `old` to end.
+async fn fenced_move(
+    admin: &Admin,
+    from: &Node,
+    namespace: &str,
+    to: &str,
+) -> tokio::task::JoinHandle<Result<tonic::Response<pb::MovePlacementResponse>, tonic::Status>> {
+    let call = {
+        let (admin, request) = (admin.clone(), move_request(namespace, to));
+        tokio::spawn(async move { admin.clone().move_placement(request).await })
+    };
+    eventually(Duration::from_secs(20), "the source is fenced", || async {
+        gate_on(from, namespace).await == Some(("leaving".into(), to.into()))
+    })
+    .await;
+    call
+}
+
+/// A TryStart of `namespace` while it is fenced: refused UNAVAILABLE, nothing written, after
+/// waiting at most about half the operation timeout for the cut-over.
+async fn refused_while_fenced(client: &Client, namespace: &str) {
+    let sent = Instant::now();
+    let status = client
+        .clone()
+        .try_start(try_start_in(namespace, &unique_key("fenced")))
+        .await
+        .expect_err("no cluster serves a fenced namespace");
+    assert_error(&status, Code::Unavailable, "STORE_UNAVAILABLE");
+    let outcome = status
+        .get_error_details()
+        .error_info()
+        .and_then(|info| info.metadata.get("outcome").cloned());
+    assert_eq!(outcome.as_deref(), Some("not_written"), "{status:?}");
+    assert!(
+        sent.elapsed() < Duration::from_millis(1900),
+        "{:?}",
+        sent.elapsed()
+    );
+}
+
+async fn replays(client: &Client, namespace: &str, keys: &[String]) {
+    for key in keys {
+        let replay =
+            expect_completed(try_start_response(client, try_start_in(namespace, key)).await);
+        assert_eq!(replay.response, key.as_bytes(), "{key}");
+    }
+}
+
+#[tokio::test]
+async fn a_move_killed_after_its_fence_is_resumed_and_another_rolled_back() {
+    let clusters = three_clusters().await;
+    let (a, b, c) = (&clusters.nodes[0], &clusters.nodes[1], &clusters.nodes[2]);
+    let first = serve_process(&clusters).await;
+    let client = first.client_when_serving().await;
+    let keys: Vec<String> = (0..10)
+        .map(|n| format!("kept-{n}-{}", unique_key("k")))
+        .collect();
+    for key in &keys {
+        lifecycle(&client, "misc", key, key.as_bytes()).await;
+    }
+
+    // Killed while its drain waits: fenced, served by neither.
+    let old = old_transaction(a).await;
+    let call = fenced_move(&admin_of(first.endpoint()).await, a, "misc", "b").await;
+    first.signal("KILL");
+    assert!(
+        call.await.expect("the move's call").is_err(),
+        "the killed server answered"
+    );
+    old.close().await.expect("the old transaction ends");
+    assert_eq!(
+        gate_on(b, "misc").await,
+        Some(("arriving".into(), "a".into()))
+    );
+    let second = serve_process(&clusters).await;
+    let client = second.client_when_serving().await;
+    refused_while_fenced(&client, "misc").await;
+    assert_eq!(
+        (keys_on(a, "misc").await, keys_on(b, "misc").await),
+        (10, 0)
+    );
+
+    // Resumed: the namespace is on b, whole.
+    let admin = admin_of(second.endpoint()).await;
+    let report = answered(
+        admin
+            .clone()
+            .move_placement(move_request("misc", "b"))
+            .await,
+        "MovePlacement",
+    );
+    assert_eq!((report.outcome.as_str(), report.keys_copied), ("moved", 10));
+    replays(&client, "misc", &keys).await;
+    // b had handed out no token; the first it hands out for misc is above every one of a's.
+    let fresh = claim(
+        &mut client.clone(),
+        try_start_in("misc", &unique_key("fresh")),
+    )
+    .await;
+    assert!(i64::try_from(fresh.lease_token).expect("a token") > last_token_on(a).await);
+    assert_eq!(
+        (keys_on(a, "misc").await, keys_on(b, "misc").await),
+        (0, 11)
+    );
+    assert_eq!(gate_on(a, "misc").await, Some(("left".into(), "b".into())));
+
+    // Another move, to c, killed the same way, then rolled back: b serves it again, and c
+    // keeps a gate that sends a stale replica back to b.
+    let old = old_transaction(b).await;
+    let call = fenced_move(&admin, b, "misc", "c").await;
+    second.signal("KILL");
+    assert!(call.await.expect("the move's call").is_err());
+    old.close().await.expect("the old transaction ends");
+    let third = serve_process(&clusters).await;
+    let client = third.client_when_serving().await;
+    refused_while_fenced(&client, "misc").await;
+    let admin = admin_of(third.endpoint()).await;
+    let report = answered(
+        admin.clone().move_placement(rollback_request("misc")).await,
+        "MovePlacement",
+    );
+    assert_eq!(
+        (
+            report.outcome.as_str(),
+            report.from.as_str(),
+            report.to.as_str()
+        ),
+        ("rolled_back", "b", "c")
+    );
+    assert_eq!(gate_on(b, "misc").await, None);
+    assert_eq!(gate_on(c, "misc").await, Some(("left".into(), "b".into())));
+    assert_eq!(keys_on(c, "misc").await, 0);
+    replays(&client, "misc", &keys).await;
+    lifecycle(&client, "misc", &unique_key("after"), b"after").await;
+    assert_eq!(keys_on(b, "misc").await, 12);
+    let actions = audit_actions(&admin, "misc").await;
+    assert_eq!(
+        actions.iter().filter(|a| *a == "move_placement").count(),
+        2,
+        "{actions:?}"
+    );
+}
+
+/// A transaction on the source that outlives the drain's bound (twice the operation timeout
+/// and a second) stops the move, naming its session; the namespace stays fenced until the move
+/// is rolled back, and is then served by its source as before.
+#[tokio::test]
+async fn a_move_whose_drain_outlasts_its_bound_stops_naming_the_session_and_rolls_back() {
+    let clusters = three_clusters().await;
+    let app = serve_on(&clusters, FLAGS).await;
+    let client = app.client().await;
+    let admin = admin_of(app.endpoint()).await;
+    let key = unique_key("kept");
+    lifecycle(&client, "misc", &key, key.as_bytes()).await;
+    let mut old = old_transaction(&clusters.nodes[0]).await;
+    let (pid,): (i32,) = sqlx::query_as("SELECT pg_backend_pid()")
+        .fetch_one(&mut old)
+        .await
+        .expect("its pid");
+    let status = admin
+        .clone()
+        .move_placement(move_request("misc", "b"))
+        .await
+        .expect_err("the drain's bound passes");
+    assert_eq!(status.code(), Code::Unavailable, "{status:?}");
+    assert!(
+        status.message().contains(&format!("pid {pid} ")),
+        "{}",
+        status.message()
+    );
+    refused_while_fenced(&client, "misc").await;
+    let report = answered(
+        admin.clone().move_placement(rollback_request("misc")).await,
+        "MovePlacement",
+    );
+    assert_eq!(report.outcome, "rolled_back");
+    replays(&client, "misc", std::slice::from_ref(&key)).await;
+    old.close().await.expect("the old transaction ends");
+}
