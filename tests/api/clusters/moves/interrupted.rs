@@ -93,6 +93,14 @@ async fn a_move_killed_after_its_fence_is_resumed_and_another_rolled_back() {
         lifecycle(&client, "misc", key, key.as_bytes()).await;
     }
 
+    // a has handed out many more tokens than b (an older, busier cluster).
+    let mut on_a = a.connect(DATABASE).await;
+    sqlx::query("SELECT setval('lease_token_seq', 1000000)")
+        .execute(&mut on_a)
+        .await
+        .expect("a's tokens");
+    on_a.close().await.expect("close");
+
     // Killed while its drain waits: fenced, served by neither.
     let old = old_transaction(a).await;
     let call = fenced_move(&admin_of(first.endpoint()).await, a, "misc", "b").await;
@@ -125,7 +133,7 @@ async fn a_move_killed_after_its_fence_is_resumed_and_another_rolled_back() {
     );
     assert_eq!((report.outcome.as_str(), report.keys_copied), ("moved", 10));
     replays(&client, "misc", &keys).await;
-    // b had handed out no token; the first it hands out for misc is above every one of a's.
+    // The first token b hands out for misc is above every one of a's.
     let fresh = claim(
         &mut client.clone(),
         try_start_in("misc", &unique_key("fresh")),
