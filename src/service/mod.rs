@@ -163,6 +163,15 @@ impl<C: RunsAlone> Isolate<C, C::Answer> for Isolation {
                         held.after_held(&store, &command, shared, deadline, &gone)
                             .await
                     }
+                    // The store follows the gate and waits for the cut-over (`store::clusters`).
+                    WhyAlone::Placed => {
+                        let limited = crate::store::Store::limited(
+                            &store,
+                            deadline.into_std(),
+                            crate::store::LockWait::Brief,
+                        );
+                        command.run_alone(&limited).await
+                    }
                 }
             };
             match tokio::time::timeout_at(answer_by, alone).await {

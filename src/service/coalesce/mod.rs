@@ -89,6 +89,10 @@ pub enum WhyAlone {
     /// Its statement met a held key; `shared`: the statement carried other calls, so the held
     /// key may be theirs.
     MetHeld { shared: bool },
+    /// A cluster's placement gate refused its statement while its namespace is between two
+    /// clusters (a move's cut-over): it waits for the switch on its own, not in the round,
+    /// whose other calls are answered meanwhile.
+    Placed,
 }
 
 /// How a call leaves the shared path when a key is held (`service::held_keys`).

@@ -58,13 +58,14 @@ impl<C: Send + Sync + 'static, R: Send + 'static> Alone<C, R> {
     }
 
     fn send(&self, waiter: Waiter<C, R>, command: C, shared: bool) {
+        self.send_because(waiter, command, WhyAlone::MetHeld { shared });
+    }
+
+    fn send_because(&self, waiter: Waiter<C, R>, command: C, why: WhyAlone) {
         let gone = CancellationToken::new();
-        let run = self.isolation.alone(
-            command,
-            waiter.answer_by,
-            WhyAlone::MetHeld { shared },
-            gone.clone(),
-        );
+        let run = self
+            .isolation
+            .alone(command, waiter.answer_by, why, gone.clone());
         let (mut reply, held) = (waiter.reply, waiter.held);
         self.tasks.spawn(async move {
             tokio::pin!(run);
@@ -163,8 +164,8 @@ pub(super) async fn run_batch<C, R, F>(
 }
 
 /// The round's `waiters` that keep their place, with their answers from `results`: each call
-/// whose key was held (its statement wrote nothing) leaves for a run of its own, with its
-/// command, and is answered from there.
+/// whose key was held, or whose namespace is in a move's cut-over (its statement wrote nothing),
+/// leaves for a run of its own, with its command, and is answered from there.
 #[allow(clippy::type_complexity)]
 fn leave_if_held<C: Send + Sync + 'static, R: Send + 'static>(
     waiters: Vec<Waiter<C, R>>,
@@ -180,6 +181,10 @@ fn leave_if_held<C: Send + Sync + 'static, R: Send + 'static>(
         let result = results.next().unwrap_or(Err(StoreError::Inconsistent(
             "a batch answered fewer results than it had commands",
         )));
+        if result.as_ref().err().and_then(StoreError::placed).is_some() {
+            alone.send_because(waiter, command, WhyAlone::Placed);
+            continue;
+        }
         match result.as_ref().err().and_then(StoreError::key_held) {
             Some(shared) => left.push((waiter, command, shared)),
             None => {

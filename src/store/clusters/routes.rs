@@ -144,8 +144,10 @@ impl ClusteredStore {
         Ok(())
     }
 
-    /// The answers of a round whose parts ran (`answers`), with the commands a gate refused run
-    /// again where it points, until none is refused or they may wait no longer.
+    /// The answers of a round whose parts ran (`answers`), with the commands a gate refused
+    /// run again where it points, until none is refused that a gate sends elsewhere. A command
+    /// whose namespace is in a move's cut-over keeps its refusal: the coordinator runs it on its
+    /// own, where it waits (`on_home!`), so that the round's other calls are not held with it.
     pub(super) async fn rerouted<C, T, F, Fut>(
         &self,
         round: &Round<C>,
@@ -160,25 +162,20 @@ impl ClusteredStore {
     {
         let mut detour = Detour::default();
         loop {
-            let refused: Vec<usize> = answers
-                .iter()
-                .enumerate()
-                .filter(|(_, answer)| matches!(answer, Err(e) if e.placed().is_some()))
-                .map(|(position, _)| position)
-                .collect();
-            if refused.is_empty() {
-                return answers;
-            }
-            let mut gates: Vec<Gate> = Vec::new();
-            for &position in &refused {
-                if let Err(error) = &answers[position]
-                    && let Some(gate) = error.placed()
-                    && !gates.contains(gate)
-                {
-                    gates.push(gate.clone());
+            let mut refused = Vec::new();
+            let mut redirects: Vec<Gate> = Vec::new();
+            for (position, answer) in answers.iter().enumerate() {
+                let Err(error) = answer else { continue };
+                let Some(gate) = error.placed() else { continue };
+                refused.push(position);
+                if gate.state != GateState::Arriving && !redirects.contains(gate) {
+                    redirects.push(gate.clone());
                 }
             }
-            for gate in &gates {
+            if redirects.is_empty() {
+                return answers;
+            }
+            for gate in &redirects {
                 if let Err(error) = self.follow(gate, &mut detour).await {
                     let shared = error.for_each_of(refused.len());
                     for (position, error) in refused.into_iter().zip(shared) {

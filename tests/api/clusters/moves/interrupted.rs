@@ -72,6 +72,44 @@ async fn refused_while_fenced(client: &Client, namespace: &str) {
     );
 }
 
+/// What callers of one namespace saw: calls answered, failures, the slowest answered call.
+#[derive(Debug, Default)]
+struct Calls {
+    answered: usize,
+    failed: Vec<tonic::Status>,
+    slowest: Duration,
+}
+
+/// Claims of fresh keys of `namespace` by four callers for `duration`.
+async fn calls_for(client: &Client, namespace: &'static str, duration: Duration) -> Calls {
+    let until = Instant::now() + duration;
+    let callers = (0..4).map(|_| {
+        let client = client.clone();
+        async move {
+            let mut calls = Calls::default();
+            while Instant::now() < until {
+                let request = try_start_in(namespace, &unique_key(namespace));
+                let sent = Instant::now();
+                match client.clone().try_start(request).await {
+                    Ok(_) => {
+                        calls.answered += 1;
+                        calls.slowest = calls.slowest.max(sent.elapsed());
+                    }
+                    Err(status) => calls.failed.push(status),
+                }
+            }
+            calls
+        }
+    });
+    let mut all = Calls::default();
+    for calls in futures::future::join_all(callers).await {
+        all.answered += calls.answered;
+        all.failed.extend(calls.failed);
+        all.slowest = all.slowest.max(calls.slowest);
+    }
+    all
+}
+
 async fn replays(client: &Client, namespace: &str, keys: &[String]) {
     for key in keys {
         let replay =
@@ -199,10 +237,26 @@ async fn a_move_whose_drain_outlasts_its_bound_stops_naming_the_session_and_roll
         .fetch_one(&mut old)
         .await
         .expect("its pid");
-    let status = admin
-        .clone()
-        .move_placement(move_request("misc", "b"))
+    let call = fenced_move(&admin, &clusters.nodes[0], "misc", "b").await;
+    // While fenced, calls on misc and on another namespace of a come together, and share
+    // rounds: misc's are refused, not_written; the other's are answered, none held with them.
+    let (fenced, other) = tokio::join!(
+        calls_for(&client, "misc", Duration::from_millis(1500)),
+        calls_for(&client, "elsewhere", Duration::from_millis(1500)),
+    );
+    assert!(
+        fenced.answered == 0 && !fenced.failed.is_empty(),
+        "{fenced:?}"
+    );
+    for status in &fenced.failed {
+        assert_error(status, Code::Unavailable, "STORE_UNAVAILABLE");
+    }
+    // Held with misc's, a call would wait out misc's cut-over wait: a second.
+    assert!(other.answered > 0 && other.failed.is_empty(), "{other:?}");
+    assert!(other.slowest < Duration::from_millis(800), "{other:?}");
+    let status = call
         .await
+        .expect("the move's call")
         .expect_err("the drain's bound passes");
     assert_eq!(status.code(), Code::Unavailable, "{status:?}");
     assert!(
