@@ -50,13 +50,69 @@ fn failed(doing: &str, error: sqlx::Error) -> StoreError {
     }
 }
 
+/// How long the raise of the target's sequences waits for the claims in flight there to let go
+/// of them, at each try: every claim that comes meanwhile queues behind it.
+const RAISE_LOCK_WAIT: &str = "SET LOCAL lock_timeout = '100ms'";
+
+/// How many times the raise is tried before the move stops (resumable).
+const RAISE_TRIES: usize = 50;
+
+/// Raises the target's sequences to `drawn` ([`MoveSession::copy_to`]), in a savepoint tried
+/// again while the sequences are held longer than [`RAISE_LOCK_WAIT`]: the raise holds them
+/// against every claim until the copy commits, so it must not wait long for them, nor make the
+/// claims that come meanwhile wait long behind it.
+async fn raise_sequences(
+    transaction: &mut sqlx::Transaction<'_, sqlx::Postgres>,
+    drawn: LastDrawn,
+) -> Result<(), StoreError> {
+    for _ in 0..RAISE_TRIES {
+        sqlx::raw_sql(AssertSqlSafe(format!("SAVEPOINT raise; {RAISE_LOCK_WAIT}")))
+            .execute(&mut **transaction)
+            .await
+            .map_err(|error| failed("raising the target's sequences", error))?;
+        let raised = sqlx::query("SELECT idempotency_raise_sequences($1, $2)")
+            .bind(drawn.lease_token)
+            .bind(drawn.mark_batch)
+            .execute(&mut **transaction)
+            .await;
+        match raised {
+            Ok(_) => {
+                sqlx::raw_sql("RELEASE SAVEPOINT raise; SET LOCAL lock_timeout = 0")
+                    .execute(&mut **transaction)
+                    .await
+                    .map_err(|error| failed("raising the target's sequences", error))?;
+                return Ok(());
+            }
+            Err(sqlx::Error::Database(db)) if db.code().as_deref() == Some("55P03") => {
+                sqlx::raw_sql("ROLLBACK TO SAVEPOINT raise")
+                    .execute(&mut **transaction)
+                    .await
+                    .map_err(|error| failed("raising the target's sequences", error))?;
+            }
+            Err(error) => return Err(failed("raising the target's sequences", error)),
+        }
+    }
+    Err(StoreError::Unready(format!(
+        "the target's sequences stayed held by its claims through {RAISE_TRIES} tries of the \
+         raise"
+    )))
+}
+
 impl PgStore {
     /// A session of its own for a move, outside the calls' pool.
     pub async fn move_session(&self) -> Result<MoveSession, StoreError> {
         let options = self.connections.pool().connect_options();
-        let connection = PgConnection::connect_with(&options)
+        let mut connection = PgConnection::connect_with(&options)
             .await
             .map_err(|error| failed("connecting for the move", error))?;
+        // The calls' limits do not fit a move: a copy takes as long as its rows do.
+        sqlx::raw_sql(
+            "SET statement_timeout = 0; SET lock_timeout = 0; \
+             SET idle_in_transaction_session_timeout = 0",
+        )
+        .execute(&mut connection)
+        .await
+        .map_err(|error| failed("setting the move's session up", error))?;
         Ok(MoveSession { connection })
     }
 }
@@ -320,12 +376,7 @@ impl MoveSession {
                 .await
                 .map_err(|error| failed("copying into the target", error))?;
         }
-        sqlx::query("SELECT idempotency_raise_sequences($1, $2)")
-            .bind(drawn.lease_token)
-            .bind(drawn.mark_batch)
-            .execute(&mut *transaction)
-            .await
-            .map_err(|error| failed("raising the target's sequences", error))?;
+        raise_sequences(&mut transaction, drawn).await?;
         sqlx::query("DELETE FROM idempotency_placement_gates WHERE scope = $1")
             .bind(scope)
             .execute(&mut *transaction)
