@@ -86,7 +86,12 @@ struct Sessions<'s> {
     open: Vec<Option<MoveSession>>,
 }
 
-impl Sessions<'_> {
+impl<'s> Sessions<'s> {
+    fn new(store: &'s ClusteredStore) -> Self {
+        let open = (0..store.clusters.len()).map(|_| None).collect();
+        Self { store, open }
+    }
+
     async fn at(&mut self, cluster: usize) -> Result<&mut MoveSession, StoreError> {
         if self.open[cluster].is_none() {
             let session = self.store.usable(cluster)?.move_session().await?;
@@ -122,6 +127,27 @@ impl ClusteredStore {
                  (--cluster)"
             ))
         })
+    }
+
+    /// Takes the lock that lets one move of `scope` run at a time, on every cluster, in their
+    /// order: whichever cluster a move starts from or goes to, two moves of one namespace never
+    /// run together. Refused while another holds it, or when a cluster cannot be reached.
+    async fn lock_moves(&self, sessions: &mut Sessions<'_>, scope: &str) -> Result<(), MoveError> {
+        for at in 0..self.clusters.len() {
+            let session = sessions.at(at).await.map_err(|error| {
+                MoveError::Refused(format!(
+                    "a move needs every cluster, and cluster {} cannot be reached: {}",
+                    self.name_of(at),
+                    crate::telemetry::error_chain(&error)
+                ))
+            })?;
+            if !session.lock_moves_of(scope).await? {
+                return Err(MoveError::Refused(format!(
+                    "another move of namespace {scope} is running"
+                )));
+            }
+        }
+        Ok(())
     }
 
     fn name_of(&self, at: usize) -> String {
@@ -177,10 +203,7 @@ impl ClusteredStore {
         to: usize,
         drain_bound: Duration,
     ) -> Result<MoveReport, MoveError> {
-        let mut sessions = Sessions {
-            store: self,
-            open: (0..self.clusters.len()).map(|_| None).collect(),
-        };
+        let mut sessions = Sessions::new(self);
         let report = self.move_with(&mut sessions, scope, to, drain_bound).await;
         sessions.close().await;
         report
@@ -193,6 +216,7 @@ impl ClusteredStore {
         to: usize,
         drain_bound: Duration,
     ) -> Result<MoveReport, MoveError> {
+        self.lock_moves(sessions, scope).await?;
         let from = match self.standing(sessions, scope).await? {
             Standing::Home { home, left } if home == to => {
                 // A cleanup an interrupted move did not finish is finished now.
@@ -222,11 +246,6 @@ impl ClusteredStore {
             }
         };
         let (source_name, target_name) = (self.name_of(from), self.name_of(to));
-        if !sessions.at(from).await?.lock_moves_of(scope).await? {
-            return Err(MoveError::Refused(format!(
-                "another move of namespace {scope} is running"
-            )));
-        }
         let target_gate = sessions.gate(to, scope).await?;
         let source_gate = sessions.gate(from, scope).await?;
         let switched =
@@ -282,10 +301,7 @@ impl ClusteredStore {
 
     /// Rolls back `scope`'s unfinished move: refused once it has switched.
     pub async fn roll_back_move(&self, scope: &str) -> Result<MoveReport, MoveError> {
-        let mut sessions = Sessions {
-            store: self,
-            open: (0..self.clusters.len()).map(|_| None).collect(),
-        };
+        let mut sessions = Sessions::new(self);
         let report = self.roll_back_with(&mut sessions, scope).await;
         sessions.close().await;
         report
@@ -296,17 +312,13 @@ impl ClusteredStore {
         sessions: &mut Sessions<'_>,
         scope: &str,
     ) -> Result<MoveReport, MoveError> {
+        self.lock_moves(sessions, scope).await?;
         let Standing::Moving { from, to } = self.standing(sessions, scope).await? else {
             return Err(MoveError::Refused(format!(
                 "namespace {scope} has no unfinished move to roll back"
             )));
         };
         let (source_name, target_name) = (self.name_of(from), self.name_of(to));
-        if !sessions.at(from).await?.lock_moves_of(scope).await? {
-            return Err(MoveError::Refused(format!(
-                "another move of namespace {scope} is running"
-            )));
-        }
         if sessions.gate(to, scope).await?.is_none() {
             return Err(MoveError::Refused(format!(
                 "the move of namespace {scope} to cluster {target_name} has switched: the \
@@ -314,13 +326,21 @@ impl ClusteredStore {
                  (--to {source_name})"
             )));
         }
-        // The target's copy goes and its gate points home before the source serves again.
+        // The target's copy goes while its gate still says "arriving" (a call there is sent
+        // back to the source, which serves once its gate is lifted); then the target records
+        // where the namespace lives. Gates pointing at each other as "left" and "leaving" would
+        // send a call round in a circle meanwhile.
         sessions
             .at(to)
             .await?
             .give_back(scope, &source_name)
             .await?;
         sessions.at(from).await?.lift_gate(scope).await?;
+        sessions
+            .at(to)
+            .await?
+            .set_gate(scope, GateState::Left, &source_name)
+            .await?;
         self.settle(scope, from);
         Ok(MoveReport {
             from: source_name,

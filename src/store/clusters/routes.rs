@@ -1,6 +1,6 @@
 //! Where each scope is served, once a move has taken it off the cluster its rule names: what the
 //! clusters' gates said (`migrations/postgres/20261207000001_placement_gates.sql`), learned
-//! from their refusals and at start, laid over the placement of the flags. A call refused by a
+//! from their refusals, laid over the placement of the flags. A call refused by a
 //! gate is asked again where the gate points; while its scope is in a move's cut-over (served by
 //! neither cluster) it waits, up to half the operation's timeout, and is then answered
 //! UNAVAILABLE, nothing written.
@@ -58,11 +58,11 @@ impl Routes {
     }
 }
 
-/// A call's progress through gates' refusals: how many it followed, and until when it may wait
-/// for a cut-over to end.
+/// A call's progress through gates' refusals: how many `left` records it followed for each
+/// scope, and until when it may wait for a cut-over to end.
 #[derive(Debug, Default)]
 pub(super) struct Detour {
-    hops: usize,
+    hops: Vec<(String, usize)>,
     cut_over_ends: Option<tokio::time::Instant>,
 }
 
@@ -107,9 +107,12 @@ impl ClusteredStore {
         self.routes.set(scope, (at != by_rule).then_some(at));
     }
 
-    /// Takes in `gate`'s refusal: the route it points to is learned, and while its scope is in
-    /// cut-over, waits a moment before the call asks again. The refusal itself once the call may
-    /// wait no longer (UNAVAILABLE, nothing written), or when the gates lead in a circle.
+    /// Takes in `gate`'s refusal: the route it points to is learned. A scope in a move's
+    /// cut-over is asked of the other cluster in turn (the source says `leaving` and points to
+    /// the target, the target `arriving` and points back), pausing a moment at each `arriving`,
+    /// until one serves it (the switch, or a rollback) or the call may wait no longer: its
+    /// refusal then (UNAVAILABLE, nothing written). Refused too when `left` records lead in a
+    /// circle.
     pub(super) async fn follow(&self, gate: &Gate, detour: &mut Detour) -> Result<(), StoreError> {
         let Some(peer) = self.index_of(&gate.peer) else {
             return Err(StoreError::Unready(format!(
@@ -117,28 +120,35 @@ impl ClusteredStore {
                  every cluster"
             )));
         };
-        match gate.state {
-            GateState::Left | GateState::Leaving => {
-                detour.hops += 1;
-                if detour.hops > 2 * self.clusters.len() + 2 {
-                    return Err(StoreError::Inconsistent(
-                        "the clusters' placement gates lead in a circle",
-                    ));
+        self.settle(&gate.scope, peer);
+        if gate.state == GateState::Left {
+            let at = match detour
+                .hops
+                .iter()
+                .position(|(scope, _)| *scope == gate.scope)
+            {
+                Some(at) => at,
+                None => {
+                    detour.hops.push((gate.scope.clone(), 0));
+                    detour.hops.len() - 1
                 }
-                self.settle(&gate.scope, peer);
+            };
+            detour.hops[at].1 += 1;
+            if detour.hops[at].1 > self.clusters.len() + 1 {
+                return Err(StoreError::Inconsistent(
+                    "the clusters' placement gates lead in a circle",
+                ));
             }
-            GateState::Arriving => {}
+            return Ok(());
         }
-        // Arriving: the call asks the same cluster again, once the cut-over may have ended
-        // (a refusal that points elsewhere is followed at once).
+        let ends = *detour
+            .cut_over_ends
+            .get_or_insert_with(|| tokio::time::Instant::now() + self.cut_over_wait);
+        let now = tokio::time::Instant::now();
+        if now >= ends {
+            return Err(StoreError::Placed(gate.clone()));
+        }
         if gate.state == GateState::Arriving {
-            let ends = *detour
-                .cut_over_ends
-                .get_or_insert_with(|| tokio::time::Instant::now() + self.cut_over_wait);
-            let now = tokio::time::Instant::now();
-            if now >= ends {
-                return Err(StoreError::Placed(gate.clone()));
-            }
             tokio::time::sleep(CUT_OVER_POLL.min(ends - now)).await;
         }
         Ok(())

@@ -106,13 +106,12 @@ impl PgStore {
             .await
             .map_err(|error| failed("connecting for the move", error))?;
         // The calls' limits do not fit a move: a copy takes as long as its rows do.
-        sqlx::raw_sql(
-            "SET statement_timeout = 0; SET lock_timeout = 0; \
-             SET idle_in_transaction_session_timeout = 0",
-        )
-        .execute(&mut connection)
-        .await
-        .map_err(|error| failed("setting the move's session up", error))?;
+        // A transaction left idle (its mover frozen or cut off, holding the target's sequences
+        // after their raise) still ends within a statement's time, as the pools' do.
+        sqlx::raw_sql("SET statement_timeout = 0; SET lock_timeout = 0")
+            .execute(&mut connection)
+            .await
+            .map_err(|error| failed("setting the move's session up", error))?;
         Ok(MoveSession { connection })
     }
 }
@@ -389,15 +388,18 @@ impl MoveSession {
         Ok(copied)
     }
 
-    /// Deletes `scope`'s rows of every moved table, in batches (a namespace left, or an arrival
-    /// rolled back); the gate stays. Answers how many rows it deleted.
+    /// Deletes `scope`'s rows of every moved table, in batches, while its gate here says it
+    /// left (nothing once another move has brought it back); the gate stays. Answers how many
+    /// rows it deleted.
     pub async fn delete_rows(&mut self, scope: &str) -> Result<u64, StoreError> {
         let mut deleted = 0;
         for (table, owner, _) in MOVED_TABLES {
             loop {
                 let result = sqlx::query(AssertSqlSafe(format!(
                     "DELETE FROM {table} WHERE ctid = ANY (ARRAY(\
-                     SELECT ctid FROM {table} WHERE {owner} = $1 LIMIT $2))"
+                     SELECT ctid FROM {table} WHERE {owner} = $1 LIMIT $2)) \
+                     AND EXISTS (SELECT FROM idempotency_placement_gates \
+                                 WHERE scope = $1 AND state = 'left')"
                 )))
                 .bind(scope)
                 .bind(DELETE_BATCH)
@@ -413,8 +415,8 @@ impl MoveSession {
         Ok(deleted)
     }
 
-    /// Deletes `scope`'s rows and sets its gate to `left` for `home`, in one transaction: how a
-    /// rolled-back arrival is undone.
+    /// Deletes `scope`'s rows, its gate saying `arriving` from `home`, in one transaction: how a
+    /// rolled-back arrival is undone (the gate is set to `left` once `home` serves again).
     pub async fn give_back(&mut self, scope: &str, home: &str) -> Result<(), StoreError> {
         let mut transaction = self
             .connection
@@ -431,8 +433,9 @@ impl MoveSession {
             .map_err(|error| failed("deleting the copied rows", error))?;
         }
         sqlx::query(
-            "INSERT INTO idempotency_placement_gates (scope, state, peer) VALUES ($1, 'left', $2) \
-             ON CONFLICT (scope) DO UPDATE SET state = 'left', peer = $2, \
+            "INSERT INTO idempotency_placement_gates (scope, state, peer) \
+             VALUES ($1, 'arriving', $2) \
+             ON CONFLICT (scope) DO UPDATE SET state = 'arriving', peer = $2, \
              since = clock_timestamp()",
         )
         .bind(scope)

@@ -45,6 +45,11 @@ fn rollback_request(namespace: &str) -> pb::MovePlacementRequest {
     }
 }
 
+/// What a move (or rollback) that must succeed did.
+async fn moved(admin: &Admin, request: pb::MovePlacementRequest) -> pb::MovePlacementResponse {
+    answered(admin.clone().move_placement(request).await, "MovePlacement")
+}
+
 /// `namespace`'s gate on `node`: its state and the cluster it names.
 async fn gate_on(node: &Node, namespace: &str) -> Option<(String, String)> {
     let mut connection = node.connect(DATABASE).await;

@@ -323,12 +323,28 @@ impl Drop for ReplicatedPair {
 /// Starts the cluster in `data`, logging to `log`, and waits until it accepts connections.
 pub(super) async fn start_cluster(data: &Path, log: &Path) {
     let data = data.to_string_lossy().into_owned();
-    let log = log.to_string_lossy().into_owned();
-    run(
-        "pg_ctl",
-        &["-D", &data, "-l", &log, "-w", "-t", "60", "start"],
-    )
-    .await;
+    let log_path = log.to_string_lossy().into_owned();
+    let path = format!("{BIN}/pg_ctl");
+    let mut command = if is_root() {
+        let mut command = Command::new("runuser");
+        command.args(["-u", "postgres", "--", &path]);
+        command
+    } else {
+        Command::new(&path)
+    };
+    let output = command
+        .args(["-D", &data, "-l", &log_path, "-w", "-t", "60", "start"])
+        .output()
+        .await
+        .unwrap_or_else(|error| panic!("run pg_ctl: {error} (is postgresql-15 installed?)"));
+    // The server's own log says why it did not start (a port taken meanwhile, say).
+    assert!(
+        output.status.success(),
+        "pg_ctl start of {data} failed: {}{}\n{log_path}:\n{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr),
+        std::fs::read_to_string(log).unwrap_or_default()
+    );
 }
 
 /// Stops the cluster in `data` as a crash would, without waiting, ignoring failures: for

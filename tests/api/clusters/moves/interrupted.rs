@@ -162,13 +162,7 @@ async fn a_move_killed_after_its_fence_is_resumed_and_another_rolled_back() {
 
     // Resumed: the namespace is on b, whole.
     let admin = admin_of(second.endpoint()).await;
-    let report = answered(
-        admin
-            .clone()
-            .move_placement(move_request("misc", "b"))
-            .await,
-        "MovePlacement",
-    );
+    let report = moved(&admin, move_request("misc", "b")).await;
     assert_eq!((report.outcome.as_str(), report.keys_copied), ("moved", 10));
     replays(&client, "misc", &keys).await;
     // The first token b hands out for misc is above every one of a's.
@@ -195,10 +189,7 @@ async fn a_move_killed_after_its_fence_is_resumed_and_another_rolled_back() {
     let client = third.client_when_serving().await;
     refused_while_fenced(&client, "misc").await;
     let admin = admin_of(third.endpoint()).await;
-    let report = answered(
-        admin.clone().move_placement(rollback_request("misc")).await,
-        "MovePlacement",
-    );
+    let report = moved(&admin, rollback_request("misc")).await;
     assert_eq!(
         (
             report.outcome.as_str(),
@@ -238,6 +229,17 @@ async fn a_move_whose_drain_outlasts_its_bound_stops_naming_the_session_and_roll
         .await
         .expect("its pid");
     let call = fenced_move(&admin, &clusters.nodes[0], "misc", "b").await;
+    // One move of a namespace at a time, wherever the other would go.
+    let busy = admin
+        .clone()
+        .move_placement(move_request("misc", "c"))
+        .await
+        .expect_err("another move of misc runs");
+    assert_eq!(busy.code(), Code::FailedPrecondition, "{busy:?}");
+    assert!(
+        busy.message()
+            .contains("another move of namespace misc is running")
+    );
     // While fenced, calls on misc and on another namespace of a come together, and share
     // rounds: misc's are refused, not_written; the other's are answered, none held with them.
     let (fenced, other) = tokio::join!(
@@ -265,10 +267,7 @@ async fn a_move_whose_drain_outlasts_its_bound_stops_naming_the_session_and_roll
         status.message()
     );
     refused_while_fenced(&client, "misc").await;
-    let report = answered(
-        admin.clone().move_placement(rollback_request("misc")).await,
-        "MovePlacement",
-    );
+    let report = moved(&admin, rollback_request("misc")).await;
     assert_eq!(report.outcome, "rolled_back");
     replays(&client, "misc", std::slice::from_ref(&key)).await;
     old.close().await.expect("the old transaction ends");
