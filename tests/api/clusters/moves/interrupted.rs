@@ -248,7 +248,7 @@ async fn a_move_whose_drain_outlasts_its_bound_stops_naming_the_session_and_roll
     );
     assert!(
         fenced.answered == 0 && !fenced.failed.is_empty(),
-        "{fenced:?}"
+        "misc was served while fenced: {fenced:?}"
     );
     for status in &fenced.failed {
         assert_error(status, Code::Unavailable, "STORE_UNAVAILABLE");
