@@ -54,17 +54,21 @@ fn is_root() -> bool {
         })
 }
 
-/// `program` with `args`, as `postgres` when this process is root; it must succeed.
-pub(super) async fn run(program: &str, args: &[&str]) -> String {
+/// PostgreSQL's `program`, to run as `postgres` when this process is root.
+fn as_postgres(program: &str) -> Command {
     let path = format!("{BIN}/{program}");
-    let mut command = if is_root() {
+    if is_root() {
         let mut command = Command::new("runuser");
         command.args(["-u", "postgres", "--", &path]);
         command
     } else {
         Command::new(&path)
-    };
-    let output = command
+    }
+}
+
+/// `program` with `args`, as `postgres` when this process is root; it must succeed.
+pub(super) async fn run(program: &str, args: &[&str]) -> String {
+    let output = as_postgres(program)
         .args(args)
         .output()
         .await
@@ -324,15 +328,7 @@ impl Drop for ReplicatedPair {
 pub(super) async fn start_cluster(data: &Path, log: &Path) {
     let data = data.to_string_lossy().into_owned();
     let log_path = log.to_string_lossy().into_owned();
-    let path = format!("{BIN}/pg_ctl");
-    let mut command = if is_root() {
-        let mut command = Command::new("runuser");
-        command.args(["-u", "postgres", "--", &path]);
-        command
-    } else {
-        Command::new(&path)
-    };
-    let output = command
+    let output = as_postgres("pg_ctl")
         .args(["-D", &data, "-l", &log_path, "-w", "-t", "60", "start"])
         .output()
         .await
