@@ -128,21 +128,6 @@ impl MoveSession {
         Ok(row.and_then(|(state, peer)| GateState::parse(&state).map(|state| (state, peer))))
     }
 
-    /// Every gate of this cluster: scope, state, peer.
-    pub async fn gates(&mut self) -> Result<Vec<(String, GateState, String)>, StoreError> {
-        let rows: Vec<(String, String, String)> =
-            sqlx::query_as("SELECT scope, state, peer FROM idempotency_placement_gates")
-                .fetch_all(&mut self.connection)
-                .await
-                .map_err(|error| failed("reading the placement gates", error))?;
-        Ok(rows
-            .into_iter()
-            .filter_map(|(scope, state, peer)| {
-                GateState::parse(&state).map(|state| (scope, state, peer))
-            })
-            .collect())
-    }
-
     /// Sets `scope`'s gate (committed when this returns).
     pub async fn set_gate(
         &mut self,
