@@ -249,6 +249,17 @@ impl Cost {
         )
     }
 
+    /// The database's CPU in all, when it was measured.
+    pub fn cpu(&self) -> Option<Duration> {
+        self.cpu
+    }
+
+    /// The coordinator's CPU per operation in µs, when it was measured.
+    pub fn service_cpu_micros_per_operation(&self, operations: u64) -> Option<f64> {
+        self.service_cpu
+            .map(|cpu| cpu.as_secs_f64() * 1e6 / operations.max(1) as f64)
+    }
+
     /// CPU per operation in µs, for ratios.
     pub fn cpu_micros_per_operation(&self, operations: u64) -> Option<f64> {
         self.cpu

@@ -1,6 +1,7 @@
 //! Workloads, concurrent callers, and what they measure.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use anyhow::Context;
@@ -11,7 +12,7 @@ use idempotency_coordinator::proto::idempotency::v1::{
 use idempotency_testkit::load::{self, Tally};
 use tonic::transport::{Channel, Endpoint};
 
-use crate::cost::{self, Cost, CostProbe};
+use crate::cost::{Cost, CostProbe};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum Workload {
@@ -182,6 +183,57 @@ pub async fn drive_until(
     stop: impl std::future::Future<Output = ()>,
     probe: Option<&CostProbe>,
 ) -> anyhow::Result<Report> {
+    let probes: Vec<&CostProbe> = probe.into_iter().collect();
+    let spread = drive_spread(target, workload, callers, &Namespaces::one(), stop, &probes).await?;
+    Ok(spread.report)
+}
+
+/// The namespaces a run's callers spread over: caller `i` calls in the `i % count`-th, for
+/// keys and, as the consumer, for events.
+#[derive(Debug, Clone)]
+pub struct Namespaces(Vec<String>);
+
+impl Namespaces {
+    /// The one namespace `bench`: every caller in it.
+    pub fn one() -> Self {
+        Self(vec!["bench".to_owned()])
+    }
+
+    /// `bench-0` … `bench-{count - 1}`.
+    pub fn spread(count: usize) -> Self {
+        Self((0..count.max(1)).map(|n| format!("bench-{n}")).collect())
+    }
+
+    pub fn names(&self) -> &[String] {
+        &self.0
+    }
+
+    /// The index of caller `caller`'s namespace.
+    fn index_of(&self, caller: usize) -> usize {
+        caller % self.0.len().max(1)
+    }
+}
+
+/// What a run spread over namespaces measured.
+pub struct SpreadRun {
+    /// Every caller's calls, with the first probe's cost.
+    pub report: Report,
+    /// Successful operations in each namespace, in the order of [`Namespaces::names`].
+    pub successes: Vec<u64>,
+    /// What the run cost each probe's database, in the order of the probes.
+    pub costs: Vec<Cost>,
+}
+
+/// Runs `workload` from `callers` callers spread over `namespaces` until `stop` completes, and
+/// with `probes`, what the run (not its preparation) cost each probe's database.
+pub async fn drive_spread(
+    target: &str,
+    workload: Workload,
+    callers: usize,
+    namespaces: &Namespaces,
+    stop: impl std::future::Future<Output = ()>,
+    probes: &[&CostProbe],
+) -> anyhow::Result<SpreadRun> {
     let run = run_id();
     let mut channels = Vec::with_capacity(callers);
     for _ in 0..callers {
@@ -192,30 +244,64 @@ pub async fn drive_until(
             .with_context(|| format!("connecting to {target}"))?;
         channels.push(channel);
     }
-    let replay_keys = if workload == Workload::Replay {
-        let first = channels.first().context("at least one caller")?;
-        prepare_replay(&mut IdempotencyServiceClient::new(first.clone()), &run).await?
-    } else {
-        Vec::new()
-    };
+    let mut replay_keys = Vec::with_capacity(namespaces.names().len());
+    for namespace in namespaces.names() {
+        replay_keys.push(if workload == Workload::Replay {
+            let first = channels.first().context("at least one caller")?;
+            let mut client = IdempotencyServiceClient::new(first.clone());
+            prepare_replay(&mut client, namespace, &run).await?
+        } else {
+            Vec::new()
+        });
+    }
     let channels = Arc::new(channels);
     let replay_keys = Arc::new(replay_keys);
-    let measuring = cost::start(probe).await?;
-    let tally = load::run_until(callers, stop, move |caller, sequence| {
-        let channel = channels[caller].clone();
-        let run = run.clone();
-        let replay_keys = replay_keys.clone();
-        async move { call(channel, workload, caller, sequence, &run, &replay_keys).await }
-    })
-    .await?;
-    let cost = match (measuring, probe) {
-        (Some(measuring), Some(probe)) => {
-            probe.end_idle_sessions_of(COORDINATOR_APPLICATION).await?;
-            Some(measuring.finish().await?)
-        }
-        _ => None,
+    let counted: Arc<Vec<AtomicU64>> = Arc::new(
+        namespaces
+            .names()
+            .iter()
+            .map(|_| AtomicU64::new(0))
+            .collect(),
+    );
+    let mut measuring = Vec::with_capacity(probes.len());
+    for probe in probes {
+        measuring.push(probe.start().await?);
+    }
+    let tally = {
+        let (namespaces, counted) = (namespaces.clone(), counted.clone());
+        load::run_until(callers, stop, move |caller, sequence| {
+            let channel = channels[caller].clone();
+            let run = run.clone();
+            let (replay_keys, namespaces, counted) =
+                (replay_keys.clone(), namespaces.clone(), counted.clone());
+            async move {
+                let index = namespaces.index_of(caller);
+                let caller_of = Caller {
+                    namespace: &namespaces.0[index],
+                    caller,
+                    run: &run,
+                    replay_keys: &replay_keys[index],
+                };
+                let answered = call(channel, workload, &caller_of, sequence).await;
+                if answered.is_ok() {
+                    counted[index].fetch_add(1, Ordering::Relaxed);
+                }
+                answered
+            }
+        })
+        .await?
     };
-    Ok(Report::new(workload, callers, tally, cost))
+    let mut costs = Vec::with_capacity(probes.len());
+    for (probe, measuring) in probes.iter().zip(measuring) {
+        probe.end_idle_sessions_of(COORDINATOR_APPLICATION).await?;
+        costs.push(measuring.finish().await?);
+    }
+    let successes = counted.iter().map(|n| n.load(Ordering::Relaxed)).collect();
+    Ok(SpreadRun {
+        report: Report::new(workload, callers, tally, costs.first().copied()),
+        successes,
+        costs,
+    })
 }
 
 /// The `application_name` of the coordinator's store sessions (its listener's differs).
@@ -227,14 +313,18 @@ pub fn run_id() -> String {
 }
 
 /// The outcome of a TryStart of `key`; `None` when the call failed.
-async fn outcome(client: &mut IdempotencyServiceClient<Channel>, key: String) -> Option<Outcome> {
-    let answer = client.try_start(try_start(key)).await.ok()?;
+async fn outcome(
+    client: &mut IdempotencyServiceClient<Channel>,
+    namespace: &str,
+    key: String,
+) -> Option<Outcome> {
+    let answer = client.try_start(try_start(namespace, key)).await.ok()?;
     answer.into_inner().outcome
 }
 
-fn try_start(key: String) -> TryStartRequest {
+fn try_start(namespace: &str, key: String) -> TryStartRequest {
     TryStartRequest {
-        namespace: "bench".into(),
+        namespace: namespace.to_owned(),
         key,
         fingerprint: b"bench-fingerprint".to_vec(),
         lease_ttl: None,
@@ -246,18 +336,22 @@ fn try_start(key: String) -> TryStartRequest {
 
 async fn prepare_replay(
     client: &mut IdempotencyServiceClient<Channel>,
+    namespace: &str,
     run: &str,
 ) -> anyhow::Result<Vec<String>> {
     let mut keys = Vec::with_capacity(REPLAY_KEYS);
     for index in 0..REPLAY_KEYS {
         let key = format!("{run}:replay:{index}");
-        let answer = client.try_start(try_start(key.clone())).await?.into_inner();
+        let answer = client
+            .try_start(try_start(namespace, key.clone()))
+            .await?
+            .into_inner();
         let Some(Outcome::Started(started)) = answer.outcome else {
             anyhow::bail!("preparing replay keys: {key} was not started");
         };
         client
             .complete(CompleteRequest {
-                namespace: "bench".into(),
+                namespace: namespace.to_owned(),
                 key: key.clone(),
                 lease_token: started.lease_token,
                 response: vec![b'r'; 256],
@@ -269,27 +363,43 @@ async fn prepare_replay(
     Ok(keys)
 }
 
+/// Who makes a call: the caller, in its namespace, in its run.
+struct Caller<'a> {
+    namespace: &'a str,
+    caller: usize,
+    run: &'a str,
+    /// The namespace's completed keys, for replays.
+    replay_keys: &'a [String],
+}
+
 /// One operation of `workload`: `Ok` when it got the answer the workload expects.
 async fn call(
     channel: Channel,
     workload: Workload,
-    caller: usize,
+    who: &Caller<'_>,
     sequence: u64,
-    run: &str,
-    replay_keys: &[String],
 ) -> Result<(), ()> {
+    let Caller {
+        namespace,
+        caller,
+        run,
+        replay_keys,
+    } = *who;
     let mut client = IdempotencyServiceClient::new(channel.clone());
     let succeeded = match workload {
         Workload::TryStart => {
             let key = format!("{run}:{caller}:{sequence}");
-            matches!(outcome(&mut client, key).await, Some(Outcome::Started(_)))
+            matches!(
+                outcome(&mut client, namespace, key).await,
+                Some(Outcome::Started(_))
+            )
         }
         Workload::Lifecycle => {
             let key = format!("{run}:{caller}:{sequence}");
-            match outcome(&mut client, key.clone()).await {
+            match outcome(&mut client, namespace, key.clone()).await {
                 Some(Outcome::Started(started)) => client
                     .complete(CompleteRequest {
-                        namespace: "bench".into(),
+                        namespace: namespace.to_owned(),
                         key,
                         lease_token: started.lease_token,
                         response: vec![b'r'; 256],
@@ -302,7 +412,10 @@ async fn call(
         }
         Workload::Replay => {
             let key = replay_key(replay_keys, caller, sequence).to_owned();
-            matches!(outcome(&mut client, key).await, Some(Outcome::Completed(_)))
+            matches!(
+                outcome(&mut client, namespace, key).await,
+                Some(Outcome::Completed(_))
+            )
         }
         Workload::Health => tonic_health::pb::health_client::HealthClient::new(channel)
             .check(tonic_health::pb::HealthCheckRequest {
@@ -316,7 +429,7 @@ async fn call(
                 .collect();
             client
                 .mark_processed(MarkProcessedRequest {
-                    consumer: "bench".into(),
+                    consumer: namespace.to_owned(),
                     event_ids,
                     retention: None,
                 })

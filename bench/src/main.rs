@@ -9,6 +9,8 @@
 //! - `reaper-under-load` measures TryStart while the reaper clears a backlog of expired keys,
 //!   against TryStart without a backlog.
 //! - `move-under-load` measures a namespace's move between two PostgreSQL clusters under load.
+//! - `spread-over-clusters` measures calls spread over three PostgreSQL clusters against the
+//!   same calls on one: each cluster's cost per call it serves.
 //! - `gateway` measures the HTTP gateway with wrk against the upstream alone.
 
 mod contended;
@@ -22,6 +24,7 @@ mod moving;
 mod pgbench;
 mod reaper;
 mod scratch;
+mod spread;
 
 use std::time::Duration;
 
@@ -99,6 +102,9 @@ enum BenchCommand {
     /// A namespace of a million keys moved to another PostgreSQL cluster under load: its
     /// frozen time, its calls' latency, and another namespace's throughput against without.
     MoveUnderLoad(moving::Settings),
+    /// Calls spread over namespaces on several PostgreSQL clusters against the same calls on
+    /// one: each cluster's database cost per call it serves, the coordinator's CPU, throughput.
+    SpreadOverClusters(spread::Settings),
     /// Callers piled up on a few keys whose holder works, then completes: waiting on the server
     /// (TryStart's `wait`) against polling every 50 ms.
     Contended(contended::Settings),
@@ -275,6 +281,7 @@ async fn main() -> anyhow::Result<()> {
         BenchCommand::ReaperUnderLoad(settings) => reaper::run(settings).await?,
         BenchCommand::EraseUnderLoad(settings) => erase::run(settings).await?,
         BenchCommand::MoveUnderLoad(settings) => moving::run(settings).await?,
+        BenchCommand::SpreadOverClusters(settings) => spread::run(settings).await?,
         BenchCommand::Contended(settings) => contended::run(settings).await?,
         BenchCommand::CompareFlags(settings) => flags::run(settings).await?,
         BenchCommand::Gateway(settings) => gateway::run(settings).await?,
