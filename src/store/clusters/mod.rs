@@ -107,7 +107,7 @@ impl ClusteredStore {
                 PgStore::connect_lazy(&settings)
                     .map(|store| Cluster {
                         name: name.clone(),
-                        store,
+                        store: store.in_cluster(name.as_str()),
                         state: Arc::default(),
                     })
                     .map_err(|source| ClusterUrlError {

@@ -164,11 +164,20 @@ impl PgStore {
             budget,
             limits: None,
             durability: Arc::default(),
+            cluster: None,
             require_synchronous_standby: settings.require_synchronous_standby,
             migration_lock_timeout: settings.migration_lock_timeout,
             rights_checked: Arc::default(),
             refusals: Arc::default(),
         })
+    }
+
+    /// The same store, named as one cluster of several: its durability's log lines and gauges
+    /// carry the name.
+    #[must_use]
+    pub fn in_cluster(mut self, name: &str) -> Self {
+        self.cluster = Some(name.into());
+        self
     }
 
     /// How migrations connect: to the host the calls go to now, without a statement timeout.

@@ -56,17 +56,20 @@ impl Durability {
         None
     }
 
-    fn log(&self) {
+    /// Logs how commits are made durable, naming the cluster when the store has several.
+    fn log(&self, cluster: Option<&str>) {
         if !self.commits_wait_for_standby() && self.standbys == 0 {
             // A lone server: there is no standby a failover could promote (a development
             // database, a test), and nothing to warn of.
             tracing::info!(
+                cluster,
                 synchronous_commit = %self.synchronous_commit,
                 synchronous_standby_names = %self.standby_names,
                 "commits do not wait for a standby, and none streams from the store"
             );
         } else if !self.commits_wait_for_standby() {
             tracing::warn!(
+                cluster,
                 standbys = self.standbys,
                 synchronous_commit = %self.synchronous_commit,
                 synchronous_standby_names = %self.standby_names,
@@ -75,6 +78,7 @@ impl Durability {
             );
         } else if self.synchronous_standbys == 0 && self.unknown_standbys > 0 {
             tracing::info!(
+                cluster,
                 synchronous_commit = %self.synchronous_commit,
                 synchronous_standby_names = %self.standby_names,
                 standbys = self.unknown_standbys,
@@ -83,6 +87,7 @@ impl Durability {
             );
         } else if self.synchronous_standbys == 0 {
             tracing::warn!(
+                cluster,
                 synchronous_commit = %self.synchronous_commit,
                 synchronous_standby_names = %self.standby_names,
                 "commits wait for a synchronous standby, and none is attached: writes wait \
@@ -90,6 +95,7 @@ impl Durability {
             );
         } else {
             tracing::info!(
+                cluster,
                 synchronous_commit = %self.synchronous_commit,
                 synchronous_standby_names = %self.standby_names,
                 synchronous_standbys = self.synchronous_standbys,
@@ -98,18 +104,32 @@ impl Durability {
         }
     }
 
-    fn record_metrics(&self) {
-        metrics::gauge!("idempotency_store_commits_wait_for_standby").set(
+    /// Sets the durability gauges, labelled with the cluster's name when the store has several.
+    fn record_metrics(&self, cluster: Option<&str>) {
+        let labelled = |state: Option<&'static str>| -> Vec<metrics::Label> {
+            state
+                .map(|state| metrics::Label::new("state", state))
+                .into_iter()
+                .chain(cluster.map(|name| metrics::Label::new("cluster", name.to_owned())))
+                .collect()
+        };
+        metrics::gauge!("idempotency_store_commits_wait_for_standby", labelled(None)).set(
             if self.commits_wait_for_standby() {
                 1.0
             } else {
                 0.0
             },
         );
-        metrics::gauge!("idempotency_store_synchronous_standbys", "state" => "attached")
-            .set(self.synchronous_standbys as f64);
-        metrics::gauge!("idempotency_store_synchronous_standbys", "state" => "unknown")
-            .set(self.unknown_standbys as f64);
+        metrics::gauge!(
+            "idempotency_store_synchronous_standbys",
+            labelled(Some("attached"))
+        )
+        .set(self.synchronous_standbys as f64);
+        metrics::gauge!(
+            "idempotency_store_synchronous_standbys",
+            labelled(Some("unknown"))
+        )
+        .set(self.unknown_standbys as f64);
     }
 }
 
@@ -214,7 +234,7 @@ impl PgStore {
             unknown_standbys,
             standbys,
         };
-        durability.record_metrics();
+        durability.record_metrics(self.cluster.as_deref());
         let changed = {
             let mut last = self
                 .durability
@@ -225,7 +245,7 @@ impl PgStore {
             changed
         };
         if changed {
-            durability.log();
+            durability.log(self.cluster.as_deref());
         }
         if self.require_synchronous_standby
             && let Some(why) = durability.without_synchronous_standby()

@@ -174,6 +174,9 @@ pub struct PgStore {
     limits: Option<(std::time::Instant, LockWait)>,
     /// What the health probe last read of how commits are made durable.
     durability: Arc<std::sync::Mutex<Option<Durability>>>,
+    /// The cluster's name, on a store of several clusters: its durability's log lines and
+    /// gauges carry it.
+    cluster: Option<Arc<str>>,
     /// Report the store unready while no synchronous standby is attached.
     require_synchronous_standby: bool,
     /// How long a migration's statement waits for a lock before it is tried again later.

@@ -3,12 +3,14 @@
 //! (`support::cluster::Clusters`), the service on all three, called through its gRPC API. Each
 //! call's rows land on its namespace's cluster and nowhere else, and what spans clusters (a
 //! coalesced round, waiting across replicas, an erasure honoured by every replica) works as on
-//! one (`placement`), as docs/scaling.md shows it (`guide`); one cluster paused or down fails only its own namespaces while the
+//! one (`placement`), as docs/scaling.md shows it (`guide`); each cluster's series in `/metrics`
+//! carry its name (`metrics`); one cluster paused or down fails only its own namespaces while the
 //! others are served, and a cluster that comes late is migrated and served (`trouble`).
 //!
 //! PostgreSQL only: the embedded store is one file.
 
 mod guide;
+mod metrics;
 mod moves;
 mod placement;
 mod trouble;
