@@ -227,6 +227,7 @@ impl Application {
             ),
         );
         let held_keys = HeldKeys::for_capacity(
+            store.partitions(),
             settings.store.concurrent_statements,
             settings.operation_timeout,
         );

@@ -7,3 +7,13 @@ pub enum Row<'a> {
     Key { namespace: &'a str, key: &'a str },
     Event { consumer: &'a str, id: &'a str },
 }
+
+impl<'a> Row<'a> {
+    /// The namespace of a key's row, the consumer of an event's: what places it on a cluster.
+    pub fn scope(&self) -> &'a str {
+        match self {
+            Self::Key { namespace, .. } => namespace,
+            Self::Event { consumer, .. } => consumer,
+        }
+    }
+}

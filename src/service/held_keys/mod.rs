@@ -12,8 +12,9 @@
 //! - a call that met the held key alone is its key's own: the key is remembered as held, and
 //!   the call runs again in the *held-key lane*: a statement of its own that waits for the lock
 //!   up to the lock budget (a fifth of the operation timeout), on one of at most a quarter of
-//!   the connections the database runs at once for this replica, after the key's earlier calls
-//!   in the lane (its *turn*: one held key takes one place, whatever its calls' kinds);
+//!   the connections the database runs at once for this replica (each cluster its own lane, on
+//!   a store of several), after the key's earlier calls in the lane (its *turn*: one held key
+//!   takes one place, whatever its calls' kinds);
 //! - a later call of a key remembered as held goes to the lane at once, without joining (and
 //!   delaying) a shared statement; a key is forgotten when a call of it gets its lock, or a
 //!   while after it was last found held (each key its own while, so that keys found held
@@ -52,11 +53,9 @@ pub struct HeldKeys {
 #[derive(Debug)]
 struct Inner {
     names: RowNames,
-    /// The statements that may wait for a held row at once (each holds a connection).
-    lane: Semaphore,
-    /// The calls of shared statements that met a held row, run again alone at once: each holds
-    /// a connection too, so that a failed batch of hundreds does not take the whole pool.
-    reruns: Semaphore,
+    /// The places of each part of the store (each cluster of several, which has a pool of its
+    /// own), at least one: keys held on one cluster never take another's places.
+    places: Box<[Places]>,
     remembered: Mutex<Remembered>,
     /// How many rows are remembered: zero (nearly always) spares every call the lock.
     count: AtomicUsize,
@@ -64,16 +63,32 @@ struct Inner {
     remember_for: Duration,
 }
 
+/// One part's places: of its lane and of its reruns.
+#[derive(Debug)]
+struct Places {
+    /// The statements that may wait for a held row at once (each holds a connection).
+    lane: Semaphore,
+    /// The calls of shared statements that met a held row, run again alone at once: each holds
+    /// a connection too, so that a failed batch of hundreds does not take the whole pool.
+    reruns: Semaphore,
+}
+
 impl HeldKeys {
-    /// `lane`: how many statements may wait for held rows at once, and `reruns` how many calls
-    /// of failed shared statements may run again at once (each holds a connection);
-    /// `remember_for`: how long a row found held sends its calls to the lane unasked, at most.
-    pub fn new(lane: usize, reruns: usize, remember_for: Duration) -> Self {
+    /// For each of `parts` parts of the store, `lane`: how many statements may wait for held
+    /// rows at once, and `reruns` how many calls of failed shared statements may run again at
+    /// once (each holds a connection of that part); `remember_for`: how long a row found held
+    /// sends its calls to the lane unasked, at most.
+    pub fn new(parts: usize, lane: usize, reruns: usize, remember_for: Duration) -> Self {
+        let places = (0..parts.max(1))
+            .map(|_| Places {
+                lane: Semaphore::new(lane.clamp(1, Semaphore::MAX_PERMITS)),
+                reruns: Semaphore::new(reruns.clamp(1, Semaphore::MAX_PERMITS)),
+            })
+            .collect();
         Self {
             inner: Arc::new(Inner {
                 names: RowNames::default(),
-                lane: Semaphore::new(lane.clamp(1, Semaphore::MAX_PERMITS)),
-                reruns: Semaphore::new(reruns.clamp(1, Semaphore::MAX_PERMITS)),
+                places,
                 remembered: Mutex::new(Remembered::default()),
                 count: AtomicUsize::new(0),
                 remember_for,
@@ -81,12 +96,24 @@ impl HeldKeys {
         }
     }
 
-    /// For a database that runs `concurrent` statements at once for this replica (its pool,
-    /// or fewer behind a pooler): a lane of a quarter of them and reruns of another quarter,
-    /// at least one each, so that half stays for the shared statements whatever happens.
-    pub fn for_capacity(concurrent: u32, operation_timeout: Duration) -> Self {
+    /// For a store of `parts` parts (clusters), each of which runs `concurrent` statements at
+    /// once for this replica (its pool, or fewer behind a pooler): for each, a lane of a quarter
+    /// of them and reruns of another quarter, at least one each, so that half stays for the
+    /// shared statements whatever happens.
+    pub fn for_capacity(parts: usize, concurrent: u32, operation_timeout: Duration) -> Self {
         let quarter = usize::try_from(concurrent / 4).unwrap_or(1).max(1);
-        Self::new(quarter, quarter, operation_timeout)
+        Self::new(parts, quarter, quarter, operation_timeout)
+    }
+
+    /// The places of the part of `store` that serves `rows` (the rows of one call, or of one
+    /// shared statement: of one part either way).
+    fn places(&self, store: &AnyStore, rows: &[Row<'_>]) -> &Places {
+        let part = rows
+            .first()
+            .map_or(0, |row| store.partition_of(row.scope()));
+        let places = &self.inner.places;
+        // `places` has one entry per part, and at least one.
+        &places[part.min(places.len().saturating_sub(1))]
     }
 
     pub fn names(&self) -> &RowNames {
@@ -161,7 +188,7 @@ impl HeldKeys {
     async fn held_now(&self, store: &AnyStore, rows: &[Row<'_>], deadline: Instant) -> Vec<u64> {
         let Ok(_rerun) = self
             .wait(
-                self.inner.reruns.acquire(),
+                self.places(store, rows).reruns.acquire(),
                 deadline,
                 &CancellationToken::new(),
             )
@@ -242,8 +269,9 @@ impl HeldKeys {
             return self.in_lane(store, command, deadline, gone).await;
         }
         let first = if first_on_a_rerun_place {
+            let rows = command.rows();
             let _rerun = self
-                .wait(self.inner.reruns.acquire(), deadline, gone)
+                .wait(self.places(store, &rows).reruns.acquire(), deadline, gone)
                 .await?;
             command
                 .run_alone(&store.limited(deadline.into_std(), LockWait::Brief))
@@ -278,8 +306,9 @@ impl HeldKeys {
     ) -> Result<C::Answer, StoreError> {
         if after_shared && !self.any_held(command) {
             metrics::counter!("idempotency_held_key_reruns_total").increment(1);
+            let rows = command.rows();
             let _rerun = self
-                .wait(self.inner.reruns.acquire(), deadline, gone)
+                .wait(self.places(store, &rows).reruns.acquire(), deadline, gone)
                 .await?;
             let alone = store.limited(deadline.into_std(), LockWait::Brief);
             match command.run_alone(&alone).await {
@@ -325,7 +354,8 @@ impl HeldKeys {
                 }
             },
         };
-        let _place = self.wait(self.inner.lane.acquire(), deadline, gone).await?;
+        let places = self.places(store, &command.rows());
+        let _place = self.wait(places.lane.acquire(), deadline, gone).await?;
         let patient = store.limited(deadline.into_std(), LockWait::Patient);
         let answer = command.run_alone(&patient).await;
         match &answer {
@@ -350,9 +380,8 @@ impl HeldKeys {
         deadline: Instant,
         gone: &CancellationToken,
     ) -> Result<Option<C::Answer>, StoreError> {
-        let _rerun = self
-            .wait(self.inner.reruns.acquire(), deadline, gone)
-            .await?;
+        let places = self.places(store, &command.rows());
+        let _rerun = self.wait(places.reruns.acquire(), deadline, gone).await?;
         let brief = store.limited(deadline.into_std(), LockWait::Brief);
         match command.run_alone(&brief).await {
             Ok(answer) => {

@@ -14,17 +14,17 @@ fn row(names: &RowNames, n: usize) -> u64 {
 }
 
 fn registry(remember_for: Duration) -> HeldKeys {
-    HeldKeys::new(1, 1, remember_for)
+    HeldKeys::new(1, 1, 1, remember_for)
 }
 
 #[test]
 fn the_lane_and_the_reruns_are_a_quarter_each_of_what_the_database_runs_at_once() {
-    let held = HeldKeys::for_capacity(16, Duration::from_secs(5));
-    assert_eq!(held.inner.lane.available_permits(), 4);
-    assert_eq!(held.inner.reruns.available_permits(), 4);
-    let smallest = HeldKeys::for_capacity(4, Duration::from_secs(5));
-    assert_eq!(smallest.inner.lane.available_permits(), 1);
-    assert_eq!(smallest.inner.reruns.available_permits(), 1);
+    let held = HeldKeys::for_capacity(1, 16, Duration::from_secs(5));
+    assert_eq!(held.inner.places[0].lane.available_permits(), 4);
+    assert_eq!(held.inner.places[0].reruns.available_permits(), 4);
+    let smallest = HeldKeys::for_capacity(1, 4, Duration::from_secs(5));
+    assert_eq!(smallest.inner.places[0].lane.available_permits(), 1);
+    assert_eq!(smallest.inner.places[0].reruns.available_permits(), 1);
 }
 
 #[test]
@@ -93,8 +93,7 @@ fn the_registry_is_bounded() {
 #[tokio::test]
 async fn a_caller_that_has_gone_leaves_the_queue_for_a_place() {
     let held = registry(Duration::from_secs(60));
-    let taken = held
-        .inner
+    let taken = held.inner.places[0]
         .lane
         .acquire()
         .await
@@ -104,7 +103,7 @@ async fn a_caller_that_has_gone_leaves_the_queue_for_a_place() {
         let (held, gone) = (held.clone(), gone.clone());
         tokio::spawn(async move {
             let deadline = Instant::now() + Duration::from_secs(60);
-            held.wait(held.inner.lane.acquire(), deadline, &gone)
+            held.wait(held.inner.places[0].lane.acquire(), deadline, &gone)
                 .await
                 .map(drop)
         })
@@ -116,5 +115,5 @@ async fn a_caller_that_has_gone_leaves_the_queue_for_a_place() {
         .expect("task");
     assert!(left.is_err(), "it took no place");
     drop(taken);
-    assert_eq!(held.inner.lane.available_permits(), 1);
+    assert_eq!(held.inner.places[0].lane.available_permits(), 1);
 }

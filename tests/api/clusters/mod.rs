@@ -4,12 +4,14 @@
 //! call's rows land on its namespace's cluster and nowhere else, and what spans clusters (a
 //! coalesced round, waiting across replicas, an erasure honoured by every replica) works as on
 //! one (`placement`), as docs/scaling.md shows it (`guide`); each cluster's series in `/metrics`
-//! carry its name (`metrics`); one cluster paused or down fails only its own namespaces while the
+//! carry its name (`metrics`); keys held on one cluster take no place of another's lane
+//! (`held`); one cluster paused or down fails only its own namespaces while the
 //! others are served, and a cluster that comes late is migrated and served (`trouble`).
 //!
 //! PostgreSQL only: the embedded store is one file.
 
 mod guide;
+mod held;
 mod metrics;
 mod moves;
 mod placement;
