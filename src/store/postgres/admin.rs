@@ -10,8 +10,8 @@ use super::error::classify;
 use super::sql::{
     ANNOUNCE_ERASED, ERASE_EVENTS_BATCH, ERASE_KEY, ERASE_KEYS_BATCH, FORCE_RELEASE, GET_KEY,
     KEY_COMPLETED, LIST_AUDIT, LIST_COMPLETED_KEYS, LIST_HELD_KEYS, LIST_IN_PROGRESS_KEYS,
-    LIST_KEYS_BY_KEY, LIST_RELEASED_KEYS, LIST_STUCK_KEYS, NAMESPACE_HAS_ROWS, NAMESPACE_STATS,
-    REAP_AUDIT, RECORD_AUDIT, STUCK_KEYS,
+    LIST_KEYS_BY_KEY, LIST_RELEASED_KEYS, LIST_STUCK_KEYS, NAMESPACE_EVENTS, NAMESPACE_HAS_ROWS,
+    NAMESPACE_STATS, REAP_AUDIT, RECORD_AUDIT, STUCK_KEYS,
 };
 use crate::domain::admin::{
     AdminKeyState, AuditEntry, AuditEvent, AuditFilter, EraseBatch, ForceReleased, FullKey,
@@ -169,13 +169,7 @@ impl AdminStore for PgStore {
             // No live key: the GROUP BY answers no row. The events and clock still count.
             None => {
                 let (processed_events, read_at): (i64, Instant) = self
-                    .fetch_one(
-                        sqlx::query_as(
-                            "SELECT count(*), now() FROM processed_events \
-                             WHERE consumer = $1 AND expires_at > now()",
-                        )
-                        .bind(namespace.as_str()),
-                    )
+                    .fetch_one(sqlx::query_as(NAMESPACE_EVENTS).bind(namespace.as_str()))
                     .await
                     .map_err(classify)?;
                 Ok(NamespaceStats {

@@ -272,6 +272,14 @@ async fn namespace_stats_count_each_state_and_name_the_oldest_stuck_key(backend:
     let expected = names_bytes + 4 * FINGERPRINT.len() + b"the answer".len();
     assert_eq!(full.stored_bytes, expected as u64);
     assert_eq!(stats("other").await.stuck_keys, 1);
+    // A namespace with processed events and no key: its events still count.
+    mark_results(&client, mark("events-only", &["e1", "e2", "e3"])).await;
+    let events_only = stats("events-only").await;
+    assert_eq!(
+        (events_only.completed_keys, events_only.processed_events),
+        (0, 3)
+    );
+    assert!(events_only.read_at.is_some());
 }
 
 for_each_backend!(

@@ -199,6 +199,16 @@ GROUP BY oldest.key, oldest.lease_expires_at
 "#
 );
 
+/// A namespace's live processed events alone, with the clock: [`NAMESPACE_STATS`] when the
+/// namespace has no live key (its GROUP BY answers no row then). Gated as well: between the
+/// two statements a move may have fenced the namespace.
+pub(in crate::store::postgres) const NAMESPACE_EVENTS: &str = concat!(
+    r#"
+SELECT count(*), now() FROM processed_events
+WHERE consumer = $1 AND expires_at > now() AND "#,
+    gate!("= $1")
+);
+
 /// Stuck keys across all namespaces (not the released ones), for the gauges: how many, and how
 /// long ago (in microseconds) the oldest one's lease ran out. Reads only
 /// `idempotency_keys_in_progress` (in-progress keys), never the table.
