@@ -21,8 +21,8 @@ fn reading(samples: &HashMap<String, f64>, name: &str, cluster: &str, label: &st
 #[tokio::test]
 async fn each_clusters_own_series_carry_its_name() {
     let clusters = three_clusters().await;
-    // A sweep every 100 ms (the tests' default is an hour), so that the reaper's gauges are read within
-    // the test.
+    // A sweep every 100 ms (the tests' default is an hour), so that the reaper's gauges are
+    // read within the test.
     let app = serve_on(
         &clusters,
         &[
