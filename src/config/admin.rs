@@ -146,6 +146,16 @@ payments --to b --reason \"b has room\"\n  idempotency-coordinator admin placeme
         #[arg(long)]
         reason: String,
     },
+    /// Shows where a namespace is served: the cluster its rules name, the one that serves it
+    /// now, its unfinished move if one stands, and every cluster's gate of it.
+    #[command(
+        after_help = "Example:\n  idempotency-coordinator admin placement show --namespace payments"
+    )]
+    Show {
+        /// The namespace to look up.
+        #[arg(long)]
+        namespace: String,
+    },
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]

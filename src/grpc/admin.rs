@@ -22,7 +22,7 @@ use crate::proto::idempotency::v1::admin_service_server::AdminService;
 use crate::service::CoordinatorError;
 use crate::service::admin::{Actor, Admin, EraseProgress};
 use crate::store::StoreError;
-use placement::move_placement;
+use placement::{get_placement, move_placement};
 
 pub struct AdminApi {
     admin: Admin,
@@ -262,6 +262,7 @@ counted_rpcs! {
     erase_namespace(pb::EraseNamespaceRequest, caller) -> EraseStream;
     list_audit_events(pb::ListAuditEventsRequest) -> pb::ListAuditEventsResponse;
     move_placement(pb::MovePlacementRequest, caller) -> pb::MovePlacementResponse;
+    get_placement(pb::GetPlacementRequest) -> pb::GetPlacementResponse;
 }
 
 async fn list_keys(admin: &Admin, request: pb::ListKeysRequest) -> Answer<pb::ListKeysResponse> {

@@ -46,7 +46,9 @@ pub struct AdminCaller(pub Holder);
 /// (changes, and a method this build does not know) `write`.
 fn admin_right_needed(method: &str) -> AdminRight {
     match method {
-        "ListKeys" | "GetKey" | "NamespaceStats" | "ListAuditEvents" => AdminRight::Read,
+        "ListKeys" | "GetKey" | "NamespaceStats" | "ListAuditEvents" | "GetPlacement" => {
+            AdminRight::Read
+        }
         _ => AdminRight::Write,
     }
 }
@@ -62,6 +64,7 @@ pub fn admin_action_label(method: &str) -> &'static str {
         "EraseKey" => "erase_key",
         "EraseNamespace" => "erase_namespace",
         "MovePlacement" => "move_placement",
+        "GetPlacement" => "get_placement",
         _ => "unknown",
     }
 }

@@ -1,6 +1,9 @@
 //! The placement gate's refusal (`migrations/postgres/20261207000001_placement_gates.sql`): a
 //! cluster that does not serve a namespace any more, or not yet, says so in place of running a
-//! statement on its rows, and names the cluster to ask instead.
+//! statement on its rows, and names the cluster to ask instead; and a gate as stored, for an
+//! operator's look.
+
+use crate::domain::Instant;
 
 /// Where a refused scope stands on the cluster that refused it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -81,4 +84,14 @@ mod tests {
         assert!(Gate::from_detail("gone\u{1f}b\u{1f}x").is_none());
         assert!(Gate::from_detail("left").is_none());
     }
+}
+
+/// A scope's gate on one cluster, as stored.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GateRow {
+    pub state: GateState,
+    /// The other cluster of the move, by its name in `--cluster`.
+    pub peer: String,
+    /// When the gate took its state, by that cluster's clock.
+    pub since: Instant,
 }

@@ -28,7 +28,7 @@ use crate::domain::{
 pub use admin::{AdminStore, EraseCursor, Erased, Erasure};
 pub use clusters::ClusteredStore;
 pub use error::StoreError;
-pub use gate::{Gate, GateState};
+pub use gate::{Gate, GateRow, GateState};
 pub use postgres::PgStore;
 pub use replicas::Replicas;
 pub use row::Row;

@@ -332,6 +332,18 @@ async fn execute(connection: &AdminConnection, command: AdminCommand) -> Result<
                 .into_inner();
             print_move(output, &namespace, &answer);
         }
+        AdminCommand::Placement(PlacementCommand::Show { namespace }) => {
+            let answer = client
+                .get_placement(request(
+                    connection,
+                    pb::GetPlacementRequest {
+                        namespace: namespace.clone(),
+                    },
+                ))
+                .await?
+                .into_inner();
+            print_placement(output, &namespace, &answer);
+        }
     }
     Ok(())
 }

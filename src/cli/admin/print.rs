@@ -413,3 +413,64 @@ pub(super) fn print_audit(output: OutputFormat, answer: &pb::ListAuditEventsResp
         }
     }
 }
+
+pub(super) fn print_placement(
+    output: OutputFormat,
+    namespace: &str,
+    answer: &pb::GetPlacementResponse,
+) {
+    // Empty without a gate.
+    let since = |gate: &pb::PlacementGate| time_text(gate.since.as_ref());
+    match output {
+        OutputFormat::Json => print_json(&json!({
+            "namespace": namespace,
+            "placed_by_rules": answer.placed_by_rules,
+            "served_by": answer.served_by,
+            "moving_from": answer.moving_from,
+            "moving_to": answer.moving_to,
+            "gates": answer.gates.iter().map(|gate| json!({
+                "cluster": gate.cluster,
+                "state": gate.state,
+                "peer": gate.peer,
+                "since": Some(since(gate)).filter(|text| !text.is_empty()),
+            })).collect::<Vec<_>>(),
+        })),
+        OutputFormat::Table => {
+            let served = if answer.served_by.is_empty() {
+                "served by neither cluster: a move is between its fence and its switch".to_owned()
+            } else {
+                format!("served by {}", answer.served_by)
+            };
+            println!(
+                "namespace {namespace}: {served} (its rules place it on {})",
+                answer.placed_by_rules
+            );
+            if !answer.moving_to.is_empty() {
+                println!(
+                    "unfinished move from {} to {}: running now, or interrupted (move again to \
+                     resume it, or --rollback)",
+                    answer.moving_from, answer.moving_to
+                );
+            }
+            println!("{:<32} {:<9} {:<32} SINCE", "CLUSTER", "GATE", "PEER");
+            for gate in &answer.gates {
+                let state = if gate.state.is_empty() {
+                    "-"
+                } else {
+                    gate.state.as_str()
+                };
+                let peer = if gate.peer.is_empty() {
+                    "-"
+                } else {
+                    gate.peer.as_str()
+                };
+                let since = Some(since(gate)).filter(|text| !text.is_empty());
+                println!(
+                    "{:<32} {state:<9} {peer:<32} {}",
+                    gate.cluster,
+                    since.as_deref().unwrap_or("-")
+                );
+            }
+        }
+    }
+}

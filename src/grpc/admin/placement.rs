@@ -1,4 +1,5 @@
-//! `AdminService.MovePlacement`: decode, move (or roll back), encode.
+//! `AdminService.MovePlacement`: decode, move (or roll back), encode; `GetPlacement`: decode,
+//! read where the namespace stands, encode.
 
 use tonic::Status;
 
@@ -67,5 +68,49 @@ pub(super) async fn move_placement(
         rows_deleted: report.deleted,
         frozen: prost_types::Duration::try_from(report.frozen).ok(),
         audit_event_id: audit_id.unsigned_abs(),
+    })
+}
+
+pub(super) async fn get_placement(
+    admin: &Admin,
+    request: pb::GetPlacementRequest,
+) -> Answer<pb::GetPlacementResponse> {
+    let mut violations = Violations::default();
+    let Some(namespace) = violations.check("namespace", Scope::parse(request.namespace)) else {
+        return Err(violations.into_status());
+    };
+    let view = admin
+        .placement_of(&namespace)
+        .await
+        .map_err(|error| match error {
+            MoveError::Refused(why) => Status::failed_precondition(why),
+            MoveError::Store(error) => Status::unavailable(format!(
+                "where namespace {} stands cannot be read: {}",
+                namespace.as_str(),
+                crate::telemetry::error_chain(&error)
+            )),
+        })?;
+    let (moving_from, moving_to) = view.moving.unwrap_or_default();
+    Ok(pb::GetPlacementResponse {
+        placed_by_rules: view.rule,
+        served_by: view.served_by.unwrap_or_default(),
+        moving_from,
+        moving_to,
+        gates: view
+            .gates
+            .into_iter()
+            .map(|gate| match gate.gate {
+                Some(row) => pb::PlacementGate {
+                    cluster: gate.cluster,
+                    state: row.state.as_str().to_owned(),
+                    peer: row.peer,
+                    since: Some(crate::grpc::convert::timestamp(row.since)),
+                },
+                None => pb::PlacementGate {
+                    cluster: gate.cluster,
+                    ..Default::default()
+                },
+            })
+            .collect(),
     })
 }

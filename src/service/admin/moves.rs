@@ -1,6 +1,6 @@
 //! `MovePlacement`: an operator moves a namespace to another cluster, or rolls back its
 //! unfinished move (`store/clusters/moves.rs` does the work), and the audit trail records it on
-//! the cluster the namespace ends on.
+//! the cluster the namespace ends on; `GetPlacement`: where a namespace stands meanwhile.
 
 use std::time::Duration;
 
@@ -8,6 +8,7 @@ use super::{Actor, Admin};
 use crate::domain::Scope;
 use crate::domain::admin::AdminAction;
 use crate::store::clusters::moves::{MoveError, MoveReport};
+use crate::store::clusters::standing::PlacementView;
 use crate::store::{AdminStore, AnyStore};
 
 /// Where to: a cluster, or back where the namespace came from.
@@ -28,7 +29,19 @@ pub enum PlacementError {
     Move(#[from] MoveError),
 }
 
+/// What an operator is told on a service of one database, which places nothing.
+const ONE_DATABASE: &str = "this service runs on one database: a namespace moves between the \
+                            clusters given with --cluster (docs/scaling.md)";
+
 impl Admin {
+    /// Where `namespace` is served, by every cluster's gate of it.
+    pub async fn placement_of(&self, namespace: &Scope) -> Result<PlacementView, MoveError> {
+        let AnyStore::Clusters(clusters) = &self.store else {
+            return Err(MoveError::Refused(ONE_DATABASE.to_owned()));
+        };
+        clusters.placement_of(namespace.as_str()).await
+    }
+
     /// Moves `namespace` (or rolls back its move) in a task of its own, which runs to its end
     /// even if the caller goes away: a move left between its steps is resumable, but one that
     /// finishes is better. Answers what it did and its audit event's id.
@@ -39,12 +52,7 @@ impl Admin {
         target: MoveTarget,
     ) -> Result<(MoveReport, i64), PlacementError> {
         let AnyStore::Clusters(clusters) = &self.store else {
-            return Err(MoveError::Refused(
-                "this service runs on one database: a namespace moves between the clusters \
-                 given with --cluster (docs/scaling.md)"
-                    .to_owned(),
-            )
-            .into());
+            return Err(MoveError::Refused(ONE_DATABASE.to_owned()).into());
         };
         let to = match &target {
             MoveTarget::Cluster(name) => Some(clusters.index_of(name).ok_or_else(|| {

@@ -13,6 +13,7 @@ pub mod placement;
 mod readiness;
 mod replicas;
 mod routes;
+pub mod standing;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -25,6 +25,7 @@
 use std::time::Duration;
 
 use super::ClusteredStore;
+use super::standing::Standing;
 use crate::store::postgres::MoveSession;
 use crate::store::{GateState, StoreError};
 
@@ -70,16 +71,6 @@ pub enum MoveError {
     Store(#[from] StoreError),
 }
 
-/// Where a namespace stands, by the clusters' gates.
-#[derive(Debug, Clone, PartialEq, Eq)]
-enum Standing {
-    /// Served by `home`; `left` the clusters whose gates led there (a move's source keeps its
-    /// rows until its cleanup has run).
-    Home { home: usize, left: Vec<usize> },
-    /// A move from `from` to `to` has begun (fenced, perhaps switched).
-    Moving { from: usize, to: usize },
-}
-
 /// The move's sessions, one per cluster, opened as they are needed.
 struct Sessions<'s> {
     store: &'s ClusteredStore,
@@ -120,7 +111,7 @@ impl<'s> Sessions<'s> {
 }
 
 impl ClusteredStore {
-    fn peer_index(&self, name: &str) -> Result<usize, MoveError> {
+    pub(super) fn peer_index(&self, name: &str) -> Result<usize, MoveError> {
         self.index_of(name).ok_or_else(|| {
             MoveError::Refused(format!(
                 "a placement gate names cluster {name}, which this service was not given \
@@ -150,49 +141,21 @@ impl ClusteredStore {
         Ok(())
     }
 
-    fn name_of(&self, at: usize) -> String {
+    pub(super) fn name_of(&self, at: usize) -> String {
         self.clusters[at].name.to_string()
     }
 
-    /// Where `scope` stands: its rule's cluster, or where that cluster's gates lead.
+    /// Where `scope` stands, by every cluster's gate of it, read in the move's sessions.
     async fn standing(
         &self,
         sessions: &mut Sessions<'_>,
         scope: &str,
     ) -> Result<Standing, MoveError> {
-        let mut at = self.placement.cluster_for(scope);
-        let mut left = Vec::new();
-        for _ in 0..=self.clusters.len() {
-            match sessions.gate(at, scope).await? {
-                None => return Ok(Standing::Home { home: at, left }),
-                Some((GateState::Left, home)) => {
-                    left.push(at);
-                    at = home;
-                }
-                Some((GateState::Leaving, to)) => return Ok(Standing::Moving { from: at, to }),
-                Some((GateState::Arriving, from)) => {
-                    return match sessions.gate(from, scope).await? {
-                        Some((GateState::Leaving, to)) if to == at => {
-                            Ok(Standing::Moving { from, to })
-                        }
-                        // The fence was begun on the target only: the source serves it still.
-                        None => Ok(Standing::Home {
-                            home: from,
-                            left: Vec::new(),
-                        }),
-                        _ => Err(MoveError::Refused(format!(
-                            "the placement gates of namespace {scope} disagree between clusters \
-                             {} and {}",
-                            self.name_of(at),
-                            self.name_of(from)
-                        ))),
-                    };
-                }
-            }
+        let mut gates = Vec::with_capacity(self.clusters.len());
+        for at in 0..self.clusters.len() {
+            gates.push(sessions.gate(at, scope).await?);
         }
-        Err(MoveError::Refused(format!(
-            "the placement gates of namespace {scope} lead in a circle"
-        )))
+        self.stand(scope, &gates)
     }
 
     /// Moves `scope` to cluster `to`, or resumes its unfinished move there. `drain_bound`: how

@@ -11,7 +11,8 @@ use sqlx::{AssertSqlSafe, Connection, PgConnection};
 
 use super::PgStore;
 use super::error::classify;
-use crate::store::{GateState, StoreError};
+use crate::domain::Instant;
+use crate::store::{GateRow, GateState, StoreError};
 
 /// The tables a move carries, each with the column that names its scope and the order its rows
 /// are copied in. The audit trail's rows are copied without their id: the target numbers them
@@ -113,6 +114,25 @@ impl PgStore {
             .await
             .map_err(|error| failed("setting the move's session up", error))?;
         Ok(MoveSession { connection })
+    }
+}
+
+impl PgStore {
+    /// `scope`'s gate on this cluster, if it has one, read on the calls' pool (within a
+    /// statement's time): for an operator's look, not for a move's steps.
+    pub async fn placement_gate(&self, scope: &str) -> Result<Option<GateRow>, StoreError> {
+        let row: Option<(String, String, Instant)> = self
+            .fetch_optional(
+                sqlx::query_as(
+                    "SELECT state, peer, since FROM idempotency_placement_gates WHERE scope = $1",
+                )
+                .bind(scope),
+            )
+            .await
+            .map_err(classify)?;
+        Ok(row.and_then(|(state, peer, since)| {
+            GateState::parse(&state).map(|state| GateRow { state, peer, since })
+        }))
     }
 }
 

@@ -2,7 +2,8 @@
 //! of its flags refused before any call (exit 2, in the flags' words), and every way of not
 //! reaching a coordinator named (exit 1): nothing listening, a host that does not resolve,
 //! `http://` to a TLS port and `https://` to a plain one, a certificate the CA does not vouch
-//! for, a CA file that holds no certificate, a client certificate the coordinator requires.
+//! for, a CA file that holds no certificate, a client certificate the coordinator requires; and
+//! the placement commands on one database, refused by the coordinator, naming why (exit 1).
 
 use super::cli::{admin, admin_with, erase_all};
 use super::*;
@@ -180,7 +181,34 @@ async fn the_cli_names_a_client_certificate_a_coordinator_requires(backend: Back
     );
 }
 
+async fn placement_on_one_database_is_refused_naming_why(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+    let show = vec!["placement", "show", "--namespace", NAMESPACE];
+    let move_to = vec![
+        "placement",
+        "move",
+        "--namespace",
+        NAMESPACE,
+        "--to",
+        "b",
+        "--reason",
+        "r",
+    ];
+    for args in [show, move_to] {
+        let run = admin(&app, &args).await;
+        assert_eq!(run.status, Some(1), "{args:?}: {}", run.stderr);
+        assert!(
+            run.stderr.contains("this service runs on one database")
+                && run.stderr.contains("--cluster"),
+            "{args:?}: {}",
+            run.stderr
+        );
+        assert!(run.stdout.is_empty(), "{args:?}: {}", run.stdout);
+    }
+}
+
 for_each_backend!(
+    placement_on_one_database_is_refused_naming_why,
     the_cli_refuses_contradicting_and_out_of_range_flags,
     the_cli_names_why_it_cannot_reach_the_coordinator,
     the_cli_names_a_client_certificate_a_coordinator_requires,

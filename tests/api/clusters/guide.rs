@@ -6,7 +6,9 @@
 
 use idempotency_coordinator::proto::idempotency::v1::admin_service_client::AdminServiceClient;
 
-use crate::support::process::{ServerProcess, run_as_written, serve_as_written};
+use crate::support::process::{
+    ServerProcess, both_outputs, guide_shell, run_as_written, serve_as_written,
+};
 use crate::support::written::commands_marked;
 
 use super::*;
@@ -36,14 +38,27 @@ async fn roles_and_database(node: &Node) {
     }
 }
 
+/// What `admin placement show --namespace misc` says, as JSON.
+async fn placement_shown(environment: &[(&str, String)]) -> serde_json::Value {
+    let output = guide_shell(
+        "idempotency-coordinator admin --output json placement show --namespace misc",
+        environment,
+    )
+    .output()
+    .await
+    .expect("bash");
+    assert!(output.status.success(), "{}", both_outputs(&output));
+    serde_json::from_slice(&output.stdout).expect("JSON")
+}
+
 #[tokio::test]
 async fn the_scaling_guide_works_as_written() {
     let commands = commands_marked("docs/scaling.md", MARK);
     assert_eq!(commands.len(), 2, "migrate, serve: {commands:#?}");
     let moving = commands_marked("docs/scaling.md", MOVE_MARK);
-    assert_eq!(moving.len(), 2, "move, stats: {moving:#?}");
+    assert_eq!(moving.len(), 3, "move, show, stats: {moving:#?}");
     let rolling_back = commands_marked("docs/scaling.md", ROLLBACK_MARK);
-    assert_eq!(rolling_back.len(), 1, "rollback: {rolling_back:#?}");
+    assert_eq!(rolling_back.len(), 2, "show, rollback: {rolling_back:#?}");
     let clusters = Clusters::start(&["main", "orders", "billing"]).await;
     for node in &clusters.nodes {
         roles_and_database(node).await;
@@ -82,6 +97,16 @@ async fn the_scaling_guide_works_as_written() {
         environment
     };
     run_as_written(&moving, &with_admin(&server)).await;
+    let shown = placement_shown(&with_admin(&server)).await;
+    assert_eq!(
+        (
+            shown["served_by"].as_str(),
+            shown["placed_by_rules"].as_str()
+        ),
+        (Some("orders"), Some("main")),
+        "{shown}"
+    );
+    assert_eq!(shown["gates"][0]["state"], "left", "{shown}");
     assert_eq!(
         (
             keys_on(&clusters.nodes[0], "misc").await,
@@ -136,6 +161,16 @@ async fn the_scaling_guide_works_as_written() {
         .expect("the transaction ends");
     let server = serve_as_written(serve, &environment).await;
     let client = server.client_when_serving().await;
+    let fenced = placement_shown(&with_admin(&server)).await;
+    assert_eq!(
+        (
+            fenced["served_by"].as_str(),
+            fenced["moving_from"].as_str(),
+            fenced["moving_to"].as_str()
+        ),
+        (Some(""), Some("orders"), Some("main")),
+        "{fenced}"
+    );
     run_as_written(&rolling_back, &with_admin(&server)).await;
     let replay = expect_completed(try_start_response(&client, try_start_in("misc", &kept)).await);
     assert_eq!(replay.response, b"kept");

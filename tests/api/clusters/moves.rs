@@ -4,7 +4,8 @@
 //! nothing acknowledged is lost, no work runs twice, tokens keep increasing and every waiter is
 //! answered (`under_load`); a move interrupted by the service killed after its fence is
 //! resumed, or rolled back, and the namespace is served from exactly one cluster throughout
-//! (`interrupted`); a request that does not fit is refused, naming why (`refused`).
+//! (`interrupted`), and `GetPlacement` says where it stands at each step; a request that does
+//! not fit is refused, naming why (`refused`).
 
 mod interrupted;
 mod refused;
@@ -48,6 +49,43 @@ fn rollback_request(namespace: &str) -> pb::MovePlacementRequest {
 /// What a move (or rollback) that must succeed did.
 async fn moved(admin: &Admin, request: pb::MovePlacementRequest) -> pb::MovePlacementResponse {
     answered(admin.clone().move_placement(request).await, "MovePlacement")
+}
+
+/// Where the admin API says `namespace` stands (`GetPlacement`).
+async fn placement(admin: &Admin, namespace: &str) -> pb::GetPlacementResponse {
+    answered(
+        admin
+            .clone()
+            .get_placement(pb::GetPlacementRequest {
+                namespace: namespace.into(),
+            })
+            .await,
+        "GetPlacement",
+    )
+}
+
+/// What `GetPlacement` says of `namespace`: the rules' cluster, the serving one, the move
+/// (from, to), and each cluster's gate as `cluster:state:peer` (a gate has its time, none has
+/// none).
+async fn standing(
+    admin: &Admin,
+    namespace: &str,
+) -> (String, String, (String, String), Vec<String>) {
+    let view = placement(admin, namespace).await;
+    let gates = view
+        .gates
+        .iter()
+        .map(|gate| {
+            assert_eq!(gate.since.is_some(), !gate.state.is_empty(), "{gate:?}");
+            format!("{}:{}:{}", gate.cluster, gate.state, gate.peer)
+        })
+        .collect();
+    (
+        view.placed_by_rules,
+        view.served_by,
+        (view.moving_from, view.moving_to),
+        gates,
+    )
 }
 
 /// `namespace`'s gate on `node`: its state and the cluster it names.

@@ -159,9 +159,19 @@ async fn a_move_killed_after_its_fence_is_resumed_and_another_rolled_back() {
         (keys_on(a, "misc").await, keys_on(b, "misc").await),
         (10, 0)
     );
+    let admin = admin_of(second.endpoint()).await;
+    assert_eq!(
+        standing(&admin, "misc").await,
+        (
+            "a".into(),
+            String::new(),
+            ("a".into(), "b".into()),
+            vec!["a:leaving:b".into(), "b:arriving:a".into(), "c::".into()]
+        ),
+        "fenced, served by neither"
+    );
 
     // Resumed: the namespace is on b, whole.
-    let admin = admin_of(second.endpoint()).await;
     let report = moved(&admin, move_request("misc", "b")).await;
     assert_eq!((report.outcome.as_str(), report.keys_copied), ("moved", 10));
     replays(&client, "misc", &keys).await;
@@ -177,6 +187,16 @@ async fn a_move_killed_after_its_fence_is_resumed_and_another_rolled_back() {
         (0, 11)
     );
     assert_eq!(gate_on(a, "misc").await, Some(("left".into(), "b".into())));
+    assert_eq!(
+        standing(&admin, "misc").await,
+        (
+            "a".into(),
+            "b".into(),
+            (String::new(), String::new()),
+            vec!["a:left:b".into(), "b::".into(), "c::".into()]
+        ),
+        "moved to b"
+    );
 
     // Another move, to c, killed the same way, then rolled back: b serves it again, and c
     // keeps a gate that sends a stale replica back to b.
@@ -200,6 +220,16 @@ async fn a_move_killed_after_its_fence_is_resumed_and_another_rolled_back() {
     );
     assert_eq!(gate_on(b, "misc").await, None);
     assert_eq!(gate_on(c, "misc").await, Some(("left".into(), "b".into())));
+    assert_eq!(
+        standing(&admin, "misc").await,
+        (
+            "a".into(),
+            "b".into(),
+            (String::new(), String::new()),
+            vec!["a:left:b".into(), "b::".into(), "c:left:b".into()]
+        ),
+        "rolled back: b serves it"
+    );
     assert_eq!(keys_on(c, "misc").await, 0);
     replays(&client, "misc", &keys).await;
     lifecycle(&client, "misc", &unique_key("after"), b"after").await;

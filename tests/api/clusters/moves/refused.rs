@@ -61,15 +61,47 @@ async fn bad_moves_are_refused_naming_their_cause_and_change_nothing() {
     assert_eq!(keys_on(&clusters.nodes[0], "misc").await, 1);
     let already = moved(&admin, move_request("misc", "a")).await;
     assert_eq!(already.outcome, "already_there");
+
+    // Where a namespace never moved stands: on its rules' cluster, no gate anywhere.
+    assert_eq!(
+        standing(&admin, "billing").await,
+        (
+            "c".into(),
+            "c".into(),
+            (String::new(), String::new()),
+            vec!["a::".into(), "b::".into(), "c::".into()]
+        )
+    );
+    let bad_namespace = admin
+        .clone()
+        .get_placement(pb::GetPlacementRequest {
+            namespace: String::new(),
+        })
+        .await
+        .expect_err("refused");
+    assert_eq!(bad_namespace.code(), Code::InvalidArgument);
+    assert!(
+        bad_namespace.message().contains("namespace"),
+        "{bad_namespace:?}"
+    );
 }
 
-/// On one database there is nowhere to move to.
+/// On one database there is nowhere to move to, and no placement to show.
 #[tokio::test]
 async fn a_move_on_one_database_is_a_failed_precondition() {
     let app = TestApp::spawn(Backend::Postgres).await;
     let status = admin_of(app.endpoint())
         .await
         .move_placement(move_request("misc", "b"))
+        .await
+        .expect_err("refused");
+    assert_eq!(status.code(), Code::FailedPrecondition);
+    assert!(status.message().contains("--cluster"), "{status:?}");
+    let status = admin_of(app.endpoint())
+        .await
+        .get_placement(pb::GetPlacementRequest {
+            namespace: "misc".into(),
+        })
         .await
         .expect_err("refused");
     assert_eq!(status.code(), Code::FailedPrecondition);
