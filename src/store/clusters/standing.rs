@@ -23,8 +23,31 @@ pub(super) enum Standing {
 pub(super) type Gates = [Option<(GateState, usize)>];
 
 impl ClusteredStore {
-    /// Where `scope` stands by `gates`, from its rule's cluster.
+    /// Where `scope` stands by `gates`: from its rule's cluster, where the gates lead; then,
+    /// every gate being known, what points at the cluster found.
     pub(super) fn stand(&self, scope: &str, gates: &Gates) -> Result<Standing, MoveError> {
+        let standing = self.walk(scope, gates)?;
+        let Standing::Home { home, mut left } = standing else {
+            return Ok(standing);
+        };
+        // A walk that ends where it began sees nothing of a move *to* the rule's cluster: a
+        // source still `leaving` for `home`, whose gate is lifted, is a move switched and not
+        // yet recorded (the fence sets the target's gate first, so no other state leaves the
+        // two so); one that `left` for `home` may hold rows its cleanup has not deleted yet.
+        for (at, gate) in gates.iter().enumerate() {
+            match *gate {
+                Some((GateState::Leaving, to)) if to == home => {
+                    return Ok(Standing::Moving { from: at, to: home });
+                }
+                Some((GateState::Left, to)) if to == home && !left.contains(&at) => left.push(at),
+                _ => {}
+            }
+        }
+        Ok(Standing::Home { home, left })
+    }
+
+    /// Where `scope`'s gates lead from its rule's cluster.
+    fn walk(&self, scope: &str, gates: &Gates) -> Result<Standing, MoveError> {
         let gate = |at: usize| gates.get(at).copied().flatten();
         let mut at = self.placement.cluster_for(scope);
         let mut left = Vec::new();
@@ -64,7 +87,28 @@ impl ClusteredStore {
     /// Where `scope` is served, as an operator asks: every cluster's gate of it, read on each
     /// (within the operation's time), and what they say together. Fails when a cluster cannot
     /// be read (naming it), or when the gates name a cluster this service was not given.
+    ///
+    /// The clusters are read at once, not in one snapshot, so a move's step between two
+    /// clusters' reads could show a state no instant had (the target read before the fence,
+    /// the source after it). The gates are read again until two rounds agree: a move's gates
+    /// only go forward, so a gate read alike twice held that state between the rounds, and
+    /// the clusters' states at that moment are what the second round read.
     pub async fn placement_of(&self, scope: &str) -> Result<PlacementView, MoveError> {
+        const ROUNDS: usize = 5;
+        let mut read = self.read_gates(scope).await?;
+        for _ in 1..ROUNDS {
+            let again = self.read_gates(scope).await?;
+            let settled = again == read;
+            read = again;
+            if settled {
+                break;
+            }
+        }
+        self.view_of(scope, read)
+    }
+
+    /// Every cluster's gate of `scope`, read at once, in the clusters' order.
+    async fn read_gates(&self, scope: &str) -> Result<Vec<Option<GateRow>>, MoveError> {
         let read = join_all(
             self.clusters
                 .iter()
@@ -78,10 +122,14 @@ impl ClusteredStore {
                 }),
         )
         .await;
+        Ok(read.into_iter().collect::<Result<_, _>>()?)
+    }
+
+    /// What every cluster's gate of `scope` says together.
+    fn view_of(&self, scope: &str, read: Vec<Option<GateRow>>) -> Result<PlacementView, MoveError> {
         let mut gates = Vec::with_capacity(read.len());
         let mut indexed = Vec::with_capacity(read.len());
         for (cluster, gate) in self.clusters.iter().zip(read) {
-            let gate = gate?;
             indexed.push(match &gate {
                 Some(gate) => Some((gate.state, self.peer_index(&gate.peer)?)),
                 None => None,

@@ -302,3 +302,99 @@ async fn a_move_whose_drain_outlasts_its_bound_stops_naming_the_session_and_roll
     replays(&client, "misc", std::slice::from_ref(&key)).await;
     old.close().await.expect("the old transaction ends");
 }
+
+/// A move back to the namespace's own rule's cluster, its replica killed after the switch and
+/// before the source recorded the departure (held up by a lock on the source's gate): the
+/// rule's cluster serves it at once, `GetPlacement` shows the unfinished move, and the same
+/// command finishes it: the source records where the namespace went and deletes its rows.
+#[tokio::test]
+async fn a_move_home_killed_after_its_switch_is_finished_by_running_it_again() {
+    let clusters = three_clusters().await;
+    let (a, b) = (&clusters.nodes[0], &clusters.nodes[1]);
+    let first = serve_process(&clusters).await;
+    let client = first.client_when_serving().await;
+    let keys: Vec<String> = (0..5).map(|n| unique_key(&format!("home-{n}"))).collect();
+    for key in &keys {
+        lifecycle(&client, "misc", key, key.as_bytes()).await;
+    }
+    let admin = admin_of(first.endpoint()).await;
+    moved(&admin, move_request("misc", "b")).await;
+
+    // Back to a (misc's rule's cluster): fenced, then the departure's record held up on b.
+    let old = old_transaction(b).await;
+    let call = fenced_move(&admin, b, "misc", "a").await;
+    let mut gate_lock = b.connect(DATABASE).await;
+    sqlx::raw_sql(
+        "BEGIN; SELECT 1 FROM idempotency_placement_gates WHERE scope = 'misc' FOR UPDATE",
+    )
+    .execute(&mut gate_lock)
+    .await
+    .expect("lock b's gate");
+    old.close().await.expect("the old transaction ends");
+    eventually(Duration::from_secs(20), "a has switched", || async {
+        gate_on(a, "misc").await.is_none()
+    })
+    .await;
+    first.signal("KILL");
+    assert!(call.await.expect("the move's call").is_err());
+    // The killed replica's statement still waits for the lock on b (a backend waiting for a
+    // lock does not notice its client has gone): ended first, as a server that checks its
+    // clients' connections would, so that it cannot record the departure after all.
+    let (ended,): (i64,) = sqlx::query_as(
+        "SELECT count(pg_terminate_backend(pid, 5000)) FROM pg_stat_activity
+         WHERE datname = current_database() AND wait_event_type = 'Lock'",
+    )
+    .fetch_one(&mut gate_lock)
+    .await
+    .expect("end the killed replica's waiting statement");
+    assert_eq!(ended, 1, "the departure's statement waited for b's gate");
+    gate_lock.close().await.expect("the lock ends");
+    assert_eq!(
+        gate_on(b, "misc").await,
+        Some(("leaving".into(), "a".into()))
+    );
+
+    let second = serve_process(&clusters).await;
+    let client = second.client_when_serving().await;
+    let admin = admin_of(second.endpoint()).await;
+    assert_eq!(
+        standing(&admin, "misc").await,
+        (
+            "a".into(),
+            "a".into(),
+            ("b".into(), "a".into()),
+            vec!["a::".into(), "b:leaving:a".into(), "c::".into()]
+        ),
+        "switched, not recorded"
+    );
+    replays(&client, "misc", &keys).await;
+
+    let report = moved(&admin, move_request("misc", "a")).await;
+    assert_eq!(
+        (
+            report.outcome.as_str(),
+            report.keys_copied,
+            report.rows_deleted
+        ),
+        // The five keys, and the first move's audit event, recorded on b (copied to a).
+        ("moved", 0, 6)
+    );
+    let actions = audit_actions(&admin, "misc").await;
+    assert_eq!(
+        actions.iter().filter(|a| *a == "move_placement").count(),
+        2,
+        "the first move's and the finished one's: {actions:?}"
+    );
+    assert_eq!(gate_on(b, "misc").await, Some(("left".into(), "a".into())));
+    assert_eq!((keys_on(a, "misc").await, keys_on(b, "misc").await), (5, 0));
+    assert_eq!(
+        standing(&admin, "misc").await,
+        (
+            "a".into(),
+            "a".into(),
+            (String::new(), String::new()),
+            vec!["a::".into(), "b:left:a".into(), "c::".into()]
+        ),
+        "moved home"
+    );
+}
