@@ -163,15 +163,11 @@ impl<C: RunsAlone> Isolate<C, C::Answer> for Isolation {
                         held.after_held(&store, &command, shared, deadline, &gone)
                             .await
                     }
-                    // The store follows the gate and waits for the cut-over (`store::clusters`).
-                    WhyAlone::Placed => {
-                        let limited = crate::store::Store::limited(
-                            &store,
-                            deadline.into_std(),
-                            crate::store::LockWait::Brief,
-                        );
-                        command.run_alone(&limited).await
-                    }
+                    // The store follows the gate and waits for the cut-over (`store::clusters`);
+                    // a call refused only for sharing its statement with one in a cut-over
+                    // then runs as any call on its own: should its key be held, it waits for
+                    // it in the held-key lane.
+                    WhyAlone::Placed => held.run(&store, &command, deadline, &gone).await,
                 }
             };
             match tokio::time::timeout_at(answer_by, alone).await {

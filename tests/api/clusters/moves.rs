@@ -7,9 +7,12 @@
 //! (`interrupted`), and `GetPlacement` says where it stands at each step; a request that does
 //! not fit is refused, naming why (`refused`).
 
+mod cut_over;
 mod interrupted;
 mod refused;
 mod under_load;
+
+use std::time::Duration;
 
 use idempotency_coordinator::proto::idempotency::v1::admin_service_client::AdminServiceClient;
 use tonic::transport::Channel;
@@ -125,4 +128,33 @@ async fn audit_actions(admin: &Admin, namespace: &str) -> Vec<String> {
     .into_iter()
     .map(|event| event.action)
     .collect()
+}
+
+/// A session on `node` in a transaction begun now and left open: a move's drain waits for it.
+pub(super) async fn old_transaction(node: &Node) -> sqlx::PgConnection {
+    let mut connection = node.connect(DATABASE).await;
+    sqlx::raw_sql("BEGIN; SELECT txid_current()")
+        .execute(&mut connection)
+        .await
+        .expect("an open transaction");
+    connection
+}
+
+/// Starts a move of `namespace` to `to` and waits until `from` is fenced ("leaving"): the move
+/// then waits for `old` to end.
+pub(super) async fn fenced_move(
+    admin: &Admin,
+    from: &Node,
+    namespace: &str,
+    to: &str,
+) -> tokio::task::JoinHandle<Result<tonic::Response<pb::MovePlacementResponse>, tonic::Status>> {
+    let call = {
+        let (admin, request) = (admin.clone(), move_request(namespace, to));
+        tokio::spawn(async move { admin.clone().move_placement(request).await })
+    };
+    eventually(Duration::from_secs(20), "the source is fenced", || async {
+        gate_on(from, namespace).await == Some(("leaving".into(), to.into()))
+    })
+    .await;
+    call
 }

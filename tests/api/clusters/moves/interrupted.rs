@@ -21,35 +21,6 @@ async fn serve_process(clusters: &Clusters) -> ServerProcess {
     ServerProcess::spawn(command, &[]).await
 }
 
-/// A session on `node` in a transaction begun now and left open: a move's drain waits for it.
-async fn old_transaction(node: &Node) -> sqlx::PgConnection {
-    let mut connection = node.connect(DATABASE).await;
-    sqlx::raw_sql("BEGIN; SELECT txid_current()")
-        .execute(&mut connection)
-        .await
-        .expect("an open transaction");
-    connection
-}
-
-/// Starts a move of `namespace` to `to` and waits until `from` is fenced ("leaving"): the move
-/// then waits for `old` to end.
-async fn fenced_move(
-    admin: &Admin,
-    from: &Node,
-    namespace: &str,
-    to: &str,
-) -> tokio::task::JoinHandle<Result<tonic::Response<pb::MovePlacementResponse>, tonic::Status>> {
-    let call = {
-        let (admin, request) = (admin.clone(), move_request(namespace, to));
-        tokio::spawn(async move { admin.clone().move_placement(request).await })
-    };
-    eventually(Duration::from_secs(20), "the source is fenced", || async {
-        gate_on(from, namespace).await == Some(("leaving".into(), to.into()))
-    })
-    .await;
-    call
-}
-
 /// A TryStart of `namespace` while it is fenced: refused UNAVAILABLE, nothing written, after
 /// waiting at most about half the operation timeout for the cut-over.
 async fn refused_while_fenced(client: &Client, namespace: &str) {
