@@ -67,15 +67,12 @@ async fn placement(admin: &Admin, namespace: &str) -> pb::GetPlacementResponse {
     )
 }
 
-/// What `GetPlacement` says of `namespace`: the rules' cluster, the serving one, the move
-/// (from, to), and each cluster's gate as `cluster:state:peer` (a gate has its time, none has
-/// none).
-async fn standing(
-    admin: &Admin,
-    namespace: &str,
-) -> (String, String, (String, String), Vec<String>) {
+/// What `GetPlacement` says of `namespace`, in one line: `rules R, served by S, moving F>T,
+/// gates C:STATE:PEER …` (`-` for no server, no move); a gate has its time, and no gate has
+/// none.
+async fn standing(admin: &Admin, namespace: &str) -> String {
     let view = placement(admin, namespace).await;
-    let gates = view
+    let gates: Vec<String> = view
         .gates
         .iter()
         .map(|gate| {
@@ -83,11 +80,20 @@ async fn standing(
             format!("{}:{}:{}", gate.cluster, gate.state, gate.peer)
         })
         .collect();
-    (
+    let served_by = if view.served_by.is_empty() {
+        "-"
+    } else {
+        &view.served_by
+    };
+    let moving = if view.moving_to.is_empty() {
+        "-".to_owned()
+    } else {
+        format!("{}>{}", view.moving_from, view.moving_to)
+    };
+    format!(
+        "rules {}, served by {served_by}, moving {moving}, gates {}",
         view.placed_by_rules,
-        view.served_by,
-        (view.moving_from, view.moving_to),
-        gates,
+        gates.join(" ")
     )
 }
 

@@ -133,12 +133,7 @@ async fn a_move_killed_after_its_fence_is_resumed_and_another_rolled_back() {
     let admin = admin_of(second.endpoint()).await;
     assert_eq!(
         standing(&admin, "misc").await,
-        (
-            "a".into(),
-            String::new(),
-            ("a".into(), "b".into()),
-            vec!["a:leaving:b".into(), "b:arriving:a".into(), "c::".into()]
-        ),
+        "rules a, served by -, moving a>b, gates a:leaving:b b:arriving:a c::",
         "fenced, served by neither"
     );
 
@@ -160,12 +155,7 @@ async fn a_move_killed_after_its_fence_is_resumed_and_another_rolled_back() {
     assert_eq!(gate_on(a, "misc").await, Some(("left".into(), "b".into())));
     assert_eq!(
         standing(&admin, "misc").await,
-        (
-            "a".into(),
-            "b".into(),
-            (String::new(), String::new()),
-            vec!["a:left:b".into(), "b::".into(), "c::".into()]
-        ),
+        "rules a, served by b, moving -, gates a:left:b b:: c::",
         "moved to b"
     );
 
@@ -193,12 +183,7 @@ async fn a_move_killed_after_its_fence_is_resumed_and_another_rolled_back() {
     assert_eq!(gate_on(c, "misc").await, Some(("left".into(), "b".into())));
     assert_eq!(
         standing(&admin, "misc").await,
-        (
-            "a".into(),
-            "b".into(),
-            (String::new(), String::new()),
-            vec!["a:left:b".into(), "b::".into(), "c:left:b".into()]
-        ),
+        "rules a, served by b, moving -, gates a:left:b b:: c:left:b",
         "rolled back: b serves it"
     );
     assert_eq!(keys_on(c, "misc").await, 0);
@@ -330,12 +315,7 @@ async fn a_move_home_killed_after_its_switch_is_finished_by_running_it_again() {
     let admin = admin_of(second.endpoint()).await;
     assert_eq!(
         standing(&admin, "misc").await,
-        (
-            "a".into(),
-            "a".into(),
-            ("b".into(), "a".into()),
-            vec!["a::".into(), "b:leaving:a".into(), "c::".into()]
-        ),
+        "rules a, served by a, moving b>a, gates a:: b:leaving:a c::",
         "switched, not recorded"
     );
     replays(&client, "misc", &keys).await;
@@ -360,12 +340,7 @@ async fn a_move_home_killed_after_its_switch_is_finished_by_running_it_again() {
     assert_eq!((keys_on(a, "misc").await, keys_on(b, "misc").await), (5, 0));
     assert_eq!(
         standing(&admin, "misc").await,
-        (
-            "a".into(),
-            "a".into(),
-            (String::new(), String::new()),
-            vec!["a::".into(), "b:left:a".into(), "c::".into()]
-        ),
+        "rules a, served by a, moving -, gates a:: b:left:a c::",
         "moved home"
     );
 }

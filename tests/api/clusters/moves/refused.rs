@@ -65,12 +65,7 @@ async fn bad_moves_are_refused_naming_their_cause_and_change_nothing() {
     // Where a namespace never moved stands: on its rules' cluster, no gate anywhere.
     assert_eq!(
         standing(&admin, "billing").await,
-        (
-            "c".into(),
-            "c".into(),
-            (String::new(), String::new()),
-            vec!["a::".into(), "b::".into(), "c::".into()]
-        )
+        "rules c, served by c, moving -, gates a:: b:: c::"
     );
     let bad_namespace = admin
         .clone()
