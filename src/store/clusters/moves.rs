@@ -99,7 +99,7 @@ impl<'s> Sessions<'s> {
         scope: &str,
     ) -> Result<Option<(GateState, usize)>, MoveError> {
         let gate = self.at(cluster).await?.gate(scope).await?;
-        gate.map(|(state, peer)| Ok((state, self.store.peer_index(&peer)?)))
+        gate.map(|gate| Ok((gate.state, self.store.peer_index(&gate.peer)?)))
             .transpose()
     }
 
@@ -145,17 +145,18 @@ impl ClusteredStore {
         self.clusters[at].name.to_string()
     }
 
-    /// Where `scope` stands, by every cluster's gate of it, read in the move's sessions.
+    /// Where `scope` stands, and every cluster's gate of it it stands by, read in the move's
+    /// sessions (under the move's lock, so they stay as read while the move decides).
     async fn standing(
         &self,
         sessions: &mut Sessions<'_>,
         scope: &str,
-    ) -> Result<Standing, MoveError> {
+    ) -> Result<(Standing, Vec<Option<(GateState, usize)>>), MoveError> {
         let mut gates = Vec::with_capacity(self.clusters.len());
         for at in 0..self.clusters.len() {
             gates.push(sessions.gate(at, scope).await?);
         }
-        self.stand(scope, &gates)
+        Ok((self.stand(scope, &gates)?, gates))
     }
 
     /// Moves `scope` to cluster `to`, or resumes its unfinished move there. `drain_bound`: how
@@ -180,7 +181,8 @@ impl ClusteredStore {
         drain_bound: Duration,
     ) -> Result<MoveReport, MoveError> {
         self.lock_moves(sessions, scope).await?;
-        let from = match self.standing(sessions, scope).await? {
+        let (standing, gates) = self.standing(sessions, scope).await?;
+        let from = match standing {
             Standing::Home { home, left } if home == to => {
                 // A cleanup an interrupted move did not finish is finished now.
                 let mut deleted = 0;
@@ -209,8 +211,8 @@ impl ClusteredStore {
             }
         };
         let (source_name, target_name) = (self.name_of(from), self.name_of(to));
-        let target_gate = sessions.gate(to, scope).await?;
-        let source_gate = sessions.gate(from, scope).await?;
+        let gate = |at: usize| gates.get(at).copied().flatten();
+        let (target_gate, source_gate) = (gate(to), gate(from));
         let switched =
             matches!(source_gate, Some((GateState::Leaving, _))) && target_gate.is_none();
         let mut copied = [0; 3];
@@ -276,13 +278,14 @@ impl ClusteredStore {
         scope: &str,
     ) -> Result<MoveReport, MoveError> {
         self.lock_moves(sessions, scope).await?;
-        let Standing::Moving { from, to } = self.standing(sessions, scope).await? else {
+        let (standing, gates) = self.standing(sessions, scope).await?;
+        let Standing::Moving { from, to } = standing else {
             return Err(MoveError::Refused(format!(
                 "namespace {scope} has no unfinished move to roll back"
             )));
         };
         let (source_name, target_name) = (self.name_of(from), self.name_of(to));
-        if sessions.gate(to, scope).await?.is_none() {
+        if gates.get(to).copied().flatten().is_none() {
             return Err(MoveError::Refused(format!(
                 "the move of namespace {scope} to cluster {target_name} has switched: the \
                  target serves it; resume the move to finish it, then move it back \

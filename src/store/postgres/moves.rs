@@ -115,37 +115,36 @@ impl PgStore {
             .map_err(|error| failed("setting the move's session up", error))?;
         Ok(MoveSession { connection })
     }
-}
 
-impl PgStore {
     /// `scope`'s gate on this cluster, if it has one, read on the calls' pool (within a
     /// statement's time): for an operator's look, not for a move's steps.
     pub async fn placement_gate(&self, scope: &str) -> Result<Option<GateRow>, StoreError> {
-        let row: Option<(String, String, Instant)> = self
-            .fetch_optional(
-                sqlx::query_as(
-                    "SELECT state, peer, since FROM idempotency_placement_gates WHERE scope = $1",
-                )
-                .bind(scope),
-            )
+        let row = self
+            .fetch_optional(sqlx::query_as(GATE_OF).bind(scope))
             .await
             .map_err(classify)?;
-        Ok(row.and_then(|(state, peer, since)| {
-            GateState::parse(&state).map(|state| GateRow { state, peer, since })
-        }))
+        Ok(row.and_then(gate_row))
     }
 }
 
+/// A scope's gate: its state, the cluster it names, since when.
+const GATE_OF: &str = "SELECT state, peer, since FROM idempotency_placement_gates WHERE scope = $1";
+
+/// A row of [`GATE_OF`]; none for a state this build does not know (the table's check allows
+/// none).
+fn gate_row((state, peer, since): (String, String, Instant)) -> Option<GateRow> {
+    GateState::parse(&state).map(|state| GateRow { state, peer, since })
+}
+
 impl MoveSession {
-    /// `scope`'s gate on this cluster, if it has one: its state and the cluster it names.
-    pub async fn gate(&mut self, scope: &str) -> Result<Option<(GateState, String)>, StoreError> {
-        let row: Option<(String, String)> =
-            sqlx::query_as("SELECT state, peer FROM idempotency_placement_gates WHERE scope = $1")
-                .bind(scope)
-                .fetch_optional(&mut self.connection)
-                .await
-                .map_err(|error| failed("reading the placement gate", error))?;
-        Ok(row.and_then(|(state, peer)| GateState::parse(&state).map(|state| (state, peer))))
+    /// `scope`'s gate on this cluster, if it has one.
+    pub async fn gate(&mut self, scope: &str) -> Result<Option<GateRow>, StoreError> {
+        let row = sqlx::query_as(GATE_OF)
+            .bind(scope)
+            .fetch_optional(&mut self.connection)
+            .await
+            .map_err(|error| failed("reading the placement gate", error))?;
+        Ok(row.and_then(gate_row))
     }
 
     /// Sets `scope`'s gate (committed when this returns).
