@@ -419,8 +419,10 @@ pub(super) fn print_placement(
     namespace: &str,
     answer: &pb::GetPlacementResponse,
 ) {
-    // Empty without a gate.
-    let since = |gate: &pb::PlacementGate| time_text(gate.since.as_ref());
+    // None without a gate (or without a time that reads as one).
+    let since = |gate: &pb::PlacementGate| {
+        Some(time_text(gate.since.as_ref())).filter(|text| !text.is_empty())
+    };
     match output {
         OutputFormat::Json => print_json(&json!({
             "namespace": namespace,
@@ -432,7 +434,7 @@ pub(super) fn print_placement(
                 "cluster": gate.cluster,
                 "state": gate.state,
                 "peer": gate.peer,
-                "since": Some(since(gate)).filter(|text| !text.is_empty()),
+                "since": since(gate),
             })).collect::<Vec<_>>(),
         })),
         OutputFormat::Table => {
@@ -453,22 +455,14 @@ pub(super) fn print_placement(
                 );
             }
             println!("{:<32} {:<9} {:<32} SINCE", "CLUSTER", "GATE", "PEER");
+            let or_dash = |text: &str| if text.is_empty() { "-" } else { text }.to_owned();
             for gate in &answer.gates {
-                let state = if gate.state.is_empty() {
-                    "-"
-                } else {
-                    gate.state.as_str()
-                };
-                let peer = if gate.peer.is_empty() {
-                    "-"
-                } else {
-                    gate.peer.as_str()
-                };
-                let since = Some(since(gate)).filter(|text| !text.is_empty());
                 println!(
-                    "{:<32} {state:<9} {peer:<32} {}",
+                    "{:<32} {:<9} {:<32} {}",
                     gate.cluster,
-                    since.as_deref().unwrap_or("-")
+                    or_dash(&gate.state),
+                    or_dash(&gate.peer),
+                    since(gate).unwrap_or_else(|| "-".to_owned())
                 );
             }
         }
