@@ -68,6 +68,11 @@ fn as_postgres(program: &str) -> Command {
 
 /// `program` with `args`, as `postgres` when this process is root; it must succeed.
 pub(super) async fn run(program: &str, args: &[&str]) -> String {
+    run_or_tell(program, args, String::new).await
+}
+
+/// [`run`], whose failure also tells `more()` (the server's own log, say).
+async fn run_or_tell(program: &str, args: &[&str], more: impl FnOnce() -> String) -> String {
     let output = as_postgres(program)
         .args(args)
         .output()
@@ -75,9 +80,10 @@ pub(super) async fn run(program: &str, args: &[&str]) -> String {
         .unwrap_or_else(|error| panic!("run {program}: {error} (is postgresql-15 installed?)"));
     assert!(
         output.status.success(),
-        "{program} {args:?} failed: {}{}",
+        "{program} {args:?} failed: {}{}{}",
         String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr)
+        String::from_utf8_lossy(&output.stderr),
+        more()
     );
     String::from_utf8_lossy(&output.stdout).into_owned()
 }
@@ -328,19 +334,18 @@ impl Drop for ReplicatedPair {
 pub(super) async fn start_cluster(data: &Path, log: &Path) {
     let data = data.to_string_lossy().into_owned();
     let log_path = log.to_string_lossy().into_owned();
-    let output = as_postgres("pg_ctl")
-        .args(["-D", &data, "-l", &log_path, "-w", "-t", "60", "start"])
-        .output()
-        .await
-        .unwrap_or_else(|error| panic!("run pg_ctl: {error} (is postgresql-15 installed?)"));
     // The server's own log says why it did not start (a port taken meanwhile, say).
-    assert!(
-        output.status.success(),
-        "pg_ctl start of {data} failed: {}{}\n{log_path}:\n{}",
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr),
-        std::fs::read_to_string(log).unwrap_or_default()
-    );
+    run_or_tell(
+        "pg_ctl",
+        &["-D", &data, "-l", &log_path, "-w", "-t", "60", "start"],
+        || {
+            format!(
+                "\n{log_path}:\n{}",
+                std::fs::read_to_string(log).unwrap_or_default()
+            )
+        },
+    )
+    .await;
 }
 
 /// Stops the cluster in `data` as a crash would, without waiting, ignoring failures: for
