@@ -311,3 +311,16 @@ pub async fn serving(
     coordinator.wait_until_serving().await?;
     Ok(coordinator)
 }
+
+/// Starts the coordinator with `args` after `serve` (its store among them: the `--cluster`s
+/// of a store on several clusters), quiet but for warnings, and waits until its health says it
+/// serves.
+pub async fn serving_with(binary: &Binary, args: &[String]) -> anyhow::Result<ServerProcess> {
+    let mut command = binary.command();
+    command.arg("serve").args(args).env("RUST_LOG", "warn");
+    let coordinator = ServerProcess::spawn(command, &[])
+        .await
+        .with_context(|| format!("starting {}", binary.path().display()))?;
+    coordinator.wait_until_serving().await?;
+    Ok(coordinator)
+}

@@ -17,7 +17,7 @@ use tonic::transport::Endpoint;
 use idempotency_coordinator::proto::idempotency::v1::TryStartRequest;
 use idempotency_coordinator::proto::idempotency::v1::idempotency_service_client::IdempotencyServiceClient;
 use idempotency_testkit::database::drop_postgres_database;
-use idempotency_testkit::{Binary, ServerProcess};
+use idempotency_testkit::Binary;
 
 use crate::load::{self, Report, Workload};
 
@@ -129,14 +129,13 @@ pub async fn run(settings: Settings) -> anyhow::Result<()> {
     let source_url = format!("{}/{database}", settings.source_server);
     let target_url = format!("{}/{database}", settings.target_server);
     let binary = Binary::beside_current_exe()?;
-    let mut command = binary.command();
-    command
-        .arg("serve")
-        .args(["--cluster", &format!("a={source_url}")])
-        .args(["--cluster", &format!("b={target_url}")])
-        .env("RUST_LOG", "warn");
-    let coordinator = ServerProcess::spawn(command, &[]).await?;
-    coordinator.wait_until_serving().await?;
+    let clusters = [
+        "--cluster".to_owned(),
+        format!("a={source_url}"),
+        "--cluster".to_owned(),
+        format!("b={target_url}"),
+    ];
+    let coordinator = crate::serving_with(&binary, &clusters).await?;
     let endpoint = coordinator.endpoint();
     let loading = Instant::now();
     insert_completed(&source_url, settings.rows).await?;

@@ -74,11 +74,7 @@ impl Side {
         urls: &[String],
         serving: Vec<usize>,
     ) -> anyhow::Result<Self> {
-        let binary = Binary::beside_current_exe()?;
-        let mut command = binary.command();
-        command.arg("serve").args(&flags).env("RUST_LOG", "warn");
-        let coordinator = ServerProcess::spawn(command, &[]).await?;
-        coordinator.wait_until_serving().await?;
+        let coordinator = crate::serving_with(&Binary::beside_current_exe()?, &flags).await?;
         let mut probes = Vec::with_capacity(urls.len());
         for (index, url) in urls.iter().enumerate() {
             let probe = CostProbe::connect(url)
