@@ -16,8 +16,8 @@ use tonic::transport::Endpoint;
 
 use idempotency_coordinator::proto::idempotency::v1::TryStartRequest;
 use idempotency_coordinator::proto::idempotency::v1::idempotency_service_client::IdempotencyServiceClient;
-use idempotency_testkit::database::drop_postgres_database;
 use idempotency_testkit::Binary;
+use idempotency_testkit::database::drop_postgres_database;
 
 use crate::load::{self, Report, Workload};
 
