@@ -112,6 +112,18 @@ type Option struct{ apply func(*settings) error }
 
 func option(f func(*settings) error) Option { return Option{apply: f} }
 
+// atLeast is an Option that sets a duration after checking that it is at least low: "the <what>
+// must <rule> (got d)" otherwise.
+func atLeast(what, rule string, d, low time.Duration, set func(*settings)) Option {
+	return option(func(s *settings) error {
+		if d < low {
+			return fmt.Errorf("the %s must %s (got %v)", what, rule, d)
+		}
+		set(s)
+		return nil
+	})
+}
+
 // WithToken sends "authorization: Bearer <token>" with every call. It is call metadata rather
 // than per-RPC credentials, which grpc-go refuses on plaintext connections (loopback, a mesh).
 func WithToken(token string) Option {
@@ -132,25 +144,13 @@ func WithToken(token string) Option {
 // WithCallTimeout bounds each call (default 10 s). A TryStart that asks the coordinator to wait
 // gets the wait on top.
 func WithCallTimeout(d time.Duration) Option {
-	return option(func(s *settings) error {
-		if d <= 0 {
-			return fmt.Errorf("the call timeout must be positive (got %v)", d)
-		}
-		s.callTimeout = d
-		return nil
-	})
+	return atLeast("call timeout", "be positive", d, time.Nanosecond, func(s *settings) { s.callTimeout = d })
 }
 
 // WithRetryBudget bounds all the tries of one call, pauses included (default 30 s; 0: no
 // retries).
 func WithRetryBudget(d time.Duration) Option {
-	return option(func(s *settings) error {
-		if d < 0 {
-			return fmt.Errorf("the retry budget must not be negative (got %v)", d)
-		}
-		s.retry.Budget = d
-		return nil
-	})
+	return atLeast("retry budget", "not be negative", d, 0, func(s *settings) { s.retry.Budget = d })
 }
 
 // WithRetryPolicy replaces the whole retry policy (default DefaultRetryPolicy()).
@@ -179,13 +179,7 @@ func WithDefaultLease(d time.Duration) Option {
 // WithDefaultWait sets how long RunOnce waits for another holder when it is not given WithWait
 // (default 0: ErrInProgress at once).
 func WithDefaultWait(d time.Duration) Option {
-	return option(func(s *settings) error {
-		if d < 0 {
-			return fmt.Errorf("the wait must not be negative (got %v)", d)
-		}
-		s.wait = d
-		return nil
-	})
+	return atLeast("wait", "not be negative", d, 0, func(s *settings) { s.wait = d })
 }
 
 // WithLogger receives the client's own events: retries, failed heartbeats, lost leases, claims
