@@ -14,6 +14,15 @@ var coordinatorAddr string
 
 func TestMain(m *testing.M) { testenv.Main(m, &coordinatorAddr) }
 
+// withClientOnEachStore runs test on each store (testenv.OnEachStore) with a client of that
+// store's coordinator, for the tests that need nothing else of it.
+func withClientOnEachStore(t *testing.T, test func(t *testing.T, c *idempotency.Client)) {
+	t.Helper()
+	testenv.OnEachStore(t, func(t *testing.T, coordinator *testenv.Coordinator) {
+		test(t, testenv.NewClient(t, coordinator.Addr))
+	})
+}
+
 func lookup(t *testing.T, c *idempotency.Client, namespace, key string) idempotency.KeyState {
 	t.Helper()
 	state, err := c.Lookup(context.Background(), namespace, key)

@@ -6,7 +6,6 @@ import (
 	"testing"
 
 	"github.com/idempotency-coordinator/idempotency-coordinator/clients/go/idempotency"
-	"github.com/idempotency-coordinator/idempotency-coordinator/clients/go/internal/testenv"
 )
 
 // The Client's plain calls (rpc.go: TryStart, ExtendLease, Complete, Release, Lookup) against a
@@ -14,8 +13,7 @@ import (
 
 // The plain RPCs, and the errors of the contract as the real coordinator answers them.
 func TestThePlainCallsAndTheirErrors(t *testing.T) {
-	testenv.OnEachStore(t, func(t *testing.T, coordinator *testenv.Coordinator) {
-		c := testenv.NewClient(t, coordinator.Addr)
+	withClientOnEachStore(t, func(t *testing.T, c *idempotency.Client) {
 		ctx := context.Background()
 		ns, key := "orders", "o-1"
 		wantStatus(t, c, ns, key, idempotency.KeyAbsent, "before any call")

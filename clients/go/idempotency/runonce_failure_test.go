@@ -22,8 +22,7 @@ type declined struct{ reason string }
 func (d *declined) Error() string { return "declined: " + d.reason }
 
 func TestAFailedWorkReleasesTheKeyAndItsErrorIsReturned(t *testing.T) {
-	testenv.OnEachStore(t, func(t *testing.T, coordinator *testenv.Coordinator) {
-		c := testenv.NewClient(t, coordinator.Addr)
+	withClientOnEachStore(t, func(t *testing.T, c *idempotency.Client) {
 		ctx := context.Background()
 		_, err := idempotency.RunOnce(ctx, c, "payments", "k", nil, func(context.Context, *idempotency.Lease) (int, error) {
 			return 0, &declined{"insufficient funds"}
@@ -47,8 +46,7 @@ func TestAFailedWorkReleasesTheKeyAndItsErrorIsReturned(t *testing.T) {
 }
 
 func TestAPanickingWorkReleasesTheKeyAndPanicsOn(t *testing.T) {
-	testenv.OnEachStore(t, func(t *testing.T, coordinator *testenv.Coordinator) {
-		c := testenv.NewClient(t, coordinator.Addr)
+	withClientOnEachStore(t, func(t *testing.T, c *idempotency.Client) {
 		recovered := func() (r any) {
 			defer func() { r = recover() }()
 			_, _ = idempotency.RunOnce(context.Background(), c, "payments", "k", nil, func(context.Context, *idempotency.Lease) (int, error) {

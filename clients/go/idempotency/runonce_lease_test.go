@@ -85,8 +85,7 @@ func TestALeaseThatRanOutWhileUnreachableCancelsTheWork(t *testing.T) {
 
 // A previous holder's checkpoint is handed to the caller that takes the key over.
 func TestTheCheckpointIsHandedToTheNextHolder(t *testing.T) {
-	testenv.OnEachStore(t, func(t *testing.T, coordinator *testenv.Coordinator) {
-		c := testenv.NewClient(t, coordinator.Addr)
+	withClientOnEachStore(t, func(t *testing.T, c *idempotency.Client) {
 		ctx := context.Background()
 		claim, err := c.TryStart(ctx, idempotency.StartRequest{Namespace: "imports", Key: "batch-7", LeaseTTL: 300 * time.Millisecond})
 		if err != nil || claim.Outcome != idempotency.Started || claim.Checkpoint != nil {

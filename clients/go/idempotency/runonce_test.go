@@ -59,8 +59,7 @@ func TestTwoConcurrentRunsOfOneKeyRunTheWorkOnce(t *testing.T) {
 }
 
 func TestACompletedKeyIsReplayedAndAnotherRequestIsAMismatch(t *testing.T) {
-	testenv.OnEachStore(t, func(t *testing.T, coordinator *testenv.Coordinator) {
-		c := testenv.NewClient(t, coordinator.Addr)
+	withClientOnEachStore(t, func(t *testing.T, c *idempotency.Client) {
 		ctx := context.Background()
 		runs := 0
 		work := func(context.Context, *idempotency.Lease) (charge, error) { runs++; return charge{"ch_1", 1250}, nil }
@@ -84,8 +83,7 @@ func TestACompletedKeyIsReplayedAndAnotherRequestIsAMismatch(t *testing.T) {
 }
 
 func TestAKeyHeldElsewhereIsInProgressAfterTheWait(t *testing.T) {
-	testenv.OnEachStore(t, func(t *testing.T, coordinator *testenv.Coordinator) {
-		c := testenv.NewClient(t, coordinator.Addr)
+	withClientOnEachStore(t, func(t *testing.T, c *idempotency.Client) {
 		ctx := context.Background()
 		release := make(chan struct{})
 		started := make(chan struct{})
@@ -124,8 +122,7 @@ func TestAKeyHeldElsewhereIsInProgressAfterTheWait(t *testing.T) {
 }
 
 func TestConsumersDeduplicateEvents(t *testing.T) {
-	testenv.OnEachStore(t, func(t *testing.T, coordinator *testenv.Coordinator) {
-		c := testenv.NewClient(t, coordinator.Addr)
+	withClientOnEachStore(t, func(t *testing.T, c *idempotency.Client) {
 		ctx := context.Background()
 		fresh, err := c.MarkProcessed(ctx, "billing", []string{"e1", "e2", "e1"})
 		if err != nil || len(fresh) != 2 || fresh[0] != "e1" || fresh[1] != "e2" {
