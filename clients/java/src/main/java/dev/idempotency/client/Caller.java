@@ -18,8 +18,15 @@ import java.util.function.Supplier;
 /**
  * Sends calls, and sends them again while their retry class allows, within the retry budget. Every
  * call is asynchronous; the blocking API waits for its future.
+ *
+ * @param channel where calls go
+ * @param callTimeout each try's deadline, beyond what the try asks the coordinator to hold it
+ * @param policy the backoff and the retry budget
+ * @param scheduler where the pauses between tries (and the runs' timers) are kept
+ * @param log where a retried failure is told
  */
-final class Caller {
+record Caller(
+    Channel channel, Duration callTimeout, RetryPolicy policy, ScheduledExecutorService scheduler, System.Logger log) {
 
   /** After which failures a call may be sent again. */
   enum Retry {
@@ -51,24 +58,6 @@ final class Caller {
    * it (a TryStart's wait).
    */
   record Attempt<Req>(Req request, Duration held) {}
-
-  private final Channel channel;
-  private final Duration callTimeout;
-  private final RetryPolicy policy;
-  private final ScheduledExecutorService scheduler;
-  private final System.Logger log;
-
-  Caller(Channel channel, Duration callTimeout, RetryPolicy policy, ScheduledExecutorService scheduler, System.Logger log) {
-    this.channel = channel;
-    this.callTimeout = callTimeout;
-    this.policy = policy;
-    this.scheduler = scheduler;
-    this.log = log;
-  }
-
-  ScheduledExecutorService scheduler() {
-    return scheduler;
-  }
 
   <Req, Resp> CompletableFuture<Resp> call(String op, MethodDescriptor<Req, Resp> method, Retry retry, Req request) {
     Attempt<Req> same = new Attempt<>(request, Duration.ZERO);

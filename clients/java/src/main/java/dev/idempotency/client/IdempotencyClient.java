@@ -44,7 +44,7 @@ public final class IdempotencyClient implements AutoCloseable {
     this.scheduler.setRemoveOnCancelPolicy(true); // cancelled heartbeats do not pile up
     Caller caller = new Caller(Channels.withToken(channel, b.token), b.callTimeout, b.retryPolicy, scheduler, b.logger);
     this.rpcs = new Rpcs(caller);
-    this.runs = new Runs(rpcs, caller, b.logger, b.defaultLease, b.defaultWait);
+    this.runs = new Runs(rpcs, caller, b.defaultLease, b.defaultWait);
   }
 
   /**

@@ -33,16 +33,12 @@ final class Runs {
 
   private final Rpcs rpcs;
   private final Caller caller;
-  private final ScheduledExecutorService scheduler;
-  private final System.Logger log;
   private final Duration defaultLease;
   private final Duration defaultWait;
 
-  Runs(Rpcs rpcs, Caller caller, System.Logger log, Duration defaultLease, Duration defaultWait) {
+  Runs(Rpcs rpcs, Caller caller, Duration defaultLease, Duration defaultWait) {
     this.rpcs = rpcs;
     this.caller = caller;
-    this.scheduler = caller.scheduler();
-    this.log = log;
     this.defaultLease = defaultLease;
     this.defaultWait = defaultWait;
   }
@@ -51,12 +47,14 @@ final class Runs {
     return rpcs;
   }
 
+  /** The client's timers: the caller's own. */
   ScheduledExecutorService scheduler() {
-    return scheduler;
+    return caller.scheduler();
   }
 
+  /** The client's logger: the caller's own. */
   System.Logger log() {
-    return log;
+    return caller.log();
   }
 
   /** One run's settings, checked. */
@@ -232,7 +230,7 @@ final class Runs {
         lease.lose(e, "released by another holder");
         return null;
       }
-      log.log(Level.WARNING, () -> "idempotency: could not release a claim in namespace " + lease.namespace()
+      log().log(Level.WARNING, () -> "idempotency: could not release a claim in namespace " + lease.namespace()
           + "; it frees when its lease runs out: " + cause.getMessage());
       return null;
     });
@@ -373,7 +371,7 @@ final class Runs {
   private CompletableFuture<Void> releaseAfterFailedRenewal(Spec spec, long token) {
     return rpcs.release(spec.namespace(), spec.key(), token, Caller.Retry.NEVER).handle((ok, t) -> {
       if (t != null) {
-        log.log(Level.WARNING, () -> "idempotency: could not release a claim whose lease could not be renewed in"
+        log().log(Level.WARNING, () -> "idempotency: could not release a claim whose lease could not be renewed in"
             + " namespace " + spec.namespace() + "; it frees when its lease runs out: " + Errors.unwrap(t).getMessage());
       }
       return null;
@@ -438,7 +436,7 @@ final class Runs {
           long pause = Math.min(remaining, (long) (step * (0.5 + 0.5 * ThreadLocalRandom.current().nextDouble())));
           pollStep[0] = Math.min(Duration.ofSeconds(1).toNanos(), (long) (step * 1.5));
           try {
-            scheduler.schedule(() -> claimStep(spec, attemptId, waitUntil, pollStep, result), pause, TimeUnit.NANOSECONDS);
+            scheduler().schedule(() -> claimStep(spec, attemptId, waitUntil, pollStep, result), pause, TimeUnit.NANOSECONDS);
           } catch (RuntimeException closed) {
             result.completeExceptionally(Errors.cancelled("TryStart", "the client is closed", closed));
           }
