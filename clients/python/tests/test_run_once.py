@@ -48,11 +48,21 @@ class Counter:
             return self.value
 
 
+@pytest.fixture
+def key() -> str:
+    """A key of the test's own."""
+    return unique_key()
+
+
+@pytest.fixture
+def runs() -> Counter:
+    """How often the test's work ran."""
+    return Counter()
+
+
 def test_two_concurrent_callers_run_the_work_once(
-    coordinator: Coordinator, watch_log: Callable[[str], LogWatch]
+    coordinator: Coordinator, watch_log: Callable[[str], LogWatch], key: str, runs: Counter
 ) -> None:
-    key = unique_key()
-    runs = Counter()
     holding = threading.Event()
     second_answered = threading.Event()
     try_starts = watch_log("claiming key")
@@ -98,11 +108,8 @@ def test_two_concurrent_callers_run_the_work_once(
 
 
 def test_work_that_raises_releases_the_key_and_the_next_call_runs_it_again(
-    coordinator: Coordinator, raw: RawService
+    coordinator: Coordinator, raw: RawService, key: str, runs: Counter
 ) -> None:
-    key = unique_key()
-    runs = Counter()
-
     def flaky_charge(lease: Lease) -> str:
         if runs.add() == 1:
             raise ConnectionError("the payment provider hung up")
@@ -120,11 +127,8 @@ def test_work_that_raises_releases_the_key_and_the_next_call_runs_it_again(
 
 
 def test_a_stored_final_error_is_replayed_instead_of_running_again(
-    coordinator: Coordinator,
+    coordinator: Coordinator, key: str, runs: Counter
 ) -> None:
-    key = unique_key()
-    runs = Counter()
-
     class CardDeclined(Exception):
         pass
 
@@ -152,9 +156,8 @@ def test_a_stored_final_error_is_replayed_instead_of_running_again(
 
 
 def test_heartbeat_keeps_work_three_times_longer_than_its_lease_the_only_holder(
-    coordinator: Coordinator, raw: RawService
+    coordinator: Coordinator, raw: RawService, key: str
 ) -> None:
-    key = unique_key()
     lease_ttl = 1.0
     answers_meanwhile: list[str | None] = []
 
@@ -177,9 +180,8 @@ def test_heartbeat_keeps_work_three_times_longer_than_its_lease_the_only_holder(
 
 
 def test_a_lost_lease_cancels_the_work_and_the_new_holders_result_stands(
-    coordinator: Coordinator, raw: RawService
+    coordinator: Coordinator, raw: RawService, key: str
 ) -> None:
-    key = unique_key()
     holding = threading.Event()
     second_finished = threading.Event()
     cancellation_seen: list[bool] = []
@@ -229,10 +231,12 @@ def test_a_lost_lease_cancels_the_work_and_the_new_holders_result_stands(
 
 
 def test_try_start_is_retried_until_a_restarted_server_answers(
-    coordinator: Coordinator, raw: RawService, watch_log: Callable[[str], LogWatch]
+    coordinator: Coordinator,
+    raw: RawService,
+    watch_log: Callable[[str], LogWatch],
+    key: str,
+    runs: Counter,
 ) -> None:
-    key = unique_key()
-    runs = Counter()
     attempts: list[int] = []
     retrying = watch_log("TryStart failed")
 
@@ -256,10 +260,8 @@ def test_try_start_is_retried_until_a_restarted_server_answers(
 
 
 def test_a_try_start_whose_answer_was_lost_is_retried_into_the_same_claim(
-    coordinator: Coordinator, raw: RawService
+    coordinator: Coordinator, raw: RawService, key: str, runs: Counter
 ) -> None:
-    key = unique_key()
-    runs = Counter()
     attempts: list[int] = []
 
     def charge(lease: Lease) -> str:
@@ -294,11 +296,8 @@ def test_a_try_start_whose_answer_was_lost_is_retried_into_the_same_claim(
 
 
 def test_a_key_reused_for_another_request_is_a_fingerprint_mismatch(
-    coordinator: Coordinator,
+    coordinator: Coordinator, key: str, runs: Counter
 ) -> None:
-    key = unique_key()
-    runs = Counter()
-
     def charge(lease: Lease) -> int:
         return runs.add()
 
@@ -313,9 +312,8 @@ def test_a_key_reused_for_another_request_is_a_fingerprint_mismatch(
 
 
 def test_a_key_held_past_the_callers_wait_is_in_progress_with_a_retry_time(
-    coordinator: Coordinator, raw: RawService, watch_log: Callable[[str], LogWatch]
+    coordinator: Coordinator, raw: RawService, watch_log: Callable[[str], LogWatch], key: str
 ) -> None:
-    key = unique_key()
     held = raw.try_start(NAMESPACE, key, fingerprint_of(ORDER), attempt_id="holder")
     assert held.WhichOneof("outcome") == "started"
 
@@ -334,11 +332,10 @@ def test_a_key_held_past_the_callers_wait_is_in_progress_with_a_retry_time(
 
 
 def test_a_service_at_its_waiter_limit_is_asked_again_after_pauses_not_hammered(
-    start_coordinator: StartCoordinator, watch_log: Callable[[str], LogWatch]
+    start_coordinator: StartCoordinator, watch_log: Callable[[str], LogWatch], key: str
 ) -> None:
     # With no waiter slots, every TryStart is answered at once, as without `wait`.
     coordinator = start_coordinator("--max-waiters", "0")
-    key = unique_key()
     raw = RawService(coordinator.address)
     try:
         held = raw.try_start(NAMESPACE, key, fingerprint_of(ORDER), attempt_id="holder")
@@ -359,8 +356,9 @@ def test_a_service_at_its_waiter_limit_is_asked_again_after_pauses_not_hammered(
     assert 3 <= try_starts.count <= 20
 
 
-def test_bad_input_is_refused_by_the_service_naming_each_field(coordinator: Coordinator) -> None:
-    runs = Counter()
+def test_bad_input_is_refused_by_the_service_naming_each_field(
+    coordinator: Coordinator, runs: Counter
+) -> None:
     with IdempotencyClient(coordinator.address) as client, pytest.raises(InvalidArgument) as caught:
         client.run_once("pay ments", "", lambda lease: runs.add(), lease_ttl=0.01)
 
@@ -369,10 +367,9 @@ def test_bad_input_is_refused_by_the_service_naming_each_field(coordinator: Coor
     assert runs.value == 0
 
 
-def test_events_are_marked_once_and_processed_once(coordinator: Coordinator) -> None:
+def test_events_are_marked_once_and_processed_once(coordinator: Coordinator, runs: Counter) -> None:
     consumer = "billing"
     first_event, second_event = unique_key(), unique_key()
-    runs = Counter()
     with IdempotencyClient(coordinator.address) as client:
         assert client.mark_processed(consumer, [first_event, second_event, first_event]) == [
             first_event,
