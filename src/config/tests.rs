@@ -17,6 +17,14 @@ fn parse(args: &[&str]) -> Result<Cli, clap::Error> {
     )
 }
 
+/// `serve`'s flags from a parsed command line: `serve` named, or run by default.
+fn serve_of(cli: Cli) -> Box<ServeArgs> {
+    let Command::Serve(serve) = cli.into_command() else {
+        panic!("expected serve");
+    };
+    serve
+}
+
 /// The environment variable `serve`'s flag `id` is declared with (read by clap at parse time).
 fn declared_env(id: &str) -> Option<String> {
     <ServeArgs as clap::Args>::augment_args(clap::Command::new("t"))
@@ -28,10 +36,9 @@ fn declared_env(id: &str) -> Option<String> {
 
 #[test]
 fn serve_is_the_default_and_defaults_match_the_contract() {
-    let Command::Serve(args) = parse(&[]).expect("parses").into_command() else {
-        panic!("expected serve");
-    };
-    let settings = args.settings().expect("valid defaults");
+    let settings = serve_of(parse(&[]).expect("parses"))
+        .settings()
+        .expect("valid defaults");
     assert_eq!(settings.listen.to_string(), "127.0.0.1:50051");
     assert_eq!(
         settings.limits.default_lease_ttl.get(),
@@ -63,10 +70,7 @@ fn flags_work_with_and_without_the_serve_subcommand() {
         ],
         vec!["x", "--database-url", "postgres://a/b", "--pool-size", "3"],
     ] {
-        let Command::Serve(serve) = Cli::try_parse_from(args).expect("parses").into_command()
-        else {
-            panic!("expected serve");
-        };
+        let serve = serve_of(Cli::try_parse_from(args).expect("parses"));
         assert_eq!(serve.database.pool_size, 3);
     }
     let migrate = Cli::try_parse_from(["x", "migrate", "--database-url", "postgres://a/b"])
@@ -77,13 +81,7 @@ fn flags_work_with_and_without_the_serve_subcommand() {
 
 #[test]
 fn the_url_scheme_selects_the_store() {
-    let settings = |args: &[&str]| {
-        let Command::Serve(serve) = Cli::try_parse_from(args).expect("parses").into_command()
-        else {
-            panic!("expected serve");
-        };
-        serve.settings()
-    };
+    let settings = |args: &[&str]| serve_of(Cli::try_parse_from(args).expect("parses")).settings();
     let embedded = settings(&["x"]).expect("valid");
     assert_eq!(
         embedded.store.location,
@@ -176,11 +174,8 @@ fn security_flags_come_in_sensible_combinations() {
 
 #[test]
 fn defaults_outside_the_contract_bounds_are_refused() {
-    let args = parse(&["--default-lease-ttl", "25h"]).expect("parses");
-    let Command::Serve(args) = args.into_command() else {
-        panic!("expected serve");
-    };
-    let error = args.settings().expect_err("25h is above the lease bound");
+    let error = parsed_serve_settings(&["--default-lease-ttl", "25h"])
+        .expect_err("25h is above the lease bound");
     assert_eq!(error.flag, "default-lease-ttl");
     assert!(parse(&["--max-response-bytes", "262143"]).is_err());
     assert!(parse(&["--max-response-bytes", "262144"]).is_ok());
@@ -189,18 +184,12 @@ fn defaults_outside_the_contract_bounds_are_refused() {
 
 /// `serve`'s settings from `args`, which must parse.
 fn parsed_serve_settings(args: &[&str]) -> Result<Settings, SettingError> {
-    let Command::Serve(serve) = parse(args).expect("parses").into_command() else {
-        panic!("expected serve");
-    };
-    serve.settings()
+    serve_of(parse(args).expect("parses")).settings()
 }
 
 fn serve_settings(args: &[&str]) -> Result<Settings, String> {
     let cli = parse(args).map_err(|e| e.to_string())?;
-    let Command::Serve(serve) = cli.into_command() else {
-        panic!("expected serve");
-    };
-    serve.settings().map_err(|e| e.to_string())
+    serve_of(cli).settings().map_err(|e| e.to_string())
 }
 
 #[test]
@@ -216,9 +205,7 @@ fn connection_limits_have_defaults_and_bounds() {
     let audit = serve_settings(&[]).expect("valid defaults").audit_retention;
     assert_eq!(audit, Duration::from_secs(90 * 24 * 3600));
 
-    // Each bound: the value at it is taken, the one just past it refused, naming the flag.
-    let cases: [(&str, &str, &str, &str, &str); 10] = [
-        ("--max-health-watchers", "1", "0", "100000", "100001"),
+    let durations = [
         ("--audit-retention", "1h", "59m", "3650d", "3651d"),
         ("--health-check-interval", "100ms", "99ms", "1m", "61s"),
         ("--reaper-interval", "10ms", "9ms", "1h", "3601s"),
@@ -232,44 +219,46 @@ fn connection_limits_have_defaults_and_bounds() {
         ),
         ("--connection-idle-timeout", "1s", "999ms", "24h", "86401s"),
         ("--response-send-timeout", "1s", "999ms", "1h", "3601s"),
-        ("--max-connections", "1", "0", "1000000", "1000001"),
-        // Raised together with the server-wide limit, so that only this bound is tested.
+    ];
+    for (flag, low, below, high, above) in durations {
+        assert_bounded(&[], flag, [low, high], [below, above]);
+    }
+    // The server-wide pending bytes at their floor take the per-connection ones down with
+    // them (those may not exceed these), so that only the server-wide bound is tested; the
+    // per-connection ones reach up to the server-wide default.
+    let per_connection_floor = ["--max-connection-pending-response-bytes", "1048576"];
+    let counts: [(&[&str], &str, u64, u64); 4] = [
+        (&[], "--max-health-watchers", 1, 100_000),
+        (&[], "--max-connections", 1, 1_000_000),
         (
+            &per_connection_floor,
             "--max-pending-response-bytes",
-            "1048576",
-            "1048575",
-            "68719476736",
-            "68719476737",
+            MIB,
+            64 * 1024 * MIB,
+        ),
+        (
+            &[],
+            "--max-connection-pending-response-bytes",
+            MIB,
+            256 * MIB,
         ),
     ];
-    for (flag, low, below, high, above) in cases {
-        let pair = |value: &'static str| -> Vec<&'static str> {
-            if flag == "--max-pending-response-bytes" {
-                vec![
-                    flag,
-                    value,
-                    "--max-connection-pending-response-bytes",
-                    "1048576",
-                ]
-            } else {
-                vec![flag, value]
-            }
-        };
-        for accepted in [low, high] {
-            serve_settings(&pair(accepted)).unwrap_or_else(|e| panic!("{flag} {accepted}: {e}"));
-        }
-        for refused in [below, above] {
-            let error = serve_settings(&pair(refused)).expect_err(refused);
-            assert!(error.contains(flag), "{flag} {refused}: {error}");
-        }
+    for (with, flag, low, high) in counts {
+        let [low, below, high, above] = [low, low - 1, high, high + 1].map(|n| n.to_string());
+        assert_bounded(with, flag, [&low, &high], [&below, &above]);
     }
-    let per_connection = "--max-connection-pending-response-bytes";
-    for accepted in ["1048576", "268435456"] {
-        serve_settings(&[per_connection, accepted]).expect(accepted);
+}
+
+/// Each bound of `flag` (given after `with`): the values at them are taken, those just past
+/// them refused, naming the flag.
+fn assert_bounded(with: &[&str], flag: &str, at: [&str; 2], past: [&str; 2]) {
+    for accepted in at {
+        serve_settings(&[with, &[flag, accepted]].concat())
+            .unwrap_or_else(|e| panic!("{flag} {accepted}: {e}"));
     }
-    for refused in ["1048575", "268435457"] {
-        let error = serve_settings(&[per_connection, refused]).expect_err(refused);
-        assert!(error.contains(per_connection), "{refused}: {error}");
+    for refused in past {
+        let error = serve_settings(&[with, &[flag, refused]].concat()).expect_err(refused);
+        assert!(error.contains(flag), "{flag} {refused}: {error}");
     }
 }
 
@@ -319,18 +308,17 @@ fn pooler_transaction_needs_a_direct_notify_url_no_migrate_and_postgresql() {
 
 #[test]
 fn pooler_is_refused_for_the_embedded_store_and_read_from_its_variable() {
-    let Command::Serve(serve) = Cli::try_parse_from([
-        "idempotency-coordinator",
-        "--database-url",
-        "sqlite://x.db",
-        "--pooler",
-        "transaction",
-        "--no-migrate",
-    ])
-    .expect("parses")
-    .into_command() else {
-        panic!("expected serve");
-    };
+    let serve = serve_of(
+        Cli::try_parse_from([
+            "idempotency-coordinator",
+            "--database-url",
+            "sqlite://x.db",
+            "--pooler",
+            "transaction",
+            "--no-migrate",
+        ])
+        .expect("parses"),
+    );
     let error = serve.settings().expect_err("SQLite has no pooler");
     assert!(error.to_string().contains("pooler"), "{error}");
     // The variable is declared on the flag (read by clap at parse time).
@@ -405,12 +393,8 @@ fn require_synchronous_standby_is_for_postgresql_only() {
         "sqlite:///tmp/x.db",
         "--require-synchronous-standby",
     ])
-    .expect("parses")
-    .into_command();
-    let Command::Serve(serve) = sqlite else {
-        panic!("expected serve");
-    };
-    let refused = serve
+    .expect("parses");
+    let refused = serve_of(sqlite)
         .settings()
         .expect_err("no standby to require")
         .to_string();
@@ -433,10 +417,7 @@ fn postgresql_needs_room_for_held_keys_in_the_pool_and_behind_the_pooler() {
     }
     // SQLite's pool is its readers: one is enough.
     let sqlite = Cli::try_parse_from(["x", "--pool-size", "1"]).expect("parses");
-    let Command::Serve(sqlite) = sqlite.into_command() else {
-        panic!("expected serve");
-    };
-    sqlite.settings().expect("SQLite with one reader");
+    serve_of(sqlite).settings().expect("SQLite with one reader");
 
     let pooled = ["--pooler", "transaction", "--no-migrate"];
     let direct = ["--notify-database-url", "postgres://direct/y"];
