@@ -163,10 +163,7 @@ impl KeyHold {
         .fetch_one(&mut connection)
         .await
         .expect("claim the key");
-        sqlx::query("COMMIT")
-            .execute(&mut connection)
-            .await
-            .expect("commit");
+        Self::Postgres(connection).finish("COMMIT", None).await;
         u64::try_from(token).expect("tokens are positive")
     }
 
@@ -184,15 +181,7 @@ impl KeyHold {
         .fetch_one(&mut connection)
         .await
         .expect("draw a token");
-        sqlx::query("DELETE FROM idempotency_keys WHERE key = ?1")
-            .bind(key)
-            .execute(&mut connection)
-            .await
-            .expect("release the key");
-        sqlx::query("COMMIT")
-            .execute(&mut connection)
-            .await
-            .expect("commit");
+        Self::Sqlite(connection).delete_and_commit(key).await;
         token
     }
 

@@ -9,6 +9,23 @@ use super::{Inspector, TestDatabase};
 /// SQLite's clock as the embedded store reads it, in microseconds.
 const SQLITE_NOW_US: &str = "CAST(round(unixepoch('subsec') * 1000) AS INTEGER) * 1000";
 
+/// Runs a statement that changes rows, written once per store (each in its own SQL and
+/// placeholder style), with the same arguments bound in the same order; panics with `$what`.
+macro_rules! change_rows {
+    ($inspector:expr, $what:literal, postgres: $postgres:expr, sqlite: $sqlite:expr,
+     binding: ($($argument:expr),+)) => {
+        match $inspector {
+            Inspector::Postgres(pool) => {
+                sqlx::query($postgres)$(.bind($argument))+.execute(pool).await.map(drop)
+            }
+            Inspector::Sqlite(pool) => {
+                sqlx::query($sqlite)$(.bind($argument))+.execute(pool).await.map(drop)
+            }
+        }
+        .expect($what)
+    };
+}
+
 fn micros_to_instant(micros: i64) -> DateTime<Utc> {
     DateTime::from_timestamp_micros(micros).expect("a stored instant in range")
 }
@@ -219,86 +236,60 @@ impl TestDatabase {
 
     /// Keeps `event_id` for another hour from now.
     pub async fn keep_event_for_an_hour(&self, event_id: &str) {
-        match &self.inspector {
-            Inspector::Postgres(pool) => sqlx::query(
-                "UPDATE processed_events SET expires_at = now() + interval '1 hour'
+        change_rows!(
+            &self.inspector,
+            "extend the event",
+            postgres: "UPDATE processed_events SET expires_at = now() + interval '1 hour'
                      WHERE event_id = $1",
-            )
-            .bind(event_id)
-            .execute(pool)
-            .await
-            .map(drop),
-            Inspector::Sqlite(pool) => sqlx::query(AssertSqlSafe(format!(
+            sqlite: AssertSqlSafe(format!(
                 "UPDATE processed_events SET expires_at = {SQLITE_NOW_US} + 3600000000
                      WHERE event_id = ?1"
-            )))
-            .bind(event_id)
-            .execute(pool)
-            .await
-            .map(drop),
-        }
-        .expect("extend the event");
+            )),
+            binding: (event_id)
+        );
     }
 
     /// Inserts `count` keys (`<prefix>1` …) whose retention ended an hour ago.
     pub async fn insert_expired_keys(&self, prefix: &str, count: i64) {
-        match &self.inspector {
-            Inspector::Postgres(pool) => sqlx::query(
-                "INSERT INTO idempotency_keys (namespace, key, fingerprint, lease_token,
+        change_rows!(
+            &self.inspector,
+            "insert expired keys",
+            postgres: "INSERT INTO idempotency_keys (namespace, key, fingerprint, lease_token,
                          attempt, lease_expires_at, retention_us, expires_at)
                      SELECT 'reap', $1 || n, '', nextval('lease_token_seq'), 1,
                             now() - interval '2 hours', 1000000, now() - interval '1 hour'
                      FROM generate_series(1, $2) AS n",
-            )
-            .bind(prefix)
-            .bind(count)
-            .execute(pool)
-            .await
-            .map(drop),
-            Inspector::Sqlite(pool) => sqlx::query(AssertSqlSafe(format!(
+            sqlite: AssertSqlSafe(format!(
                 "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < ?2)
                      INSERT INTO idempotency_keys (namespace, key, fingerprint, lease_token,
                          attempt, lease_expires_at, retention_us, expires_at)
                      SELECT 'reap', ?1 || i, x'', 1000000000 + i, 1,
                             {SQLITE_NOW_US} - 7200000000, 1000000, {SQLITE_NOW_US} - 3600000000
                      FROM n"
-            )))
-            .bind(prefix)
-            .bind(count)
-            .execute(pool)
-            .await
-            .map(drop),
-        }
-        .expect("insert expired keys");
+            )),
+            binding: (prefix, count)
+        );
     }
 
     /// Inserts `count` events (`evt-1` …, consumer `reap`) whose retention ended an hour ago.
     pub async fn insert_expired_events(&self, count: i64) {
-        match &self.inspector {
-            Inspector::Postgres(pool) => sqlx::query(
-                "INSERT INTO processed_events (consumer, event_id, processed_at, expires_at,
+        change_rows!(
+            &self.inspector,
+            "insert expired events",
+            postgres: "INSERT INTO processed_events (consumer, event_id, processed_at, expires_at,
                          mark_batch)
                      SELECT 'reap', 'evt-' || n, now() - interval '2 hours',
                             now() - interval '1 hour', 0
                      FROM generate_series(1, $1) AS n",
-            )
-            .bind(count)
-            .execute(pool)
-            .await
-            .map(drop),
-            Inspector::Sqlite(pool) => sqlx::query(AssertSqlSafe(format!(
+            sqlite: AssertSqlSafe(format!(
                 "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < ?1)
                      INSERT INTO processed_events (consumer, event_id, processed_at, expires_at)
                      SELECT 'reap', 'evt-' || i, {SQLITE_NOW_US} - 7200000000,
                             {SQLITE_NOW_US} - 3600000000
                      FROM n"
-            )))
-            .bind(count)
-            .execute(pool)
-            .await
-            .map(drop),
-        }
-        .expect("insert expired events");
+            )),
+            binding: (count)
+        );
     }
 
     /// PostgreSQL only: how many sequential scans (reads of a whole table) the database has
