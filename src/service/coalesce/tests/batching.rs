@@ -56,12 +56,6 @@ async fn batches_close_at_their_weight_and_a_heavy_command_runs_alone() {
         assert_eq!(handle.await.expect("task").expect("ran"), value as u32 * 2);
     }
     blocker.await.expect("task").expect("answered");
-    let batches: Vec<Vec<usize>> = seen
-        .lock()
-        .expect("rounds")
-        .iter()
-        .skip(1)
-        .map(|round| round.iter().map(|c| c.weight).collect())
-        .collect();
+    let batches: Vec<Vec<usize>> = rounds_of(&seen, |c| c.weight).into_iter().skip(1).collect();
     assert_eq!(batches, vec![vec![4, 4], vec![4], vec![30], vec![1]]);
 }

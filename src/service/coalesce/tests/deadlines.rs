@@ -4,17 +4,41 @@
 
 use super::*;
 
+/// Submits `first` and, once its round (the executor's `round`th) holds the executor,
+/// `queued` behind it; answers once they have all queued: the first's call, then theirs.
+async fn queued_behind<const N: usize>(
+    (coalescer, seen): (&Coalescer<Command, u32>, &Seen),
+    round: usize,
+    first: Command,
+    queued: [Command; N],
+) -> (Submitted, [Submitted; N]) {
+    let first = spawn_submit(coalescer, first);
+    until_rounds(seen, round).await;
+    let queued = queued.map(|command| spawn_submit(coalescer, command));
+    until_holding(coalescer, N + 1).await;
+    (first, queued)
+}
+
+/// Keeps the gate shut until `budget` has passed (with a margin), so that what has queued
+/// meanwhile waited past it, then lets `rounds` rounds run.
+async fn open_once_past(gate: &Semaphore, budget: Duration, rounds: usize) {
+    tokio::time::sleep(budget + Duration::from_millis(50)).await;
+    gate.add_permits(rounds);
+}
+
 #[tokio::test]
 async fn a_command_that_waited_past_its_budget_is_not_run() {
     let budget = Duration::from_millis(50);
     let (coalescer, seen, gate) = gated(settings(1, budget));
-    let first = spawn_submit(&coalescer, Command::keyed(1));
-    until_rounds(&seen, 1).await;
-    let second = spawn_submit(&coalescer, Command::keyed(2));
-    until_holding(&coalescer, 2).await;
+    let (first, [second]) = queued_behind(
+        (&coalescer, &seen),
+        1,
+        Command::keyed(1),
+        [Command::keyed(2)],
+    )
+    .await;
     // The second has queued; the first holds the executor past its budget.
-    tokio::time::sleep(budget + Duration::from_millis(50)).await;
-    gate.add_permits(100);
+    open_once_past(&gate, budget, 100).await;
     let second = second.await.expect("task");
     assert!(
         matches!(second, Err(CoordinatorError::TimedOut(_))),
@@ -34,14 +58,15 @@ async fn a_later_round_runs_only_commands_still_within_their_budget() {
     // of events, not a guess about how fast a loaded machine spawns tasks.
     let budget = Duration::from_millis(100);
     let (coalescer, seen, gate) = gated(settings(100, budget));
-    let blocker = spawn_submit(&coalescer, Command::keyed(99));
-    until_rounds(&seen, 1).await;
-    let once = spawn_submit(&coalescer, Command::keyed(1));
-    let twice = spawn_submit(&coalescer, Command::keyed(1));
-    until_holding(&coalescer, 3).await;
+    let (blocker, [once, twice]) = queued_behind(
+        (&coalescer, &seen),
+        1,
+        Command::keyed(99),
+        [Command::keyed(1), Command::keyed(1)],
+    )
+    .await;
     // Both have queued; the blocker holds the executor past their budget: neither runs.
-    tokio::time::sleep(budget + Duration::from_millis(50)).await;
-    gate.add_permits(1);
+    open_once_past(&gate, budget, 1).await;
     blocker.await.expect("task").expect("answered");
     assert!(matches!(
         once.await.expect("task"),
@@ -54,23 +79,22 @@ async fn a_later_round_runs_only_commands_still_within_their_budget() {
 
     // Two commands of one key: the first's round holds the executor past the budget of
     // the second, whose round (the next) must then not start.
-    let first = spawn_submit(&coalescer, Command::keyed(7));
-    until_rounds(&seen, 2).await;
-    let second = spawn_submit(&coalescer, Command::keyed(7));
-    until_holding(&coalescer, 2).await;
-    tokio::time::sleep(budget + Duration::from_millis(50)).await;
-    gate.add_permits(1);
+    let (first, [second]) = queued_behind(
+        (&coalescer, &seen),
+        2,
+        Command::keyed(7),
+        [Command::keyed(7)],
+    )
+    .await;
+    open_once_past(&gate, budget, 1).await;
     assert_eq!(first.await.expect("task").expect("ran"), 14);
     let second = second.await.expect("task");
     assert!(
         matches!(second, Err(CoordinatorError::TimedOut(_))),
         "the duplicate's round would start after its budget: {second:?}"
     );
-    let ran: Vec<Vec<Option<u32>>> = seen
-        .lock()
-        .expect("rounds")
-        .iter()
-        .map(|round| round.iter().map(|c| c.key).collect())
-        .collect();
-    assert_eq!(ran, vec![vec![Some(99)], vec![Some(7)]]);
+    assert_eq!(
+        rounds_of(&seen, |c| c.key),
+        vec![vec![Some(99)], vec![Some(7)]]
+    );
 }

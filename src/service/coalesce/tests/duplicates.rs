@@ -23,14 +23,8 @@ async fn duplicates_of_a_key_run_in_successive_rounds() {
         handle.await.expect("task").expect("answered");
     }
     blocker.await.expect("task").expect("answered");
-    let keys: Vec<Vec<Option<u32>>> = seen
-        .lock()
-        .expect("rounds")
-        .iter()
-        .map(|round| round.iter().map(|c| c.key).collect())
-        .collect();
     assert_eq!(
-        keys,
+        rounds_of(&seen, |c| c.key),
         vec![
             vec![Some(99)],
             vec![Some(1), Some(2), Some(3)],
@@ -64,13 +58,7 @@ async fn one_batch_of_key_one(values: &[u32]) -> (Vec<Option<u32>>, Vec<Vec<u32>
     for handle in handles {
         answers.push(handle.await.expect("task").ok());
     }
-    let ran = seen
-        .lock()
-        .expect("rounds")
-        .iter()
-        .map(|round| round.iter().map(|c| c.value).collect())
-        .collect();
-    (answers, ran)
+    (answers, rounds_of(&seen, |c| c.value))
 }
 
 #[tokio::test]

@@ -273,10 +273,19 @@ async fn until_rounds(seen: &Seen, count: usize) {
     .expect("the rounds came");
 }
 
-fn spawn_submit(
-    coalescer: &Coalescer<Command, u32>,
-    command: Command,
-) -> tokio::task::JoinHandle<Result<u32, CoordinatorError>> {
+/// One field of each command of each round the executor was given, round by round.
+fn rounds_of<T>(seen: &Seen, field: impl Fn(&Command) -> T) -> Vec<Vec<T>> {
+    let rounds = seen.lock().expect("rounds");
+    rounds
+        .iter()
+        .map(|round| round.iter().map(&field).collect())
+        .collect()
+}
+
+/// A submitted command's call, running in a task of its own.
+type Submitted = tokio::task::JoinHandle<Result<u32, CoordinatorError>>;
+
+fn spawn_submit(coalescer: &Coalescer<Command, u32>, command: Command) -> Submitted {
     let coalescer = coalescer.clone();
     tokio::spawn(async move { coalescer.submit(command).await })
 }
