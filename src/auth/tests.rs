@@ -104,6 +104,18 @@ fn admits(authenticator: &Authenticator, token: &str) -> bool {
         .is_ok()
 }
 
+/// Reloads the tokens file, which must be refused as `expected` tells, and asserts that the
+/// tokens in force (`token` among them) stayed.
+fn assert_reload_refused(
+    authenticator: &Authenticator,
+    token: &str,
+    expected: impl Fn(&TokensFileError) -> bool,
+) {
+    let refused = authenticator.reload().expect_err("the reload is refused");
+    assert!(expected(&refused), "{refused:?}");
+    assert!(admits(authenticator, token), "the tokens in force stayed");
+}
+
 #[test]
 fn the_bearer_scheme_is_case_insensitive() {
     let TokensOnDisk {
@@ -131,11 +143,9 @@ fn the_bearer_scheme_is_case_insensitive() {
     }
     // An emptied file is refused, and the tokens in force stay.
     std::fs::write(&path, "# nothing here\n").expect("write");
-    assert!(matches!(
-        authenticator.reload(),
-        Err(TokensFileError::Empty { .. })
-    ));
-    assert!(admits(&authenticator, &token), "the tokens in force stayed");
+    assert_reload_refused(&authenticator, &token, |refused| {
+        matches!(refused, TokensFileError::Empty { .. })
+    });
     let _ = std::fs::remove_dir_all(dir);
 }
 
@@ -152,17 +162,15 @@ fn only_a_regular_file_of_at_most_16_mib_is_read_as_a_tokens_file() {
     // A folder in its place is refused by kind, without reading.
     std::fs::remove_file(&path).expect("remove");
     std::fs::create_dir(&path).expect("a folder in its place");
-    let refused = authenticator.reload().expect_err("a folder");
-    assert!(
+    assert_reload_refused(&authenticator, &token, |refused| {
         matches!(
             refused,
             TokensFileError::NotAFile {
                 kind: "a folder",
                 ..
             }
-        ),
-        "{refused:?}"
-    );
+        )
+    });
     std::fs::remove_dir(&path).expect("remove the folder");
 
     // A symlink to a regular file is followed.
@@ -177,17 +185,13 @@ fn only_a_regular_file_of_at_most_16_mib_is_read_as_a_tokens_file() {
     std::io::Write::write_all(&mut &file, line.as_bytes()).expect("write");
     file.set_len(MAX_TOKENS_FILE_BYTES).expect("grow");
     // The rest of the file is NUL bytes, which no line parses: refused for its content.
-    assert!(matches!(
-        authenticator.reload(),
-        Err(TokensFileError::Invalid { .. })
-    ));
+    assert_reload_refused(&authenticator, &token, |refused| {
+        matches!(refused, TokensFileError::Invalid { .. })
+    });
     file.set_len(MAX_TOKENS_FILE_BYTES + 1).expect("grow");
-    assert!(matches!(
-        authenticator.reload(),
-        Err(TokensFileError::TooLarge { .. })
-    ));
-    // Through every refusal, the tokens in force stayed.
-    assert!(admits(&authenticator, &token), "the tokens in force stayed");
+    assert_reload_refused(&authenticator, &token, |refused| {
+        matches!(refused, TokensFileError::TooLarge { .. })
+    });
     let _ = std::fs::remove_dir_all(dir);
 }
 
@@ -252,34 +256,38 @@ fn an_admin_call_needs_the_right_and_the_scope() {
     let admin = |caller, scope, right| {
         denial(authenticator.authorize_admin(caller, scope, right, "ForceRelease"))
     };
-    assert_eq!(admin(&reader, "team-a1", AdminRight::Read), None);
-    assert_eq!(
-        admin(&reader, "team-b", AdminRight::Read),
-        Some(Denial::Scope {
-            scope: "team-b".into()
-        })
-    );
-    assert_eq!(
-        admin(&reader, "team-a1", AdminRight::Write),
-        Some(Denial::ReadOnly {
-            method: "ForceRelease".into()
-        })
-    );
-    // The scope is judged before the right to write: the first thing to fix comes first.
-    assert_eq!(
-        admin(&reader, "team-b", AdminRight::Write),
-        Some(Denial::Scope {
-            scope: "team-b".into()
-        })
-    );
-    assert_eq!(
-        admin(&plain, "anything", AdminRight::Read),
-        Some(Denial::NoAdminRight)
-    );
-    assert_eq!(
-        admin(&plain, "anything", AdminRight::None),
-        Some(Denial::NoAdminRight)
-    );
+    let out_of_scope = || Denial::Scope {
+        scope: "team-b".into(),
+    };
+    let read_only = Denial::ReadOnly {
+        method: "ForceRelease".into(),
+    };
+    for (caller, scope, right, expected) in [
+        (&reader, "team-a1", AdminRight::Read, None),
+        (&reader, "team-b", AdminRight::Read, Some(out_of_scope())),
+        (&reader, "team-a1", AdminRight::Write, Some(read_only)),
+        // The scope is judged before the right to write: the first thing to fix comes first.
+        (&reader, "team-b", AdminRight::Write, Some(out_of_scope())),
+        (
+            &plain,
+            "anything",
+            AdminRight::Read,
+            Some(Denial::NoAdminRight),
+        ),
+        (
+            &plain,
+            "anything",
+            AdminRight::None,
+            Some(Denial::NoAdminRight),
+        ),
+    ] {
+        assert_eq!(
+            admin(caller, scope, right),
+            expected,
+            "{} on {scope} for {right:?}",
+            caller.name
+        );
+    }
     let _ = std::fs::remove_dir_all(dir);
 }
 
