@@ -8,7 +8,7 @@ use idempotency_coordinator::domain::batch::Round;
 use idempotency_coordinator::proto::idempotency::v1::{
     TryStartRequest, lookup_response::State, try_start_response::Outcome,
 };
-use idempotency_coordinator::store::{LockWait, Store};
+use idempotency_coordinator::store::{Store, StoreError};
 use tonic::Code;
 
 use crate::support::*;
@@ -147,14 +147,7 @@ async fn a_claim_that_waited_for_the_row_gets_a_token_above_the_one_claimed_mean
     let first = claim(&mut client, try_start(&key)).await;
 
     let hold = app.database.hold_key(&key).await;
-    let waiting = {
-        let mut client = client.clone();
-        let request = TryStartRequest {
-            attempt_id: "waiting-attempt".into(),
-            ..try_start(&key)
-        };
-        tokio::spawn(async move { client.try_start(request).await })
-    };
+    let waiting = spawn_try_start(&client, try_start(&key).with_attempt("waiting-attempt"));
     app.wait_for_blocked(1).await;
     let meanwhile = hold.claim_with_expired_lease_and_commit(&key).await;
     assert!(meanwhile > first.lease_token);
@@ -171,32 +164,38 @@ async fn a_claim_that_waited_for_the_row_gets_a_token_above_the_one_claimed_mean
     );
 }
 
+/// A PostgreSQL server whose calls may take 30 s, with `held` claimed and its row then held
+/// from outside; and a client of the server.
+async fn patient_server_with_a_held_key(held: &str) -> (TestApp, Client, database::KeyHold) {
+    let (app, mut client) =
+        app_and_client_with(Backend::Postgres, &["--operation-timeout", "30s"]).await;
+    claim(&mut client, try_start(held)).await;
+    let hold = app.database.hold_key(held).await;
+    (app, client, hold)
+}
+
+/// One shared claim statement of `keys` by `attempt`, run patiently (as a call whose key is
+/// held runs) in a task of its own.
+fn patient_shared_claim(
+    app: &TestApp,
+    keys: [&str; 2],
+    attempt: &str,
+) -> tokio::task::JoinHandle<Vec<Result<TryStartOutcome, StoreError>>> {
+    let store = app.patient_store(std::time::Duration::from_secs(25));
+    let commands = keys.map(|key| store_try_start(key, attempt)).to_vec();
+    let round = Round::new(commands).expect("distinct keys");
+    tokio::spawn(async move { store.try_start_batch(&round).await })
+}
+
 /// The same for a shared statement, which takes its keys in order: a claim of a key that
 /// comes after a held one draws its token, and starts its lease, only once the held row is the
 /// statement's, and the held key's takeover draws a token above the one claimed meanwhile.
 #[tokio::test]
 async fn a_shared_claim_statement_draws_tokens_and_starts_leases_in_key_order() {
-    let (app, mut client) =
-        app_and_client_with(Backend::Postgres, &["--operation-timeout", "30s"]).await;
     let suffix = unique_key("order");
     let (held, fresh) = (format!("a-held-{suffix}"), format!("b-fresh-{suffix}"));
-    claim(&mut client, try_start(&held)).await;
-
-    let hold = app.database.hold_key(&held).await;
-    let batch = {
-        // Patient, as a call whose key is held runs: the statement waits for the held row (a
-        // shared one on the service's path waits only briefly, then its calls run alone).
-        let store = app.store.limited(
-            std::time::Instant::now() + std::time::Duration::from_secs(25),
-            LockWait::Patient,
-        );
-        let commands = vec![
-            store_try_start(&held, "batch-attempt"),
-            store_try_start(&fresh, "batch-attempt"),
-        ];
-        let round = Round::new(commands).expect("distinct keys");
-        tokio::spawn(async move { store.try_start_batch(&round).await })
-    };
+    let (app, _client, hold) = patient_server_with_a_held_key(&held).await;
+    let batch = patient_shared_claim(&app, [&held, &fresh], "batch-attempt");
     eventually(
         std::time::Duration::from_secs(10),
         "the shared statement waits for the held row",
@@ -235,27 +234,11 @@ async fn a_shared_claim_statement_draws_tokens_and_starts_leases_in_key_order() 
 /// the rest, would deadlock here (and PostgreSQL would abort one of them).
 #[tokio::test]
 async fn shared_claims_do_not_deadlock_when_a_key_appears_while_they_wait() {
-    let (app, mut client) =
-        app_and_client_with(Backend::Postgres, &["--operation-timeout", "30s"]).await;
     let suffix = unique_key("order");
     let (first, second) = (format!("a-{suffix}"), format!("b-{suffix}"));
-    claim(&mut client, try_start(&second)).await;
-    let hold = app.database.hold_key(&second).await;
+    let (app, client, hold) = patient_server_with_a_held_key(&second).await;
 
-    let batch = |attempt: &str| {
-        // Patient, as a call whose key is held runs: the statement waits for the held row (a
-        // shared one on the service's path waits only briefly, then its calls run alone).
-        let store = app.store.limited(
-            std::time::Instant::now() + std::time::Duration::from_secs(25),
-            LockWait::Patient,
-        );
-        let commands = vec![
-            store_try_start(&first, attempt),
-            store_try_start(&second, attempt),
-        ];
-        let round = Round::new(commands).expect("distinct keys");
-        tokio::spawn(async move { store.try_start_batch(&round).await })
-    };
+    let batch = |attempt| patient_shared_claim(&app, [&first, &second], attempt);
     let blocked = |count: i64| {
         let database = &app.database;
         eventually(
@@ -266,14 +249,7 @@ async fn shared_claims_do_not_deadlock_when_a_key_appears_while_they_wait() {
     };
     let earlier = batch("earlier");
     blocked(1).await;
-    let single = {
-        let mut client = client.clone();
-        let request = TryStartRequest {
-            attempt_id: "single".into(),
-            ..try_start(&first)
-        };
-        tokio::spawn(async move { client.try_start(request).await })
-    };
+    let single = spawn_try_start(&client, try_start(&first).with_attempt("single"));
     eventually(
         std::time::Duration::from_secs(10),
         "the single claim finished or waits",

@@ -10,7 +10,7 @@ use idempotency_coordinator::proto::idempotency::v1::idempotency_service_client:
 use idempotency_coordinator::service::InFlight;
 use idempotency_coordinator::service::waiting::Waiters;
 use idempotency_coordinator::startup::StartupError;
-use idempotency_coordinator::store::AnyStore;
+use idempotency_coordinator::store::{AnyStore, LockWait, Store};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tonic::transport::Channel;
@@ -166,6 +166,14 @@ impl TestApp {
         self.shutdown.cancel();
         let server = self.server.take().expect("server still running");
         server.await.expect("server task did not panic")
+    }
+
+    /// The server's store as it runs a call whose key is held: patient, its statement waiting
+    /// for a held row (a shared one on the service's path waits only briefly, then its calls
+    /// run alone), for at most `budget`.
+    pub fn patient_store(&self, budget: Duration) -> AnyStore {
+        self.store
+            .limited(std::time::Instant::now() + budget, LockWait::Patient)
     }
 
     /// The store's clock, the only clock leases and retention use.

@@ -9,8 +9,7 @@ use std::time::Duration;
 
 use idempotency_coordinator::domain::batch::Round;
 use idempotency_coordinator::domain::{LeaseTtl, TryStartCommand, TryStartOutcome};
-use idempotency_coordinator::proto::idempotency::v1::TryStartRequest;
-use idempotency_coordinator::store::{LockWait, Store};
+use idempotency_coordinator::store::Store;
 
 use crate::support::*;
 use idempotency_testkit::database::signal;
@@ -136,20 +135,13 @@ async fn a_claim_paused_while_it_waits_gets_a_token_above_the_released_one(path:
     }
 
     let claim = {
-        // Patient, as a call whose key is held runs: its statement waits for the row.
-        let store = app.store.limited(
-            std::time::Instant::now() + Duration::from_secs(50),
-            LockWait::Patient,
-        );
+        let store = app.patient_store(Duration::from_secs(50));
         let mut client = client.clone();
         let (key, other) = (key.clone(), other.clone());
         tokio::spawn(async move {
             match path {
                 Path::Lone | Path::Pooler | Path::PgBouncer => {
-                    let request = TryStartRequest {
-                        attempt_id: "the-paused-claim".into(),
-                        ..try_start(&key)
-                    };
+                    let request = try_start(&key).with_attempt("the-paused-claim");
                     let answer = client.try_start(request).await.expect("TryStart");
                     let started = expect_started(answer.into_inner());
                     vec![(
@@ -339,11 +331,7 @@ async fn a_claim_that_waited_behind_the_reapers_delete_counts_its_lease_from_the
     raw::delete_key(&mut session, &key).await;
 
     let claim = {
-        // Patient, as a call whose key is held runs: its statement waits for the row.
-        let store = app.store.limited(
-            std::time::Instant::now() + Duration::from_secs(50),
-            LockWait::Patient,
-        );
+        let store = app.patient_store(Duration::from_secs(50));
         let mut client = client.clone();
         let key = key.clone();
         tokio::spawn(async move {
@@ -362,10 +350,7 @@ async fn a_claim_that_waited_behind_the_reapers_delete_counts_its_lease_from_the
                     }
                 }
                 _ => {
-                    let request = TryStartRequest {
-                        lease_ttl: Some(duration(LEASE)),
-                        ..try_start(&key)
-                    };
+                    let request = try_start(&key).with_lease(Some(duration(LEASE)));
                     let answer = client.try_start(request).await.expect("TryStart");
                     instant(&expect_started(answer.into_inner()).lease_expires_at)
                 }

@@ -10,7 +10,7 @@ use idempotency_coordinator::domain::batch::Round;
 use idempotency_coordinator::domain::{
     CompleteCommand, Key, LeaseToken, ResponseBody, Scope, TryStartOutcome,
 };
-use idempotency_coordinator::store::{LockWait, Store};
+use idempotency_coordinator::store::Store;
 
 use crate::support::*;
 
@@ -80,10 +80,7 @@ async fn a_shared_claim_that_meets_a_held_key_fails_whole_and_briefly(hold: Hold
         Some(false),
         "{hold:?}: a lone statement's held key is its own"
     );
-    let patient = app.store.limited(
-        std::time::Instant::now() + Duration::from_secs(4),
-        LockWait::Patient,
-    );
+    let patient = app.patient_store(Duration::from_secs(4));
     let claimed = tokio::spawn(async move {
         let command = store_try_start(&held, "patient");
         patient.try_start(&command).await
