@@ -151,8 +151,7 @@ async fn mark_processed_writes_nothing_when_the_store_fails_mid_statement() {
     let (app, mut client) =
         app_and_client_with(Backend::Postgres, &["--operation-timeout", "500ms"]).await;
     mark_results(&client, mark("atomic", &["c-held"])).await;
-    let mut holder = raw::session(&app.database.url).await;
-    raw::run(&mut holder, "BEGIN").await;
+    let mut holder = raw::transaction(&app.database.url).await;
     raw::run(
         &mut holder,
         "SELECT 1 FROM processed_events WHERE event_id = 'c-held' FOR UPDATE",

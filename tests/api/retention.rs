@@ -127,8 +127,7 @@ async fn the_reaper_deletes_expired_rows_in_bounded_batches_and_spares_live_ones
 async fn the_reaper_skips_rows_another_transaction_holds() {
     let app = TestApp::spawn(Backend::Postgres).await;
     app.database.insert_expired_keys("old-", 10).await;
-    let mut holder = raw::session(&app.database.url).await;
-    raw::run(&mut holder, "BEGIN").await;
+    let mut holder = raw::transaction(&app.database.url).await;
     raw::lock_key(&mut holder, "old-1").await;
     raw::lock_key(&mut holder, "old-2").await;
 

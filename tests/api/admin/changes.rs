@@ -59,31 +59,28 @@ async fn only_an_in_progress_key_is_released_and_a_refusal_records_nothing(backe
     let (app, mut client) = app_and_client(backend).await;
     let admin = admin_client(&app).await;
     claim_and_complete(&mut client, "done", b"r").await;
-    let completed = admin
-        .clone()
-        .force_release(force_release("done", "mistake"))
-        .await
-        .expect_err("a completed key is not released");
-    assert_eq!(completed.code(), Code::FailedPrecondition);
+    for (key, what, code) in [
+        ("done", "a completed key", Code::FailedPrecondition),
+        ("never", "an absent key", Code::NotFound),
+    ] {
+        let refused = admin
+            .clone()
+            .force_release(force_release(key, "mistake"))
+            .await
+            .expect_err(&format!("{what} is not released"));
+        assert_eq!(refused.code(), code, "{what}");
+    }
     expect_replay(&client, "done", b"r").await;
-    let absent = admin
-        .clone()
-        .force_release(force_release("never", "mistake"))
-        .await
-        .expect_err("an absent key");
-    assert_eq!(absent.code(), Code::NotFound);
 
     let held = claim(&mut client, try_start("held")).await;
-    let no_reason = admin
-        .clone()
-        .force_release(force_release("held", " "))
-        .await;
-    assert_bad_fields(no_reason, &["reason"]);
-    let too_long = admin
-        .clone()
-        .force_release(force_release("held", &"x".repeat(1025)))
-        .await;
-    assert_bad_fields(too_long, &["reason"]);
+    // No reason, and one too long.
+    for reason in [" ".to_owned(), "x".repeat(1025)] {
+        let refused = admin
+            .clone()
+            .force_release(force_release("held", &reason))
+            .await;
+        assert_bad_fields(refused, &["reason"]);
+    }
     let bad = admin
         .clone()
         .force_release(pb::ForceReleaseRequest {
@@ -316,6 +313,17 @@ async fn the_reaper_deletes_audit_events_past_their_retention(backend: Backend) 
     assert_eq!(events[0].key, "new");
 }
 
+/// A PostgreSQL server with five completed keys (`key-0` … `key-4`), a client and an admin
+/// client of it.
+async fn five_completed_keys() -> (TestApp, Client, AdminClient) {
+    let (app, mut client) = app_and_client(Backend::Postgres).await;
+    let admin = admin_client(&app).await;
+    for index in 0..5 {
+        claim_and_complete(&mut client, &format!("key-{index}"), b"r").await;
+    }
+    (app, client, admin)
+}
+
 /// An erasure that cannot empty its namespace (here a row another transaction holds for longer
 /// than the erasure waits for it) does not end its stream with `done`, which promises that
 /// nothing is left: the stream ends `UNAVAILABLE`, saying what was erased, and the audit trail
@@ -323,13 +331,8 @@ async fn the_reaper_deletes_audit_events_past_their_retention(backend: Backend) 
 /// PostgreSQL: the held row comes from a raw session of the test's own.
 #[tokio::test]
 async fn postgres_an_erasure_that_leaves_rows_does_not_report_done() {
-    let (app, mut client) = app_and_client(Backend::Postgres).await;
-    let admin = admin_client(&app).await;
-    for index in 0..5 {
-        claim_and_complete(&mut client, &format!("key-{index}"), b"r").await;
-    }
-    let mut holder = crate::support::raw::session(&app.database.url).await;
-    crate::support::raw::run(&mut holder, "BEGIN").await;
+    let (app, _client, admin) = five_completed_keys().await;
+    let mut holder = crate::support::raw::transaction(&app.database.url).await;
     crate::support::raw::lock_key(&mut holder, "key-3").await;
 
     let mut stream = erase_stream(&admin, NAMESPACE, 2).await;
@@ -365,18 +368,13 @@ async fn postgres_an_erasure_that_leaves_rows_does_not_report_done() {
 /// session of the test's own (SQLite has one writer: nothing holds a row from it).
 #[tokio::test]
 async fn postgres_a_row_held_while_a_pass_went_by_is_erased_by_the_next_pass() {
-    let (app, mut client) = app_and_client(Backend::Postgres).await;
-    let admin = admin_client(&app).await;
-    for index in 0..5 {
-        claim_and_complete(&mut client, &format!("key-{index}"), b"r").await;
-    }
+    let (app, client, admin) = five_completed_keys().await;
     mark_results(
         &client,
         mark(NAMESPACE, &["e-0", "e-1", "e-2", "e-3", "e-4"]),
     )
     .await;
-    let mut holder = crate::support::raw::session(&app.database.url).await;
-    crate::support::raw::run(&mut holder, "BEGIN").await;
+    let mut holder = crate::support::raw::transaction(&app.database.url).await;
     // Second in order: the first batch (of two) erases key-0 and key-2 and goes on after key-2.
     crate::support::raw::lock_key(&mut holder, "key-1").await;
     crate::support::raw::lock_event(&mut holder, NAMESPACE, "e-1").await;

@@ -198,8 +198,7 @@ impl HeldClaim {
         let client = app.client().await;
         let suffix = unique_key("");
         let key = format!("a-block{suffix}");
-        let mut session = raw::session(&app.database.url).await;
-        raw::run(&mut session, "BEGIN").await;
+        let mut session = raw::transaction(&app.database.url).await;
         raw::insert_claim(&mut session, &key, false).await;
         Self {
             session,
@@ -315,8 +314,7 @@ async fn row_locks_delay_only_their_own_writes(route: Route) {
     }
     mark_results(&client, mark(consumer, &[&held_event])).await;
 
-    let mut session = raw::session(&app.database.url).await;
-    raw::run(&mut session, "BEGIN").await;
+    let mut session = raw::transaction(&app.database.url).await;
     raw::lock_key(&mut session, &held_key).await;
     raw::lock_event(&mut session, consumer, &held_event).await;
 

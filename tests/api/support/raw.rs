@@ -10,6 +10,13 @@ pub async fn session(url: &str) -> PgConnection {
     PgConnection::connect(url).await.expect("a raw session")
 }
 
+/// A session on `url` inside a transaction it has begun, which the test ends.
+pub async fn transaction(url: &str) -> PgConnection {
+    let mut session = session(url).await;
+    run(&mut session, "BEGIN").await;
+    session
+}
+
 /// Runs `statement` (`BEGIN`, `COMMIT`, `ROLLBACK`) on `session`.
 pub async fn run(session: &mut PgConnection, statement: &'static str) {
     sqlx::query(statement)
