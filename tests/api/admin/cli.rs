@@ -24,6 +24,13 @@ impl Run {
         assert!(self.stderr.contains(said), "{}", self.stderr);
     }
 
+    /// Asserts that the run printed each of `texts` on standard output.
+    pub(super) fn assert_printed(&self, texts: &[&str]) {
+        for text in texts {
+            assert!(self.stdout.contains(text), "{text:?} in {}", self.stdout);
+        }
+    }
+
     pub(super) fn json(&self) -> Value {
         assert_eq!(self.status, Some(0), "failed: {}", self.stderr);
         serde_json::from_str(&self.stdout)
@@ -116,7 +123,7 @@ async fn an_operator_finds_reads_releases_and_erases_from_the_cli_alone(backend:
     assert_eq!(table.status, Some(0), "{}", table.stderr);
     assert!(table.stdout.starts_with("KEY"), "{}", table.stdout);
     assert!(table.stdout.contains("payment-17") && table.stdout.contains("stuck"));
-    assert!(table.stdout.contains("2 keys"), "{}", table.stdout);
+    table.assert_printed(&["2 keys"]);
     assert!(
         table.stdout.contains("CLAIMED") && table.stdout.contains("HOLDER"),
         "{}",
@@ -131,7 +138,7 @@ async fn an_operator_finds_reads_releases_and_erases_from_the_cli_alone(backend:
     assert!(!table.stdout.contains("TOKEN"), "{}", table.stdout);
     let lease_end = keys[0]["lease_expires_at"].as_str().expect("a lease end");
     let to_the_second = format!("{}Z", &lease_end[..19]);
-    assert!(table.stdout.contains(&to_the_second), "{}", table.stdout);
+    table.assert_printed(&[&to_the_second]);
     let wide = admin(&app, &["keys", "list", "--namespace", NAMESPACE, "--wide"]).await;
     assert_eq!(wide.status, Some(0), "{}", wide.stderr);
     let header = wide.stdout.lines().next().unwrap_or_default();
@@ -145,7 +152,7 @@ async fn an_operator_finds_reads_releases_and_erases_from_the_cli_alone(backend:
     ] {
         assert!(header.contains(column), "{column}: {header}");
     }
-    assert!(wide.stdout.contains(lease_end), "{}", wide.stdout);
+    wide.assert_printed(&[lease_end]);
     // Keys held since before a moment: the stuck one, not the completed one.
     let an_hour_ahead = (chrono::Utc::now() + chrono::Duration::hours(1)).to_rfc3339();
     let held = admin_json(
@@ -180,7 +187,7 @@ async fn an_operator_finds_reads_releases_and_erases_from_the_cli_alone(backend:
     assert_eq!(story["state"], "completed");
     assert_eq!(story["response_hex"], hex::encode(b"{\"paid\":true}"));
     let shown = admin(&app, &show).await;
-    assert!(shown.stdout.contains("{\"paid\":true}"), "{}", shown.stdout);
+    shown.assert_printed(&["{\"paid\":true}"]);
 
     // Release it with a reason, and see that in the audit trail.
     let released = admin(&app, &release("payment-17", "worker pod crashed (INC-42)")).await;
@@ -242,11 +249,8 @@ async fn a_namespace_is_erased_from_the_cli_while_traffic_keeps_flowing(backend:
     let erased = admin(&app, &erase).await;
     let (answered_calls, failed_calls) = traffic.stop().await;
     assert_eq!(erased.status, Some(0), "{}", erased.stderr);
-    assert!(
-        erased.stdout.contains("300 keys"),
-        "the summary: {}",
-        erased.stdout
-    );
+    // The summary.
+    erased.assert_printed(&["300 keys"]);
     // The progress, on standard error (a line per second at most, and the last).
     assert!(
         erased.stderr.contains("erasing tests:"),

@@ -88,27 +88,12 @@ async fn a_released_key_is_shown_as_released_until_the_next_claim_takes_it_over(
     )
     .await;
     assert_eq!(show.status, Some(0), "{}", show.stderr);
-    assert!(
-        show.stdout.contains("state              released\n"),
-        "{}",
-        show.stdout
-    );
-    assert!(
-        show.stdout.contains("released_by        loopback\n"),
-        "{}",
-        show.stdout
-    );
-    assert!(
-        show.stdout.contains(&format!("released_at        {at}\n")),
-        "{}",
-        show.stdout
-    );
-    assert!(
-        show.stdout
-            .contains("next               nobody holds it now: its holder's writes are refused"),
-        "{}",
-        show.stdout
-    );
+    show.assert_printed(&[
+        "state              released\n",
+        "released_by        loopback\n",
+        &format!("released_at        {at}\n"),
+        "next               nobody holds it now: its holder's writes are refused",
+    ]);
 
     // The counts: one stuck (the oldest is the one nobody dealt with), one released.
     let stats = admin_json(&app, &["stats", "--namespace", NAMESPACE]).await;
