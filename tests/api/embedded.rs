@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use crate::support::process::ServerProcess;
+use crate::support::process::{ServerProcess, assert_refused_saying};
 use crate::support::*;
 
 /// SQLite only: with no store configured, the binary keeps its data in ./data/coordinator.db
@@ -34,11 +34,6 @@ async fn with_no_settings_the_data_lives_in_a_local_file_and_survives_a_restart(
     assert!(next.lease_token > started.lease_token);
 }
 
-/// What a process that ran to its end printed: its output, then its errors.
-fn printed(output: &std::process::Output) -> String {
-    String::from_utf8_lossy(&output.stdout).into_owned() + &String::from_utf8_lossy(&output.stderr)
-}
-
 #[tokio::test]
 async fn a_database_url_of_another_kind_is_refused_at_start() {
     let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_idempotency-coordinator"))
@@ -51,13 +46,10 @@ async fn a_database_url_of_another_kind_is_refused_at_start() {
         .output()
         .await
         .expect("run the binary");
-    assert!(!output.status.success());
-    let printed = printed(&output);
-    assert!(
-        printed.contains("--database-url")
-            && printed.contains("postgres://")
-            && printed.contains("sqlite://"),
-        "the error names the flag and what it accepts: {printed}"
+    assert_refused_saying(
+        &output,
+        &["--database-url", "postgres://", "sqlite://"],
+        "the error names the flag and what it accepts",
     );
 }
 
@@ -80,13 +72,14 @@ async fn a_second_process_on_the_same_file_is_refused_and_the_first_serves_on() 
         .await
         .expect("the second process stops by itself")
         .expect("run the binary");
-    assert!(!second.status.success(), "{second:?}");
-    let printed = printed(&second);
-    assert!(
-        printed.contains("another process already serves the SQLite file")
-            && printed.contains("coordinator.db.lock")
-            && printed.contains("PostgreSQL"),
-        "the refusal says why and what to do: {printed}"
+    assert_refused_saying(
+        &second,
+        &[
+            "another process already serves the SQLite file",
+            "coordinator.db.lock",
+            "PostgreSQL",
+        ],
+        "the refusal says why and what to do",
     );
 
     // The first process serves on.

@@ -9,7 +9,6 @@ use std::time::Duration;
 use tokio::process::{Child, Command};
 use tonic::Code;
 
-use crate::support::process::ServerProcess;
 use crate::support::proxy::TcpProxy;
 use crate::support::security::{
     Bearer, TokensFile, assert_the_reload_took_effect, authed_client, token,
@@ -184,8 +183,7 @@ async fn a_fifo_over_the_tokens_file_is_refused_and_later_reloads_still_work() {
     let (later, later_line) = token("later", "*");
     let tokens = TokensFile::new(&[&first_line]);
     let database = TestDatabase::create(Backend::Postgres).await;
-    let mut server = ServerProcess::start(&database.url, &["--tokens-file", &tokens.flag()]).await;
-    let _ = server.client_when_serving().await;
+    let mut server = tokens.serve_binary(&database).await;
     let mut first_client = authed_client(server.endpoint(), Bearer::token(&first)).await;
     first_client
         .lookup(lookup("k"))

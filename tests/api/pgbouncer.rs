@@ -13,7 +13,7 @@ use tokio::process::{Child, Command};
 use tonic::Code;
 use tonic_health::pb::health_check_response::ServingStatus;
 
-use crate::support::process::{ServerProcess, coordinator};
+use crate::support::process::{ServerProcess, assert_refused_saying, coordinator};
 use crate::support::*;
 
 /// Debian's PgBouncer binary, which `scripts/services` installs (no test installs anything).
@@ -285,12 +285,10 @@ async fn without_the_pooler_mode_the_refusal_is_reported_with_its_cause() {
 async fn migrating_through_the_pooler_is_refused_with_directions() {
     let database = TestDatabase::create(Backend::Postgres).await;
     let refused = migrate(&database.url, &["--pooler", "transaction"]).await;
-    assert!(!refused.status.success());
-    let said = String::from_utf8_lossy(&refused.stderr).into_owned()
-        + &String::from_utf8_lossy(&refused.stdout);
-    assert!(
-        said.contains("--database-url pointing at PostgreSQL directly"),
-        "{said}"
+    assert_refused_saying(
+        &refused,
+        &["--database-url pointing at PostgreSQL directly"],
+        "migrate says where to point it",
     );
     // Nor may `serve` migrate through it.
     let app_refused = coordinator()
@@ -311,10 +309,10 @@ async fn migrating_through_the_pooler_is_refused_with_directions() {
         .output()
         .await
         .expect("run serve");
-    assert!(!app_refused.status.success());
-    assert!(
-        String::from_utf8_lossy(&app_refused.stderr).contains("serve with --no-migrate")
-            || String::from_utf8_lossy(&app_refused.stdout).contains("serve with --no-migrate")
+    assert_refused_saying(
+        &app_refused,
+        &["serve with --no-migrate"],
+        "serve says to serve without migrating",
     );
 }
 

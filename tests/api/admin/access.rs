@@ -11,7 +11,6 @@ use idempotency_coordinator::proto::idempotency::v1::{self as pb};
 use tonic::Code;
 
 use super::*;
-use crate::support::process::ServerProcess;
 use crate::support::security::*;
 
 /// Every admin RPC on `namespace` (for key `key`), and how each ended.
@@ -297,8 +296,7 @@ async fn sighup_reloads_admin_rights(backend: Backend) {
     let (operator, plain_line) = token("oncall", "*");
     let tokens = TokensFile::new(&[&service_line, &plain_line]);
     let database = TestDatabase::create(backend).await;
-    let server = ServerProcess::start(&database.url, &["--tokens-file", &tokens.flag()]).await;
-    let _ = server.client_when_serving().await;
+    let server = tokens.serve_binary(&database).await;
     let mut client = authed_client(server.endpoint(), Bearer::token(&service)).await;
     let token = held_key(&mut client, NAMESPACE, "held").await;
     let admin = authed_admin(server.endpoint(), Bearer::token(&operator)).await;

@@ -100,8 +100,7 @@ async fn the_admin_walkthrough_works_as_written_from_a_fresh_store(backend: Back
     let (worker, worker_line) = token("payments", "payments,payments-*");
     let tokens = TokensFile::new(&[&worker_line]);
     let database = TestDatabase::create(backend).await;
-    let server = ServerProcess::start(&database.url, &["--tokens-file", &tokens.flag()]).await;
-    let _ = server.client_when_serving().await;
+    let server = tokens.serve_binary(&database).await;
     let home = tempfile::tempdir().expect("a home folder");
     let run = shell(home.path(), &tokens.path, &server);
 

@@ -18,8 +18,7 @@ async fn sighup_reloads_tokens_without_dropping_calls(backend: Backend) {
     let (later, later_line) = token("later", "*");
     let tokens = TokensFile::new(&[&first_line, &steady_line]);
     let database = TestDatabase::create(backend).await;
-    let server = ServerProcess::start(&database.url, &["--tokens-file", &tokens.flag()]).await;
-    let _ = server.client_when_serving().await;
+    let server = tokens.serve_binary(&database).await;
 
     // Steady traffic with a token that stays valid across every reload.
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));

@@ -26,6 +26,11 @@ impl From<idempotency_testkit::ServerProcess> for ServerProcess {
 }
 
 impl ServerProcess {
+    /// The process the kit started, or a panic with the kit's reason why it could not.
+    fn started(process: anyhow::Result<idempotency_testkit::ServerProcess>) -> Self {
+        Self(process.unwrap_or_else(|error| panic!("start the server binary: {error:#}")))
+    }
+
     /// Starts `idempotency-coordinator serve` on a free port and waits for its address.
     pub async fn start(database_url: &str, flags: &[&str]) -> Self {
         Self::start_with_log_level(database_url, flags, "info").await
@@ -33,33 +38,27 @@ impl ServerProcess {
 
     /// Like [`Self::start`], logging at `level` (`RUST_LOG`).
     pub async fn start_with_log_level(database_url: &str, flags: &[&str], level: &str) -> Self {
-        Self(
+        Self::started(
             coordinator()
                 .serve_logging(database_url, flags, level)
-                .await
-                .expect("start the server binary"),
+                .await,
         )
     }
 
     /// Like [`Self::start`], with the process's wall clock skewed by `skew` (libfaketime's
     /// syntax: "-2h").
     pub async fn start_with_clock_skew(database_url: &str, flags: &[&str], skew: &str) -> Self {
-        Self(
+        Self::started(
             coordinator()
                 .serve_with_clock_skew(database_url, flags, skew)
-                .await
-                .expect("start the server binary under libfaketime"),
+                .await,
         )
     }
 
     /// Runs `command` (the coordinator binary with its arguments and environment) as
     /// [`idempotency_testkit::ServerProcess::spawn`] does.
     pub async fn spawn(command: tokio::process::Command, flags: &[&str]) -> Self {
-        Self(
-            idempotency_testkit::ServerProcess::spawn(command, flags)
-                .await
-                .expect("start the server binary"),
-        )
+        Self::started(idempotency_testkit::ServerProcess::spawn(command, flags).await)
     }
 
     /// Starts the binary with no store settings at all, in `directory`, as a newcomer would.
@@ -69,12 +68,7 @@ impl ServerProcess {
 
     /// Like [`Self::start_embedded_in`], with extra flags.
     pub async fn start_embedded_in_with(directory: &std::path::Path, flags: &[&str]) -> Self {
-        Self(
-            coordinator()
-                .serve_embedded_in(directory, flags)
-                .await
-                .expect("start the server binary"),
-        )
+        Self::started(coordinator().serve_embedded_in(directory, flags).await)
     }
 
     /// The process's peak resident memory so far (VmHWM), in KiB.
@@ -103,27 +97,28 @@ impl ServerProcess {
     }
 }
 
+/// The PATH with the folder of this build's binary first, so that a shell finds it as
+/// `idempotency-coordinator`.
+fn path_with_this_build() -> String {
+    let binary = coordinator();
+    let folder = binary.path().parent().expect("the binary's folder");
+    format!(
+        "{}:{}",
+        folder.display(),
+        std::env::var("PATH").unwrap_or_default()
+    )
+}
+
 /// `script` in bash as an operator would run it (`set -euo pipefail`), with this build's binary
 /// first on the PATH and `home` as HOME and the working folder; the caller adds what else its
 /// guide's shell has.
 pub fn operator_bash(home: &std::path::Path, script: &str) -> std::process::Command {
-    let binary = coordinator();
-    let folder = binary
-        .path()
-        .parent()
-        .expect("the binary's folder")
-        .to_owned();
-    let path = format!(
-        "{}:{}",
-        folder.display(),
-        std::env::var("PATH").unwrap_or_default()
-    );
     let mut command = std::process::Command::new("bash");
     command
         .args(["-c", &format!("set -euo pipefail\n{script}")])
         .current_dir(home)
         .env("HOME", home)
-        .env("PATH", path);
+        .env("PATH", path_with_this_build());
     command
 }
 
@@ -131,17 +126,10 @@ pub fn operator_bash(home: &std::path::Path, script: &str) -> std::process::Comm
 /// PATH and `environment` (the variables the guide names) set; arguments added to the command
 /// reach it as `"$@"`.
 pub fn guide_shell(script: &str, environment: &[(&str, String)]) -> tokio::process::Command {
-    let binary = coordinator();
-    let folder = binary.path().parent().expect("the binary's folder");
-    let path = format!(
-        "{}:{}",
-        folder.display(),
-        std::env::var("PATH").unwrap_or_default()
-    );
     let mut command = tokio::process::Command::new("bash");
     command
         .args(["-c", script, "bash"])
-        .env("PATH", path)
+        .env("PATH", path_with_this_build())
         .envs(environment.iter().map(|(name, value)| (*name, value)));
     command
 }
@@ -154,11 +142,7 @@ pub async fn run_as_written(commands: &[String], environment: &[(&str, String)])
             .output()
             .await
             .expect("bash");
-        assert!(
-            output.status.success(),
-            "{command}\n{}",
-            both_outputs(&output)
-        );
+        assert_succeeded(&output, command);
     }
 }
 
@@ -174,6 +158,27 @@ pub async fn serve_as_written(serve: &str, environment: &[(&str, String)]) -> Se
         &[],
     )
     .await
+}
+
+/// Asserts that a command (`what` names it) succeeded, telling all it printed if not.
+pub fn assert_succeeded(output: &std::process::Output, what: &str) {
+    assert!(output.status.success(), "{what}\n{}", both_outputs(output));
+}
+
+/// Asserts that a command that ran to its end failed, and said each of `texts` on its
+/// standard output or error (`why`: what saying them shows).
+pub fn assert_refused_saying(output: &std::process::Output, texts: &[&str], why: &str) {
+    assert!(!output.status.success(), "{output:?}");
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr),
+    );
+    for text in texts {
+        assert!(
+            stdout.contains(text) || stderr.contains(text),
+            "{why}: {text:?} is not in {stdout}{stderr}"
+        );
+    }
 }
 
 /// A command's standard output and error, one after the other.

@@ -10,6 +10,9 @@ use tonic::service::Interceptor;
 use tonic::service::interceptor::InterceptedService;
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Identity};
 
+use super::TestDatabase;
+use super::process::ServerProcess;
+
 /// Adds `authorization: Bearer <token>` to every call (or nothing, for a caller without one).
 #[derive(Clone)]
 pub struct Bearer(Option<MetadataValue<Ascii>>);
@@ -90,6 +93,13 @@ impl TokensFile {
 
     pub fn flag(&self) -> String {
         self.path.display().to_string()
+    }
+
+    /// The real binary on `database` with these tokens, once it serves.
+    pub async fn serve_binary(&self, database: &TestDatabase) -> ServerProcess {
+        let server = ServerProcess::start(&database.url, &["--tokens-file", &self.flag()]).await;
+        let _ = server.client_when_serving().await;
+        server
     }
 }
 

@@ -45,11 +45,7 @@ async fn openssl(dir: &Path, args: &[&str]) {
         .output()
         .await
         .expect("run openssl (is it installed?)");
-    assert!(
-        output.status.success(),
-        "openssl {args:?}: {}",
-        String::from_utf8_lossy(&output.stderr)
-    );
+    super::process::assert_succeeded(&output, &format!("openssl {args:?}"));
 }
 
 /// A P-256 key and a certificate for `subject` signed by `ca` (`ca.pem`/`ca.key` in `dir`), or
