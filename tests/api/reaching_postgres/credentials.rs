@@ -2,10 +2,10 @@
 //! under load fails no call and needs no restart), libpq's passfile, the whole URL in a file;
 //! none of them ever logged.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use super::{says, serves_encrypted};
+use super::{says, serves_encrypted, tls_cluster_with_database};
 use crate::support::process::ServerProcess;
 use crate::support::tls_cluster::Cluster;
 use idempotency_testkit::load::Callers;
@@ -16,11 +16,17 @@ const DB: &str = "idempotency";
 
 /// A cluster where `app` (password `pw-first-7f3a`) owns the service's database.
 async fn cluster_for_app() -> Cluster {
-    let cluster = Cluster::tls().await;
-    cluster
-        .admin(&format!("CREATE DATABASE {DB} OWNER app"))
-        .await;
-    cluster
+    tls_cluster_with_database(DB, "app").await
+}
+
+/// A cluster for `app` (see [`cluster_for_app`]) and a password file beside it holding
+/// `password`: the cluster, the file, and the URL of the service's database without a password.
+async fn cluster_and_password_file(password: &str) -> (Cluster, PathBuf, String) {
+    let cluster = cluster_for_app().await;
+    let password_file = cluster.folder().join("password");
+    write_secret(&password_file, password);
+    let url = cluster.url("app", "localhost", DB, &verify(&cluster));
+    (cluster, password_file, url)
 }
 
 /// Writes `text` to `path` as a secret mount or a sidecar does: beside it, then renamed into
@@ -58,10 +64,7 @@ async fn sessions_of_app_since(cluster: &Cluster, since: chrono::DateTime<chrono
 /// open new connections, which log in with the new password: no call fails, no restart.
 #[tokio::test]
 async fn a_rotated_password_file_is_used_by_new_connections_without_a_failed_call() {
-    let cluster = cluster_for_app().await;
-    let password_file = cluster.folder().join("password");
-    write_secret(&password_file, "pw-first-7f3a\n");
-    let url = cluster.url("app", "localhost", DB, &verify(&cluster));
+    let (cluster, password_file, url) = cluster_and_password_file("pw-first-7f3a\n").await;
     let file = password_file.display().to_string();
     // Checks every 200 ms (the default is 2 s), so the test waits less for the file to be
     // read again; a rotation is taken up at the next check or the next refusal, whichever is
@@ -142,10 +145,7 @@ async fn a_rotated_password_file_is_used_by_new_connections_without_a_failed_cal
 /// restart.
 #[tokio::test]
 async fn a_refused_password_is_named_and_a_corrected_file_serves_without_a_restart() {
-    let cluster = cluster_for_app().await;
-    let password_file = cluster.folder().join("password");
-    write_secret(&password_file, "wrong");
-    let url = cluster.url("app", "localhost", DB, &verify(&cluster));
+    let (cluster, password_file, url) = cluster_and_password_file("wrong").await;
     let file = password_file.display().to_string();
     let server = ServerProcess::start(&url, &["--database-password-file", &file]).await;
     let line = says(&server, "refused the password of user \"app\"").await;

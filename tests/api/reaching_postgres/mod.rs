@@ -21,6 +21,15 @@ use crate::support::process::ServerProcess;
 use crate::support::tls_cluster::{Cluster, SAYS_WITHIN};
 use crate::support::{claim_and_complete, expect_replay, unique_key};
 
+/// A cluster that takes TLS (see [`Cluster::tls`]) with `database`, owned by `owner`.
+pub async fn tls_cluster_with_database(database: &str, owner: &str) -> Cluster {
+    let cluster = Cluster::tls().await;
+    cluster
+        .admin(&format!("CREATE DATABASE {database} OWNER {owner}"))
+        .await;
+    cluster
+}
+
 /// Runs the binary with `args` to its end: its exit status and all it printed.
 pub async fn run_to_end(args: &[&str]) -> (Option<i32>, String) {
     let output = crate::support::process::coordinator()

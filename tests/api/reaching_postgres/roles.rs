@@ -22,6 +22,19 @@ const ROLES: &str = "CREATE ROLE idempotency_migrator LOGIN PASSWORD 'migrator-p
     CREATE ROLE idempotency_service LOGIN PASSWORD 'service-pw'; \
     CREATE DATABASE idempotency OWNER idempotency_migrator";
 
+/// Whether `key`'s row in the service's database is marked watched (read as the cluster's
+/// administrator), or `None` when the key has no row.
+async fn row_watched(cluster: &Cluster, key: &str) -> Option<bool> {
+    let mut connection = cluster.connect(DB).await;
+    let row: Option<(bool,)> =
+        sqlx::query_as("SELECT watched FROM idempotency_keys WHERE key = $1")
+            .bind(key)
+            .fetch_optional(&mut connection)
+            .await
+            .expect("the key's row");
+    row.map(|(watched,)| watched)
+}
+
 /// A cluster with the two roles, migrated by the migrating role, which granted the service's
 /// rights; answers it and the service role's URL.
 async fn migrated_with_two_roles() -> (Cluster, String) {
@@ -85,19 +98,7 @@ async fn the_serving_role_passes_the_contract_with_only_the_rights_it_was_grante
     eventually(
         Duration::from_secs(10),
         "the waiter watches the key",
-        || {
-            let (cluster, key) = (&cluster, key.clone());
-            async move {
-                let mut connection = cluster.connect(DB).await;
-                let watched: Option<(bool,)> =
-                    sqlx::query_as("SELECT watched FROM idempotency_keys WHERE key = $1")
-                        .bind(&key)
-                        .fetch_optional(&mut connection)
-                        .await
-                        .expect("the key's row");
-                watched.is_some_and(|(watched,)| watched)
-            }
-        },
+        || async { row_watched(&cluster, &key).await == Some(true) },
     )
     .await;
     complete_key(&client, &key, started.lease_token, b"woken").await;
@@ -119,19 +120,7 @@ async fn the_serving_role_passes_the_contract_with_only_the_rights_it_was_grante
     eventually(
         Duration::from_secs(10),
         "the reaper deletes the expired key",
-        || {
-            let (cluster, short) = (&cluster, short.clone());
-            async move {
-                let mut connection = cluster.connect(DB).await;
-                let (left,): (i64,) =
-                    sqlx::query_as("SELECT count(*) FROM idempotency_keys WHERE key = $1")
-                        .bind(&short)
-                        .fetch_one(&mut connection)
-                        .await
-                        .expect("count");
-                left == 0
-            }
-        },
+        || async { row_watched(&cluster, &short).await.is_none() },
     )
     .await;
 

@@ -6,7 +6,7 @@
 
 use std::time::{Duration, Instant};
 
-use super::{migrate, not_serving, run_to_end, says};
+use super::{migrate, not_serving, run_to_end, says, tls_cluster_with_database};
 use crate::support::eventually;
 use crate::support::process::ServerProcess;
 use crate::support::tls_cluster::Cluster;
@@ -23,10 +23,7 @@ fn count(output: &str, text: &str) -> usize {
 
 #[tokio::test]
 async fn a_refused_connection_is_named_at_once_then_each_change_of_cause_once() {
-    let cluster = Cluster::tls().await;
-    cluster
-        .admin(&format!("CREATE DATABASE {DB} OWNER app"))
-        .await;
+    let cluster = tls_cluster_with_database(DB, "app").await;
     cluster.stop_server().await;
     let password_file = cluster.folder().join("password");
     std::fs::write(&password_file, "not-the-password").expect("password file");

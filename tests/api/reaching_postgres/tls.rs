@@ -2,7 +2,10 @@
 //! managed PostgreSQL does: each serves, with every session encrypted, through `--database-url`,
 //! `--notify-database-url`, a multi-host URL and `migrate`.
 
-use super::{migrate, not_serving, run_to_end, says, serve_with_environment, serves_encrypted};
+use super::{
+    migrate, not_serving, run_to_end, says, serve_with_environment, serves_encrypted,
+    tls_cluster_with_database,
+};
 use crate::support::process::ServerProcess;
 use crate::support::tls_cluster::Cluster;
 
@@ -63,11 +66,8 @@ async fn the_operating_systems_roots_are_trusted_with_sslrootcert_system() {
 
 #[tokio::test]
 async fn a_client_certificate_logs_in_where_the_server_asks_for_one() {
-    let cluster = Cluster::tls().await;
+    let cluster = tls_cluster_with_database(DB, "certuser").await;
     let certs = &cluster.certificates;
-    cluster
-        .admin(&format!("CREATE DATABASE {DB} OWNER certuser"))
-        .await;
     let params = format!(
         "sslmode=verify-full&sslrootcert={}&sslcert={}&sslkey={}",
         certs.ca.display(),

@@ -4,11 +4,19 @@
 //! not PEM, a private key others may read, a client certificate missing or not trusted; and
 //! settings that can never work are refused at start.
 
-use super::{not_serving, run_to_end, says};
+use super::{not_serving, run_to_end, says, tls_cluster_with_database};
 use crate::support::process::ServerProcess;
 use crate::support::tls_cluster::Cluster;
 
 const DB: &str = "idempotency";
+
+/// Starts the service on `url`, which must come to serve.
+async fn comes_to_serve(url: &str) {
+    ServerProcess::start(url, &[])
+        .await
+        .client_when_serving()
+        .await;
+}
 
 /// Starts the service on `url` and asserts that it says `expected` of `host` and does not
 /// serve.
@@ -43,29 +51,18 @@ async fn a_wrong_ca_and_a_wrong_name_are_named() {
         )
         .await;
     }
-    let by_address = cluster.url(
-        "postgres",
-        "127.0.0.1",
-        DB,
-        &format!("sslmode=verify-full&sslrootcert={}", certs.ca.display()),
-    );
+    let by_address = |mode: &str| {
+        let params = format!("sslmode={mode}&sslrootcert={}", certs.ca.display());
+        cluster.url("postgres", "127.0.0.1", DB, &params)
+    };
     refused_with(
-        &by_address,
+        &by_address("verify-full"),
         &format!("127.0.0.1:{}", cluster.port),
         "not valid for the name 127.0.0.1 (it names localhost)",
     )
     .await;
     // verify-ca does not check the name: the same URL serves.
-    let unchecked = cluster.url(
-        "postgres",
-        "127.0.0.1",
-        DB,
-        &format!("sslmode=verify-ca&sslrootcert={}", certs.ca.display()),
-    );
-    ServerProcess::start(&unchecked, &[])
-        .await
-        .client_when_serving()
-        .await;
+    comes_to_serve(&by_address("verify-ca")).await;
 }
 
 #[tokio::test]
@@ -89,10 +86,7 @@ async fn a_server_without_tls_is_refused_under_require() {
     }
     // prefer falls back to a plain session, as libpq's does.
     let url = cluster.url("postgres", "localhost", DB, "sslmode=prefer");
-    ServerProcess::start(&url, &[])
-        .await
-        .client_when_serving()
-        .await;
+    comes_to_serve(&url).await;
 }
 
 #[tokio::test]
@@ -127,11 +121,8 @@ async fn a_certificate_file_missing_unreadable_or_not_pem_is_named() {
 #[tokio::test]
 async fn client_certificates_refused_are_named() {
     use std::os::unix::fs::PermissionsExt;
-    let cluster = Cluster::tls().await;
+    let cluster = tls_cluster_with_database(DB, "certuser").await;
     let certs = &cluster.certificates;
-    cluster
-        .admin(&format!("CREATE DATABASE {DB} OWNER certuser"))
-        .await;
     let host = format!("localhost:{}", cluster.port);
     let verify = format!("sslmode=verify-full&sslrootcert={}", certs.ca.display());
     // No certificate where the server requires one.
