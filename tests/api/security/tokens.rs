@@ -11,69 +11,43 @@ use tonic_health::pb::health_check_response::ServingStatus;
 use crate::support::security::*;
 use crate::support::*;
 
-fn try_start_on(scope: &str, key: &str) -> pb::TryStartRequest {
-    pb::TryStartRequest {
-        namespace: scope.into(),
-        ..try_start(key)
+/// Claims `key` on `scope` and answers its lease token, or 1 (a token no key has) when the
+/// claim is refused.
+async fn token_of_a_claim(client: &mut AuthedClient, scope: &str, key: &str) -> u64 {
+    match client
+        .try_start(try_start(key).in_namespace(scope.into()))
+        .await
+    {
+        Ok(answer) => match outcome(answer.into_inner()) {
+            Outcome::Started(started) => started.lease_token,
+            other => panic!("a fresh key is started: {other:?}"),
+        },
+        Err(_) => 1,
     }
 }
 
 /// Calls every RPC of the API on `scope` (keys and events alike) and answers each one's code.
 async fn every_rpc(client: &mut AuthedClient, scope: &str) -> Vec<(&'static str, Code)> {
     let code = |result: Result<(), tonic::Status>| result.err().map_or(Code::Ok, |s| s.code());
+    let on_scope = || scope.to_owned();
     let key = unique_key("any");
-    let token = match client.try_start(try_start_on(scope, &key)).await {
-        Ok(answer) => match outcome(answer.into_inner()) {
-            Outcome::Started(started) => started.lease_token,
-            other => panic!("a fresh key is started: {other:?}"),
-        },
-        Err(_) => 1,
-    };
-    let tried = code(client.try_start(try_start_on(scope, &key)).await.map(drop));
-    let extended = code(
-        client
-            .extend_lease(pb::ExtendLeaseRequest {
-                namespace: scope.into(),
-                ..extend(&key, token)
-            })
-            .await
-            .map(drop),
-    );
+    let token = token_of_a_claim(client, scope, &key).await;
+    let again = try_start(&key).in_namespace(on_scope());
+    let tried = code(client.try_start(again).await.map(drop));
+    let extension = extend(&key, token).in_namespace(on_scope());
+    let extended = code(client.extend_lease(extension).await.map(drop));
     let looked = code(
         client
-            .lookup(pb::LookupRequest {
-                namespace: scope.into(),
-                key: key.clone(),
-            })
+            .lookup(lookup(&key).in_namespace(on_scope()))
             .await
             .map(drop),
     );
-    let completed = code(
-        client
-            .complete(pb::CompleteRequest {
-                namespace: scope.into(),
-                ..complete(&key, token, b"r")
-            })
-            .await
-            .map(drop),
-    );
+    let completion = complete(&key, token, b"r").in_namespace(on_scope());
+    let completed = code(client.complete(completion).await.map(drop));
     let other_key = unique_key("release");
-    let other_token = match client.try_start(try_start_on(scope, &other_key)).await {
-        Ok(answer) => match outcome(answer.into_inner()) {
-            Outcome::Started(started) => started.lease_token,
-            other => panic!("a fresh key is started: {other:?}"),
-        },
-        Err(_) => 1,
-    };
-    let released = code(
-        client
-            .release(pb::ReleaseRequest {
-                namespace: scope.into(),
-                ..release(&other_key, other_token)
-            })
-            .await
-            .map(drop),
-    );
+    let other_token = token_of_a_claim(client, scope, &other_key).await;
+    let releasing = release(&other_key, other_token).in_namespace(on_scope());
+    let released = code(client.release(releasing).await.map(drop));
     let marked = code(client.mark_processed(mark(scope, &["evt"])).await.map(drop));
     vec![
         ("TryStart", tried),
@@ -147,7 +121,7 @@ async fn a_token_is_refused_every_scope_it_was_not_given(backend: Backend) {
 
     let key = unique_key("owned");
     let answer = owner
-        .try_start(try_start_on("payments-eu", &key))
+        .try_start(try_start(&key).in_namespace("payments-eu".into()))
         .await
         .expect("TryStart");
     let held = expect_started(answer.into_inner());
@@ -159,19 +133,13 @@ async fn a_token_is_refused_every_scope_it_was_not_given(backend: Backend) {
     );
     // Aimed at the owner's very key and token: still nothing.
     let status = intruder
-        .release(pb::ReleaseRequest {
-            namespace: "payments-eu".into(),
-            ..release(&key, held.lease_token)
-        })
+        .release(release(&key, held.lease_token).in_namespace("payments-eu".into()))
         .await
         .expect_err("not its namespace");
     assert_error(&status, Code::PermissionDenied, "PERMISSION_DENIED");
     assert_eq!(app.total_rows().await, rows, "nothing read or written");
     let answer = owner
-        .lookup(pb::LookupRequest {
-            namespace: "payments-eu".into(),
-            key,
-        })
+        .lookup(lookup(&key).in_namespace("payments-eu".into()))
         .await
         .expect("Lookup");
     match state(answer.into_inner()) {
@@ -196,12 +164,7 @@ async fn prefix_patterns_match_only_their_prefix(backend: Backend) {
         ("billing", Code::Ok),
         ("billing-eu", Code::PermissionDenied),
     ] {
-        let answer = client
-            .lookup(pb::LookupRequest {
-                namespace: scope.into(),
-                key: "k".into(),
-            })
-            .await;
+        let answer = client.lookup(lookup("k").in_namespace(scope.into())).await;
         let code = answer.err().map_or(Code::Ok, |s| s.code());
         assert_eq!(code, expected, "{scope}");
     }
