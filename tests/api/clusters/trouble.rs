@@ -223,12 +223,13 @@ async fn a_paused_cluster_fails_only_its_own_namespaces() {
     loads_answer_more(std::slice::from_ref(&stalled), 20).await;
     clusters.nodes[1].pause().await;
     let sent = Instant::now();
-    let refused = client
-        .clone()
-        .try_start(try_start_in("orders-eu", &unique_key("stalled")))
-        .await
-        .expect_err("a call on the paused cluster fails");
-    assert_error(&refused, Code::Unavailable, "STORE_UNAVAILABLE");
+    // A call on the paused cluster fails.
+    let stalled_call = try_start_in("orders-eu", &unique_key("stalled"));
+    let refused = assert_refused(
+        client.clone().try_start(stalled_call).await,
+        Code::Unavailable,
+        "STORE_UNAVAILABLE",
+    );
     assert!(
         sent.elapsed() < Duration::from_secs(4),
         "answered within the operation timeout and its margin, took {:?}",
@@ -304,12 +305,13 @@ async fn a_cluster_down_at_start_is_migrated_and_served_when_it_comes() {
     let app = serve_on(&clusters, &[]).await;
     let client = app.client().await;
     lifecycle(&client, "misc", &unique_key("misc"), b"a").await;
-    let refused = client
-        .clone()
-        .try_start(try_start_in("billing", &unique_key("early")))
-        .await
-        .expect_err("the cluster that is down cannot serve");
-    assert_error(&refused, Code::Unavailable, "STORE_UNAVAILABLE");
+    // The cluster that is down cannot serve.
+    let early_call = try_start_in("billing", &unique_key("early"));
+    assert_refused(
+        client.clone().try_start(early_call).await,
+        Code::Unavailable,
+        "STORE_UNAVAILABLE",
+    );
 
     clusters.nodes[2].start().await;
     eventually(
