@@ -7,7 +7,8 @@ use super::*;
 /// Submits `first` and, once its round (the executor's `round`th) holds the executor,
 /// `queued` behind it; answers once they have all queued: the first's call, then theirs.
 async fn queued_behind<const N: usize>(
-    (coalescer, seen): (&Coalescer<Command, u32>, &Seen),
+    coalescer: &Coalescer<Command, u32>,
+    seen: &Seen,
     round: usize,
     first: Command,
     queued: [Command; N],
@@ -30,13 +31,8 @@ async fn open_once_past(gate: &Semaphore, budget: Duration, rounds: usize) {
 async fn a_command_that_waited_past_its_budget_is_not_run() {
     let budget = Duration::from_millis(50);
     let (coalescer, seen, gate) = gated(settings(1, budget));
-    let (first, [second]) = queued_behind(
-        (&coalescer, &seen),
-        1,
-        Command::keyed(1),
-        [Command::keyed(2)],
-    )
-    .await;
+    let (first, [second]) =
+        queued_behind(&coalescer, &seen, 1, Command::keyed(1), [Command::keyed(2)]).await;
     // The second has queued; the first holds the executor past its budget.
     open_once_past(&gate, budget, 100).await;
     let second = second.await.expect("task");
@@ -59,7 +55,8 @@ async fn a_later_round_runs_only_commands_still_within_their_budget() {
     let budget = Duration::from_millis(100);
     let (coalescer, seen, gate) = gated(settings(100, budget));
     let (blocker, [once, twice]) = queued_behind(
-        (&coalescer, &seen),
+        &coalescer,
+        &seen,
         1,
         Command::keyed(99),
         [Command::keyed(1), Command::keyed(1)],
@@ -79,13 +76,8 @@ async fn a_later_round_runs_only_commands_still_within_their_budget() {
 
     // Two commands of one key: the first's round holds the executor past the budget of
     // the second, whose round (the next) must then not start.
-    let (first, [second]) = queued_behind(
-        (&coalescer, &seen),
-        2,
-        Command::keyed(7),
-        [Command::keyed(7)],
-    )
-    .await;
+    let (first, [second]) =
+        queued_behind(&coalescer, &seen, 2, Command::keyed(7), [Command::keyed(7)]).await;
     open_once_past(&gate, budget, 1).await;
     assert_eq!(first.await.expect("task").expect("ran"), 14);
     let second = second.await.expect("task");
