@@ -5,12 +5,11 @@
 
 use std::time::Instant;
 
-use anyhow::Context;
-
 use idempotency_testkit::Binary;
 
-use crate::load::{self, Report, Workload};
-use crate::scratch::{Direct, ScratchStore, StoreArgs};
+use crate::completed;
+use crate::load::{self, Report};
+use crate::scratch::{ScratchStore, StoreArgs};
 
 #[derive(Debug, clap::Args)]
 pub struct Settings {
@@ -29,46 +28,12 @@ pub struct Settings {
     pub batch_size: u32,
 }
 
-async fn insert_completed(store: &ScratchStore, rows: u64) -> anyhow::Result<()> {
-    let rows = i64::try_from(rows)?;
-    match store.connect().await? {
-        Direct::Postgres(mut connection) => {
-            sqlx::query(
-                "INSERT INTO idempotency_keys (namespace, key, fingerprint, lease_token, attempt,
-                     lease_expires_at, response, completed_at, retention_us, expires_at)
-                 SELECT 'tenant', 'order-' || n, '\\x00'::bytea, nextval('lease_token_seq'), 1,
-                        now(), '\\x7b7d'::bytea, now(), 86400000000, now() + interval '1 day'
-                 FROM generate_series(1, $1) AS n",
-            )
-            .bind(rows)
-            .execute(&mut connection)
-            .await?;
-            sqlx::query("VACUUM ANALYZE idempotency_keys")
-                .execute(&mut connection)
-                .await?;
-        }
-        Direct::Sqlite(mut connection) => {
-            sqlx::query(
-                "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < ?1)
-                 INSERT INTO idempotency_keys (namespace, key, fingerprint, lease_token, attempt,
-                     lease_expires_at, response, completed_at, retention_us, expires_at)
-                 SELECT 'tenant', 'order-' || i, x'00', 3000000000 + i, 1, 0, x'7b7d', 0,
-                        86400000000, 9000000000000000 FROM n",
-            )
-            .bind(rows)
-            .execute(&mut connection)
-            .await?;
-        }
-    }
-    Ok(())
-}
-
 pub async fn run(settings: Settings) -> anyhow::Result<()> {
     let store = ScratchStore::new(&settings.store, "erase");
     let binary = Binary::beside_current_exe()?;
     let coordinator = crate::serving(&binary, &store.url, &[]).await?;
     let loading = Instant::now();
-    insert_completed(&store, settings.rows).await?;
+    completed::insert(&store, settings.rows).await?;
     let loaded_in = loading.elapsed();
 
     let before =
@@ -86,35 +51,15 @@ pub async fn run(settings: Settings) -> anyhow::Result<()> {
             "json",
         ])
         .args(["keys", "erase", "--namespace", "tenant", "--all"])
-        .args(["--reason", "benchmark", "--batch-size", &batch])
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped());
-    let erasure = eraser.spawn().context("starting the erasure")?;
-    let (during, erased) = {
-        let (sender, receiver) = tokio::sync::oneshot::channel();
-        let waiting = tokio::spawn(async move {
-            let output = erasure.wait_with_output().await;
-            let _ = sender.send(());
-            output
-        });
-        let during = load::drive_until(
-            &coordinator.endpoint(),
-            Workload::TryStart,
-            settings.callers,
-            async move {
-                let _ = receiver.await;
-            },
-            None,
-        )
-        .await?;
-        (during, waiting.await??)
-    };
+        .args(["--reason", "benchmark", "--batch-size", &batch]);
+    let (during, erased) = load::try_starts_while(
+        &coordinator.endpoint(),
+        settings.callers,
+        eraser,
+        "the erasure",
+    )
+    .await?;
     let erased_in = erasing.elapsed();
-    anyhow::ensure!(
-        erased.status.success(),
-        "the erasure failed: {}",
-        String::from_utf8_lossy(&erased.stderr)
-    );
     let after =
         load::try_starts_for(&coordinator.endpoint(), settings.callers, settings.baseline).await?;
 

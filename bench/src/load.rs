@@ -139,8 +139,6 @@ impl Report {
     }
 }
 
-/// Runs `workload` with `callers` concurrent callers, each on its own connection, for
-/// `duration`, and reports what they measured.
 /// TryStart from `callers` callers for `duration`: what a benchmark of background work compares
 /// its measure with.
 pub async fn try_starts_for(
@@ -151,6 +149,40 @@ pub async fn try_starts_for(
     drive(target, Workload::TryStart, callers, duration).await
 }
 
+/// TryStart from `callers` callers for as long as `command` (an operator's, `what` it does)
+/// runs: the measure, and the command's output once it has succeeded.
+pub async fn try_starts_while(
+    target: &str,
+    callers: usize,
+    mut command: tokio::process::Command,
+    what: &str,
+) -> anyhow::Result<(Report, std::process::Output)> {
+    let running = command
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .with_context(|| format!("starting {what}"))?;
+    let (sender, receiver) = tokio::sync::oneshot::channel();
+    let waiting = tokio::spawn(async move {
+        let output = running.wait_with_output().await;
+        let _ = sender.send(());
+        output
+    });
+    let ended = async move {
+        let _ = receiver.await;
+    };
+    let during = drive_until(target, Workload::TryStart, callers, ended, None).await?;
+    let output = waiting.await??;
+    anyhow::ensure!(
+        output.status.success(),
+        "{what} failed: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    Ok((during, output))
+}
+
+/// Runs `workload` with `callers` concurrent callers, each on its own connection, for
+/// `duration`, and reports what they measured.
 pub async fn drive(
     target: &str,
     workload: Workload,

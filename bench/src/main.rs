@@ -13,6 +13,7 @@
 //!   same calls on one: each cluster's cost per call it serves.
 //! - `gateway` measures the HTTP gateway with wrk against the upstream alone.
 
+mod completed;
 mod contended;
 mod cost;
 mod direct;

@@ -10,8 +10,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use anyhow::Context;
-use sqlx::Connection;
 use tonic::transport::Endpoint;
 
 use idempotency_coordinator::proto::idempotency::v1::TryStartRequest;
@@ -19,7 +17,8 @@ use idempotency_coordinator::proto::idempotency::v1::idempotency_service_client:
 use idempotency_testkit::Binary;
 use idempotency_testkit::database::drop_postgres_database;
 
-use crate::load::{self, Report, Workload};
+use crate::completed;
+use crate::load::{self, Report};
 
 #[derive(Debug, clap::Args)]
 pub struct Settings {
@@ -106,24 +105,6 @@ async fn tenant_load(
     Ok(seen)
 }
 
-async fn insert_completed(url: &str, rows: u64) -> anyhow::Result<()> {
-    let mut connection = sqlx::PgConnection::connect(url).await?;
-    sqlx::query(
-        "INSERT INTO idempotency_keys (namespace, key, fingerprint, lease_token, attempt,
-             lease_expires_at, response, completed_at, retention_us, expires_at)
-         SELECT 'tenant', 'order-' || n, '\\x00'::bytea, nextval('lease_token_seq'), 1,
-                now(), '\\x7b7d'::bytea, now(), 86400000000, now() + interval '1 day'
-         FROM generate_series(1, $1) AS n",
-    )
-    .bind(i64::try_from(rows)?)
-    .execute(&mut connection)
-    .await?;
-    sqlx::query("VACUUM ANALYZE idempotency_keys")
-        .execute(&mut connection)
-        .await?;
-    Ok(())
-}
-
 pub async fn run(settings: Settings) -> anyhow::Result<()> {
     let database = format!("idempotency_bench_move_{}", std::process::id());
     let source_url = format!("{}/{database}", settings.source_server);
@@ -138,7 +119,7 @@ pub async fn run(settings: Settings) -> anyhow::Result<()> {
     let coordinator = crate::serving_with(&binary, &clusters).await?;
     let endpoint = coordinator.endpoint();
     let loading = Instant::now();
-    insert_completed(&source_url, settings.rows).await?;
+    completed::insert_postgres(&source_url, settings.rows).await?;
     let loaded_in = loading.elapsed();
 
     let before = load::try_starts_for(&endpoint, settings.callers, settings.baseline).await?;
@@ -148,9 +129,7 @@ pub async fn run(settings: Settings) -> anyhow::Result<()> {
         .args(["admin", "--coordinator", &endpoint, "--output", "json"])
         .args(["--timeout", "3600s"])
         .args(["placement", "move", "--namespace", "tenant", "--to", "b"])
-        .args(["--reason", "benchmark"])
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped());
+        .args(["--reason", "benchmark"]);
     let moving_since = Instant::now();
     let stop = Arc::new(AtomicBool::new(false));
     let tenant = tokio::spawn(tenant_load(
@@ -158,32 +137,11 @@ pub async fn run(settings: Settings) -> anyhow::Result<()> {
         settings.callers,
         stop.clone(),
     ));
-    let mover = mover.spawn().context("starting the move")?;
-    let (sender, receiver) = tokio::sync::oneshot::channel();
-    let waiting = tokio::spawn(async move {
-        let output = mover.wait_with_output().await;
-        let _ = sender.send(());
-        output
-    });
-    let during = load::drive_until(
-        &endpoint,
-        Workload::TryStart,
-        settings.callers,
-        async move {
-            let _ = receiver.await;
-        },
-        None,
-    )
-    .await?;
-    let moved = waiting.await??;
+    let (during, moved) =
+        load::try_starts_while(&endpoint, settings.callers, mover, "the move").await?;
     let moved_in = moving_since.elapsed();
     stop.store(true, Ordering::Relaxed);
     let tenant = tenant.await??;
-    anyhow::ensure!(
-        moved.status.success(),
-        "the move failed: {}",
-        String::from_utf8_lossy(&moved.stderr)
-    );
     let after = load::try_starts_for(&endpoint, settings.callers, settings.baseline).await?;
     coordinator.stop().await?;
     drop_postgres_database(&settings.source_server, &database).await?;
