@@ -83,24 +83,20 @@ pub fn undecodable() -> Status {
 /// A response refused because too many response bytes already wait for their clients to take
 /// them (see `connections`). Only calls that wrote nothing are refused this way.
 pub fn responses_pending() -> Status {
-    let mut details = error_info("OVERLOADED");
-    details.set_retry_info(Some(Duration::from_secs(1)));
-    Status::with_error_details(
-        Code::ResourceExhausted,
-        "too many responses are waiting for their clients to read them; retry later",
-        details,
-    )
+    overloaded("too many responses are waiting for their clients to read them; retry later")
 }
 
 /// A health Watch refused because `--max-health-watchers` streams are already open.
 pub fn too_many_watchers() -> Status {
+    overloaded("too many health Watch streams are open; retry later, or use Check")
+}
+
+/// RESOURCE_EXHAUSTED for a server at one of its bounds, with `OVERLOADED` and a retry after a
+/// second.
+fn overloaded(message: &str) -> Status {
     let mut details = error_info("OVERLOADED");
     details.set_retry_info(Some(Duration::from_secs(1)));
-    Status::with_error_details(
-        Code::ResourceExhausted,
-        "too many health Watch streams are open; retry later, or use Check",
-        details,
-    )
+    Status::with_error_details(Code::ResourceExhausted, message, details)
 }
 
 /// A call turned away at the door (see `auth_layer`), with an ErrorInfo like every other error

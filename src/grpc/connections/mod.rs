@@ -324,6 +324,20 @@ impl GuardedIo {
         tracing::debug!(remote = %self.info.remote, reason, "closing a connection");
         std::io::Error::new(std::io::ErrorKind::TimedOut, reason)
     }
+
+    /// `write` on the stream, unless a response is overdue: then the connection closes instead
+    /// of taking more bytes to send.
+    fn unless_overdue(
+        &mut self,
+        write: impl FnOnce(Pin<&mut TcpStream>) -> Poll<std::io::Result<usize>>,
+    ) -> Poll<std::io::Result<usize>> {
+        if self.response_overdue(Instant::now()) {
+            return Poll::Ready(Err(
+                self.closing("a response not taken within the send timeout")
+            ));
+        }
+        write(Pin::new(&mut self.stream))
+    }
 }
 
 impl Connected for GuardedIo {
@@ -378,13 +392,8 @@ impl AsyncWrite for GuardedIo {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<std::io::Result<usize>> {
-        let this = self.get_mut();
-        if this.response_overdue(Instant::now()) {
-            return Poll::Ready(Err(
-                this.closing("a response not taken within the send timeout")
-            ));
-        }
-        Pin::new(&mut this.stream).poll_write(cx, buf)
+        self.get_mut()
+            .unless_overdue(|stream| stream.poll_write(cx, buf))
     }
 
     fn poll_write_vectored(
@@ -392,13 +401,8 @@ impl AsyncWrite for GuardedIo {
         cx: &mut Context<'_>,
         bufs: &[std::io::IoSlice<'_>],
     ) -> Poll<std::io::Result<usize>> {
-        let this = self.get_mut();
-        if this.response_overdue(Instant::now()) {
-            return Poll::Ready(Err(
-                this.closing("a response not taken within the send timeout")
-            ));
-        }
-        Pin::new(&mut this.stream).poll_write_vectored(cx, bufs)
+        self.get_mut()
+            .unless_overdue(|stream| stream.poll_write_vectored(cx, bufs))
     }
 
     fn is_write_vectored(&self) -> bool {
