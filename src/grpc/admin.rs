@@ -89,6 +89,28 @@ impl Violations {
     fn into_status(self) -> Status {
         invalid_argument(self.0)
     }
+
+    /// A change `caller` asks for in a namespace, once its fields are checked: who changes what
+    /// (`target`) in which namespace, or the refusal naming every bad field.
+    fn into_change<T>(
+        self,
+        caller: String,
+        namespace: Option<Scope>,
+        target: Option<T>,
+        reason: Option<Reason>,
+    ) -> Result<(Actor, Scope, T), Status> {
+        match (namespace, target, reason) {
+            (Some(namespace), Some(target), Some(reason)) => Ok((
+                Actor {
+                    name: caller,
+                    reason,
+                },
+                namespace,
+                target,
+            )),
+            _ => Err(self.into_status()),
+        }
+    }
 }
 
 /// A bad field found after the others were checked: one violation.
@@ -181,10 +203,7 @@ fn key_change(name: String, request: impl KeyChangeRequest) -> Result<(Actor, Sc
     let namespace = violations.check("namespace", Scope::parse(namespace));
     let key = violations.check("key", Key::parse(key));
     let reason = violations.check("reason", Reason::parse(reason));
-    let (Some(namespace), Some(key), Some(reason)) = (namespace, key, reason) else {
-        return Err(violations.into_status());
-    };
-    Ok((Actor { name, reason }, namespace, key))
+    violations.into_change(name, namespace, key, reason)
 }
 
 /// Who is calling, as the door said.
@@ -424,13 +443,7 @@ async fn erase_namespace(
     let namespace = violations.check("namespace", Scope::parse(request.namespace));
     let reason = violations.check("reason", Reason::parse(request.reason));
     let batch = violations.check("batch_size", EraseBatch::parse(request.batch_size));
-    let (Some(namespace), Some(reason), Some(batch)) = (namespace, reason, batch) else {
-        return Err(violations.into_status());
-    };
-    let actor = Actor {
-        name: caller,
-        reason,
-    };
+    let (actor, namespace, batch) = violations.into_change(caller, namespace, batch, reason)?;
     let mut progress = admin
         .erase_namespace(&actor, &namespace, batch)
         .await

@@ -7,8 +7,8 @@ use super::{Answer, Violations};
 use crate::domain::Scope;
 use crate::domain::admin::Reason;
 use crate::proto::idempotency::v1 as pb;
+use crate::service::admin::Admin;
 use crate::service::admin::moves::{MoveTarget, PlacementError};
-use crate::service::admin::{Actor, Admin};
 use crate::store::clusters::moves::MoveError;
 use crate::store::clusters::placement::ClusterName;
 
@@ -38,13 +38,7 @@ pub(super) async fn move_placement(
     let namespace = violations.check("namespace", Scope::parse(request.namespace));
     let target = violations.check("to", target(request.to, request.rollback));
     let reason = violations.check("reason", Reason::parse(request.reason));
-    let (Some(namespace), Some(target), Some(reason)) = (namespace, target, reason) else {
-        return Err(violations.into_status());
-    };
-    let actor = Actor {
-        name: caller,
-        reason,
-    };
+    let (actor, namespace, target) = violations.into_change(caller, namespace, target, reason)?;
     let (report, audit_id) = admin
         .move_placement(&actor, &namespace, target)
         .await
