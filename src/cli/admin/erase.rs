@@ -112,12 +112,10 @@ async fn erase_key(
         ))
         .await?
         .into_inner();
-    let before = answer.erased.as_ref().map(entry_json);
     print_change(
         output,
         "erased",
         answer.audit_event_id,
-        before,
         answer.erased.as_ref(),
     );
     Ok(())

@@ -247,12 +247,10 @@ async fn execute(connection: &AdminConnection, command: AdminCommand) -> Result<
                 ))
                 .await?
                 .into_inner();
-            let before = answer.released.as_ref().map(entry_json);
             print_change(
                 output,
                 "released",
                 answer.audit_event_id,
-                before,
                 answer.released.as_ref(),
             );
             if output == OutputFormat::Table {

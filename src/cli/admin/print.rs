@@ -222,20 +222,20 @@ pub(super) fn print_record(output: OutputFormat, answer: &pb::GetKeyResponse) {
     }
 }
 
+/// What a change to one key (ForceRelease, EraseKey) did: `what` it was, as it was before.
 pub(super) fn print_change(
     output: OutputFormat,
     what: &str,
     audit_id: u64,
-    before: Option<Value>,
-    entry: Option<&pb::AdminKeyEntry>,
+    before: Option<&pb::AdminKeyEntry>,
 ) {
     match output {
         OutputFormat::Json => print_json(&json!({
             what: before.is_some(),
             "audit_event_id": audit_id,
-            "before": before,
+            "before": before.map(entry_json),
         })),
-        OutputFormat::Table => match entry {
+        OutputFormat::Table => match before {
             Some(entry) => println!(
                 "{what} {} (was {}, attempt {}, token {}); audit event {audit_id}",
                 entry.key,
