@@ -23,8 +23,8 @@ pub struct Settings {
     /// How long to measure TryStart without an erasure, before it and after it.
     #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
     pub baseline: std::time::Duration,
-    /// The erasure's batch size (`--batch-size`; 0: the server's 1000).
-    #[arg(long, default_value_t = 0)]
+    /// The erasure's batch size (`--batch-size`, 1-10000).
+    #[arg(long, default_value_t = 1000)]
     pub batch_size: u32,
 }
 
@@ -50,7 +50,7 @@ pub async fn run(settings: Settings) -> anyhow::Result<()> {
             "--output",
             "json",
         ])
-        .args(["keys", "erase", "--namespace", "tenant", "--all"])
+        .args(["keys", "erase", "--namespace", "tenant", "--all", "--yes"])
         .args(["--reason", "benchmark", "--batch-size", &batch]);
     let (during, erased) = load::try_starts_while(
         &coordinator.endpoint(),
