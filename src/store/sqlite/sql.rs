@@ -158,24 +158,31 @@ macro_rules! claimed_between {
     };
 }
 
-/// Keys of namespace ?1 whose lease has run out, live, that `$which` selects (appended to the
-/// `WHERE`), after (?2, ?3) in (lease_expires_at, key) order, claimed between ?4 and ?5; at most
-/// ?6.
-macro_rules! run_out_keys {
-    ($($which:tt)*) => {
+/// Keys of namespace ?1 in progress and live, whose lease `$lease` selects (a condition and
+/// its ` AND `, or nothing) and that `$which` selects (appended to the `WHERE`), after (?2, ?3)
+/// in (lease_expires_at, key) order, claimed between ?4 and ?5; at most ?6.
+macro_rules! held_keys {
+    ($lease:expr, $which:expr) => {
         concat!(
             "SELECT ",
             summary_columns!(),
             " FROM idempotency_keys
 WHERE namespace = ?1 AND completed_at IS NULL AND (lease_expires_at, key) > (?2, ?3)
-  AND lease_expires_at <= ",
+  AND ",
+            $lease,
+            "expires_at > ",
             now_us!(),
-            " AND expires_at > ",
-            now_us!(),
-            $($which)*,
+            $which,
             claimed_between!(),
             " ORDER BY lease_expires_at, key LIMIT ?6"
         )
+    };
+}
+
+/// [`held_keys!`] of the keys whose lease has run out.
+macro_rules! run_out_keys {
+    ($which:expr) => {
+        held_keys!(concat!("lease_expires_at <= ", now_us!(), " AND "), $which)
     };
 }
 
@@ -186,29 +193,10 @@ pub(super) const LIST_STUCK_KEYS: &str = run_out_keys!(not_released!());
 pub(super) const LIST_RELEASED_KEYS: &str = run_out_keys!(" AND released_token = lease_token");
 
 /// Every key in progress, stuck and live.
-pub(super) const LIST_HELD_KEYS: &str = concat!(
-    "SELECT ",
-    summary_columns!(),
-    " FROM idempotency_keys
-WHERE namespace = ?1 AND completed_at IS NULL AND (lease_expires_at, key) > (?2, ?3)
-  AND expires_at > ",
-    now_us!(),
-    claimed_between!(),
-    " ORDER BY lease_expires_at, key LIMIT ?6"
-);
+pub(super) const LIST_HELD_KEYS: &str = held_keys!("", "");
 
-pub(super) const LIST_IN_PROGRESS_KEYS: &str = concat!(
-    "SELECT ",
-    summary_columns!(),
-    " FROM idempotency_keys
-WHERE namespace = ?1 AND completed_at IS NULL AND (lease_expires_at, key) > (?2, ?3)
-  AND lease_expires_at > ",
-    now_us!(),
-    " AND expires_at > ",
-    now_us!(),
-    claimed_between!(),
-    " ORDER BY lease_expires_at, key LIMIT ?6"
-);
+pub(super) const LIST_IN_PROGRESS_KEYS: &str =
+    held_keys!(concat!("lease_expires_at > ", now_us!(), " AND "), "");
 
 pub(super) const LIST_COMPLETED_KEYS: &str = concat!(
     "SELECT ",
