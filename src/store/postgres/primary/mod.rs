@@ -15,7 +15,7 @@
 //! hold the search up for a whole connection timeout before the next host is tried.
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use sqlx::postgres::PgConnectOptions;
@@ -62,7 +62,7 @@ pub(super) struct Follower {
     current: AtomicUsize,
     /// When the store last moved to another host: a connection made before it may be to the
     /// old one, and is closed instead of reused.
-    moved_at: Mutex<Option<Instant>>,
+    moved_at: LastTime,
     /// Counts the moves, for the `LISTEN` connection, which reconnects on each.
     moves: watch::Sender<u64>,
     /// Whether a search for the writable host is under way (one at a time).
@@ -72,7 +72,23 @@ pub(super) struct Follower {
     /// When the store last met trouble that a failover would explain: a connection that has
     /// sat unused since before it may be to a host that is gone or cut off (where a ping would
     /// wait for the TCP keepalives), and is closed instead of reused.
-    distrusted_at: Mutex<Option<Instant>>,
+    distrusted_at: LastTime,
+}
+
+/// When something last happened to the store (a move, trouble), if it has.
+#[derive(Debug, Default)]
+struct LastTime(Mutex<Option<Instant>>);
+
+impl LastTime {
+    fn set_now(&self) {
+        *self.0.lock().unwrap_or_else(PoisonError::into_inner) = Some(Instant::now());
+    }
+
+    /// Whether what began `age` ago began before it.
+    fn since_before(&self, age: Duration) -> bool {
+        let last = *self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        last.is_some_and(|last| age >= last.elapsed())
+    }
 }
 
 /// Why a new connection was refused: its host cannot write.
@@ -105,11 +121,11 @@ impl Follower {
             credentials,
             list,
             current: AtomicUsize::new(0),
-            moved_at: Mutex::new(None),
+            moved_at: LastTime::default(),
             moves: watch::channel(0).0,
             searching: AtomicBool::new(false),
             located: AtomicBool::new(false),
-            distrusted_at: Mutex::new(None),
+            distrusted_at: LastTime::default(),
         }
     }
 
@@ -131,14 +147,7 @@ impl Follower {
     /// be to the old host).
     pub(super) fn predates_move(&self, age: Duration) -> bool {
         // A store that cannot move pays nothing for this on each statement.
-        if !self.can_move() {
-            return false;
-        }
-        let moved_at = *self
-            .moved_at
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        moved_at.is_some_and(|moved_at| age >= moved_at.elapsed())
+        self.can_move() && self.moved_at.since_before(age)
     }
 
     /// Whether `since` (when a connection was taken) is before the last move.
@@ -148,14 +157,7 @@ impl Follower {
 
     /// Whether a connection unused for `idle_for` has been so since before the last trouble.
     pub(super) fn idle_since_trouble(&self, idle_for: Duration) -> bool {
-        if !self.can_move() {
-            return false;
-        }
-        let distrusted_at = *self
-            .distrusted_at
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        distrusted_at.is_some_and(|distrusted_at| idle_for >= distrusted_at.elapsed())
+        self.can_move() && self.distrusted_at.since_before(idle_for)
     }
 
     /// Changes on each move.
@@ -241,10 +243,7 @@ impl PgStore {
         if !follower.can_move() {
             return;
         }
-        *follower
-            .distrusted_at
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(Instant::now());
+        follower.distrusted_at.set_now();
         if follower.searching.swap(true, Ordering::SeqCst) {
             return;
         }
@@ -464,10 +463,7 @@ impl Follower {
                 .set_connect_options(self.options(index, followed.shape));
         }
         self.generation.fetch_add(1, Ordering::SeqCst);
-        *self
-            .moved_at
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(Instant::now());
+        self.moved_at.set_now();
         self.moves.send_modify(|moves| *moves += 1);
         tracing::warn!(from = %host_name(&self.list.hosts[before]),
             to = %host_name(&self.list.hosts[index]),
