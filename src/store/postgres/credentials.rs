@@ -409,6 +409,30 @@ mod tests {
         }
     }
 
+    /// The credentials of user `app` on `hosts`, its URL giving `url_password`, from
+    /// `password_file` (`--database-password-file`) and `passfile` (libpq's).
+    fn app_credentials(
+        url_password: Option<&str>,
+        password_file: Option<PathBuf>,
+        passfile: Option<PathBuf>,
+        hosts: Vec<HostKey>,
+    ) -> Credentials {
+        let login = Login {
+            user: "app".into(),
+            password: url_password.map(str::to_owned),
+        };
+        Credentials::new(
+            CredentialFiles {
+                url_file: None,
+                password_file,
+            },
+            passfile,
+            hosts,
+            (login, None),
+            None,
+        )
+    }
+
     fn private(path: &Path, text: &str) {
         std::fs::write(path, text).expect("write");
         std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).expect("chmod");
@@ -456,27 +480,19 @@ mod tests {
         let passfile = dir.path().join("pgpass");
         private(&passfile, "*:*:*:*:from-passfile\n");
         let hosts = vec![host("h1", 5432, "db"), host("h2", 5432, "db")];
-        let login = |password: Option<&str>| Login {
-            user: "app".into(),
-            password: password.map(str::to_owned),
-        };
-        let with = |started: Login, password_file: Option<PathBuf>| {
-            Credentials::new(
-                CredentialFiles {
-                    url_file: None,
-                    password_file,
-                },
+        let with = |url_password: Option<&str>, password_file: Option<PathBuf>| {
+            app_credentials(
+                url_password,
+                password_file,
                 Some(passfile.clone()),
                 hosts.clone(),
-                (started, None),
-                None,
             )
         };
-        let url = with(login(Some("from-url")), Some(password_file.clone()));
+        let url = with(Some("from-url"), Some(password_file.clone()));
         assert_eq!(url.login(1).password.as_deref(), Some("from-url"));
-        let file = with(login(None), Some(password_file.clone()));
+        let file = with(None, Some(password_file.clone()));
         assert_eq!(file.login(0).password.as_deref(), Some("from-file"));
-        let pass = with(login(None), None);
+        let pass = with(None, None);
         assert_eq!(pass.login(1).password.as_deref(), Some("from-passfile"));
         // A rotation: the file rewritten, read again.
         private(&password_file, "rotated");
@@ -505,22 +521,8 @@ mod tests {
         let dir = tempfile::tempdir().expect("a folder");
         let password_file = dir.path().join("password");
         private(&password_file, "first");
-        let credentials = Credentials::new(
-            CredentialFiles {
-                url_file: None,
-                password_file: Some(password_file.clone()),
-            },
-            None,
-            vec![host("h", 5432, "db")],
-            (
-                Login {
-                    user: "app".into(),
-                    password: None,
-                },
-                None,
-            ),
-            None,
-        );
+        let hosts = vec![host("h", 5432, "db")];
+        let credentials = app_credentials(None, Some(password_file.clone()), None, hosts);
         std::fs::write(&password_file, "").expect("empty it");
         let reported = credentials
             .refresh()
