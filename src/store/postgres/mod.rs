@@ -42,8 +42,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use sqlx::migrate::Migrator;
-use sqlx::postgres::PgRow;
-use sqlx::{FromRow, PgPool, SqlStr};
+use sqlx::{PgPool, SqlStr};
 use tokio::sync::broadcast;
 use tokio_util::sync::CancellationToken;
 
@@ -57,7 +56,7 @@ use self::primary::Follower;
 pub use self::refusal::ConnectFailure;
 use self::rows::{CompleteRow, KeyRow, MarkRow, TryStartBatchRow, TryStartRow};
 use self::sql::*;
-use self::statements::Statement;
+use self::statements::{FromPgRow, Statement};
 use super::schema;
 use super::{KeyEvent, LockWait, Pooler, Store, StoreError};
 use crate::domain::batch::Round;
@@ -197,10 +196,7 @@ impl std::fmt::Debug for PgStore {
 }
 
 /// [`TRY_START`] with `command`'s values.
-fn bind_try_start<'q, O>(command: &'q TryStartCommand) -> Statement<'q, O>
-where
-    O: for<'r> FromRow<'r, PgRow>,
-{
+fn bind_try_start<'q, O: FromPgRow>(command: &'q TryStartCommand) -> Statement<'q, O> {
     sqlx::query_as(TRY_START)
         .bind(command.namespace.as_str())
         .bind(command.key.as_str())
@@ -212,10 +208,7 @@ where
 }
 
 /// [`COMPLETE_ONE`] with `command`'s values.
-fn bind_complete<'q, O>(command: &'q CompleteCommand) -> Statement<'q, O>
-where
-    O: for<'r> FromRow<'r, PgRow>,
-{
+fn bind_complete<'q, O: FromPgRow>(command: &'q CompleteCommand) -> Statement<'q, O> {
     sqlx::query_as(COMPLETE_ONE)
         .bind(command.namespace.as_str())
         .bind(command.key.as_str())

@@ -39,6 +39,12 @@ pub(super) fn is_not_sent(error: &sqlx::Error) -> bool {
 /// A query of the store, answered by rows of type `O`.
 pub(super) type Statement<'q, O> = QueryAs<'q, Postgres, O, PgArguments>;
 
+/// What a statement's rows decode into: a type made from a PostgreSQL row, which the store's
+/// futures carry across threads.
+pub(super) trait FromPgRow: Send + Unpin + for<'r> FromRow<'r, PgRow> {}
+
+impl<O: Send + Unpin + for<'r> FromRow<'r, PgRow>> FromPgRow for O {}
+
 /// The least time worth giving a statement: below it, a call is answered "timed out" at once.
 pub(super) const MIN_STATEMENT_TIME: Duration = Duration::from_millis(10);
 
@@ -69,14 +75,11 @@ impl PgStore {
 
     /// Runs `query` on `connection` and answers its rows: directly, or in a transaction of its
     /// own that first sets its limits ([`Self::transaction_for_statement`]).
-    pub(super) async fn fetch_all_with<O>(
+    pub(super) async fn fetch_all_with<O: FromPgRow>(
         &self,
         connection: &mut PgConnection,
         query: Statement<'_, O>,
-    ) -> Result<Vec<O>, sqlx::Error>
-    where
-        O: Send + Unpin + for<'r> FromRow<'r, PgRow>,
-    {
+    ) -> Result<Vec<O>, sqlx::Error> {
         match self.transaction_for_statement()? {
             None => query.fetch_all(connection).await,
             Some(begin) => {
@@ -96,14 +99,11 @@ impl PgStore {
     /// The row `query` answers on `connection`, if any (it answers at most one), as
     /// [`Self::fetch_all_with`] runs it: without a transaction of its own, exactly the driver's
     /// own `fetch_optional`.
-    pub(super) async fn fetch_optional_with<O>(
+    pub(super) async fn fetch_optional_with<O: FromPgRow>(
         &self,
         connection: &mut PgConnection,
         query: Statement<'_, O>,
-    ) -> Result<Option<O>, sqlx::Error>
-    where
-        O: Send + Unpin + for<'r> FromRow<'r, PgRow>,
-    {
+    ) -> Result<Option<O>, sqlx::Error> {
         if self.begin.is_none() && self.limits.is_none() {
             return query.fetch_optional(connection).await;
         }
@@ -121,15 +121,12 @@ impl PgStore {
     /// for its connection only); after that, only what is left, set for a transaction of its
     /// own. With less than [`MIN_STATEMENT_TIME`] left it is not run, and the operation is
     /// answered "timed out": nothing was written by this statement.
-    pub(super) async fn fetch_optional_within<O>(
+    pub(super) async fn fetch_optional_within<O: FromPgRow>(
         &self,
         connection: &mut PgConnection,
         began: std::time::Instant,
         query: Statement<'_, O>,
-    ) -> Result<Option<O>, StoreError>
-    where
-        O: Send + Unpin + for<'r> FromRow<'r, PgRow>,
-    {
+    ) -> Result<Option<O>, StoreError> {
         let spent = began.elapsed();
         if spent <= self.budget.connection_wait || self.limits.is_some() {
             let row = self.fetch_optional_with(connection, query).await;
@@ -169,10 +166,10 @@ impl PgStore {
 
     /// [`Self::fetch_all_with`] on a connection of the calls' pool, kept for the next
     /// statement once this one has answered.
-    pub(super) async fn fetch_all<O>(&self, query: Statement<'_, O>) -> Result<Vec<O>, sqlx::Error>
-    where
-        O: Send + Unpin + for<'r> FromRow<'r, PgRow>,
-    {
+    pub(super) async fn fetch_all<O: FromPgRow>(
+        &self,
+        query: Statement<'_, O>,
+    ) -> Result<Vec<O>, sqlx::Error> {
         let mut connection = self.lend().await?;
         let rows = self.fetch_all_with(&mut connection, query).await;
         let rows = self.settled(&mut connection, rows)?;
@@ -182,13 +179,10 @@ impl PgStore {
 
     /// [`Self::fetch_optional_with`] on a connection of the calls' pool, kept for the next
     /// statement once this one has answered.
-    pub(super) async fn fetch_optional<O>(
+    pub(super) async fn fetch_optional<O: FromPgRow>(
         &self,
         query: Statement<'_, O>,
-    ) -> Result<Option<O>, sqlx::Error>
-    where
-        O: Send + Unpin + for<'r> FromRow<'r, PgRow>,
-    {
+    ) -> Result<Option<O>, sqlx::Error> {
         let mut connection = self.lend().await?;
         let row = self.fetch_optional_with(&mut connection, query).await;
         let row = self.settled(&mut connection, row)?;
@@ -243,23 +237,20 @@ impl PgStore {
     }
 
     /// The one row `query` answers.
-    pub(super) async fn fetch_one<O>(&self, query: Statement<'_, O>) -> Result<O, sqlx::Error>
-    where
-        O: Send + Unpin + for<'r> FromRow<'r, PgRow>,
-    {
+    pub(super) async fn fetch_one<O: FromPgRow>(
+        &self,
+        query: Statement<'_, O>,
+    ) -> Result<O, sqlx::Error> {
         self.fetch_optional(query)
             .await?
             .ok_or(sqlx::Error::RowNotFound)
     }
 
     /// The one row `query` answers, on the health probe's own connection.
-    pub(super) async fn fetch_one_probing<O>(
+    pub(super) async fn fetch_one_probing<O: FromPgRow>(
         &self,
         query: Statement<'_, O>,
-    ) -> Result<O, sqlx::Error>
-    where
-        O: Send + Unpin + for<'r> FromRow<'r, PgRow>,
-    {
+    ) -> Result<O, sqlx::Error> {
         let mut connection = self.probe_connection().await?;
         let row = self.fetch_optional_with(&mut connection, query).await;
         if !row.as_ref().is_err_and(host_suspect) {
@@ -302,7 +293,7 @@ impl PgStore {
     /// and completed keys never reopen, so what the read finds explains the refusal; should it
     /// find the caller holding an in-progress key after all (which only a token guessed before
     /// it was handed out can cause), the write is tried again.
-    pub(super) async fn guarded_write<'q, T, F>(
+    pub(super) async fn guarded_write<'q, T: FromPgRow, F>(
         &self,
         statement: &'static str,
         namespace: &'q str,
@@ -312,7 +303,6 @@ impl PgStore {
     ) -> Result<Result<T, Rejection>, StoreError>
     where
         F: Fn(Statement<'q, T>) -> Statement<'q, T>,
-        T: Send + Unpin + for<'r> FromRow<'r, PgRow>,
     {
         // Each guarded statement takes the key and its token first, then its own values.
         let write = || {
