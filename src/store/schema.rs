@@ -1,13 +1,14 @@
 //! What both backends do alike: the schema version they require and how they probe it, how a
-//! failed migration is reported, and how stored numbers become domain values.
+//! failed migration is reported, and how stored numbers and key rows become domain values.
 
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
+use sqlx::FromRow;
 use sqlx::migrate::{MigrateError, Migrator};
 
 use super::StoreError;
-use crate::domain::Instant;
+use crate::domain::{Instant, KeyRecord, LeaseToken};
 
 /// The newest applied migration, from sqlx's own table (the same in both backends).
 pub const SCHEMA_VERSION: &str =
@@ -62,5 +63,39 @@ impl StoredInstant for i64 {
     /// least instant rather than failing the whole row.
     fn into_instant(self) -> Instant {
         DateTime::from_timestamp_micros(self).unwrap_or(DateTime::<Utc>::MIN_UTC)
+    }
+}
+
+/// A key's row, as every statement of either store that reads one returns it: `At` is how the
+/// store keeps an instant ([`StoredInstant`]), `Attempt` its attempt column (PostgreSQL's is
+/// `int4`, SQLite's an integer).
+#[derive(FromRow)]
+pub struct KeyRow<At, Attempt> {
+    pub lease_token: i64,
+    pub attempt: Attempt,
+    pub attempt_id: Option<String>,
+    pub lease_expires_at: At,
+    pub fingerprint: Vec<u8>,
+    pub checkpoint: Option<Vec<u8>>,
+    pub response: Option<Vec<u8>>,
+    pub completed_at: Option<At>,
+    pub retention_us: i64,
+    pub expires_at: At,
+}
+
+impl<At: StoredInstant, Attempt: Into<i64>> From<KeyRow<At, Attempt>> for KeyRecord {
+    fn from(row: KeyRow<At, Attempt>) -> Self {
+        Self {
+            fingerprint: row.fingerprint,
+            lease_token: LeaseToken::from_stored(row.lease_token),
+            attempt: attempt_number(row.attempt.into()),
+            attempt_id: row.attempt_id,
+            lease_expires_at: row.lease_expires_at.into_instant(),
+            checkpoint: row.checkpoint,
+            response: row.response,
+            completed_at: row.completed_at.map(StoredInstant::into_instant),
+            retention: stored_duration(row.retention_us),
+            expires_at: row.expires_at.into_instant(),
+        }
     }
 }

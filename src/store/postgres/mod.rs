@@ -255,11 +255,7 @@ impl Store for PgStore {
             .fetch_one(bind_try_start(command))
             .await
             .map_err(classify)?;
-        Ok(TryStartOutcome::from_record(
-            row.key.into(),
-            row.newly_claimed,
-            command,
-        ))
+        Ok(row.outcome(command))
     }
 
     async fn complete(
@@ -319,11 +315,7 @@ impl Store for PgStore {
             .iter()
             .map(
                 |command| match by_key.remove(&key_id(&command.namespace, &command.key)) {
-                    Some(row) => Ok(TryStartOutcome::from_record(
-                        row.key.into(),
-                        row.newly_claimed,
-                        command,
-                    )),
+                    Some(row) => Ok(row.claim.outcome(command)),
                     None => Err(StoreError::Inconsistent("a batched claim returned no row")),
                 },
             )

@@ -3,26 +3,14 @@
 use sqlx::FromRow;
 
 use crate::domain::{
-    Completion, GuardedKey, Instant, KeyRecord, LeaseToken, ProcessedEvent, Rejection,
-    classify_refusal,
+    Completion, GuardedKey, Instant, LeaseToken, ProcessedEvent, Rejection, TryStartCommand,
+    TryStartOutcome, classify_refusal,
 };
 use crate::store::StoreError;
-use crate::store::schema::{attempt_number, stored_duration};
+use crate::store::schema;
 
-/// A key's row, as every statement that reads one returns it.
-#[derive(FromRow)]
-pub(super) struct KeyRow {
-    pub(super) lease_token: i64,
-    pub(super) attempt: i32,
-    pub(super) attempt_id: Option<String>,
-    pub(super) lease_expires_at: Instant,
-    pub(super) fingerprint: Vec<u8>,
-    pub(super) checkpoint: Option<Vec<u8>>,
-    pub(super) response: Option<Vec<u8>>,
-    pub(super) completed_at: Option<Instant>,
-    pub(super) retention_us: i64,
-    pub(super) expires_at: Instant,
-}
+/// A key's row as PostgreSQL decodes it: instants as `timestamptz`, the attempt `int4`.
+pub(super) type KeyRow = schema::KeyRow<Instant, i32>;
 
 /// A row of [`super::sql::LOOKUP_WATCHED`]: the key, and whether a waiter watches it already.
 #[derive(FromRow)]
@@ -41,11 +29,19 @@ pub(super) struct MarkedKeyRow {
     pub(super) live: bool,
 }
 
+/// The key as TryStart left it, and whether this call claimed it.
 #[derive(FromRow)]
 pub(super) struct TryStartRow {
-    pub(super) newly_claimed: bool,
+    newly_claimed: bool,
     #[sqlx(flatten)]
-    pub(super) key: KeyRow,
+    key: KeyRow,
+}
+
+impl TryStartRow {
+    /// What `command`'s TryStart answers.
+    pub(super) fn outcome(self, command: &TryStartCommand) -> TryStartOutcome {
+        TryStartOutcome::from_record(self.key.into(), self.newly_claimed, command)
+    }
 }
 
 /// A row of [`super::sql::TRY_START_BATCH`]: which key it is, and the key as TryStart left it.
@@ -54,26 +50,8 @@ pub(super) struct TryStartBatchRow {
     pub(super) namespace: String,
     #[sqlx(rename = "key")]
     pub(super) key_name: String,
-    pub(super) newly_claimed: bool,
     #[sqlx(flatten)]
-    pub(super) key: KeyRow,
-}
-
-impl From<KeyRow> for KeyRecord {
-    fn from(row: KeyRow) -> Self {
-        Self {
-            fingerprint: row.fingerprint,
-            lease_token: LeaseToken::from_stored(row.lease_token),
-            attempt: attempt_number(i64::from(row.attempt)),
-            attempt_id: row.attempt_id,
-            lease_expires_at: row.lease_expires_at,
-            checkpoint: row.checkpoint,
-            response: row.response,
-            completed_at: row.completed_at,
-            retention: stored_duration(row.retention_us),
-            expires_at: row.expires_at,
-        }
-    }
+    pub(super) claim: TryStartRow,
 }
 
 #[derive(FromRow)]
