@@ -11,6 +11,7 @@ use super::PgStore;
 use super::error::classify;
 use super::rows::{MarkedKeyRow, WatchedKeyRow};
 use super::sql::{ERASED_CHANNEL, KEY_CHANNEL, LOOKUP_WATCHED, REPLICAS_CHANNEL, WATCH_KEY};
+use super::statements::FromPgRow;
 use crate::domain::{KeyHash, KeyState, LookupQuery};
 use crate::store::{Erasure, KeyEvent, StoreError};
 
@@ -128,6 +129,22 @@ impl PgStore {
         watched
     }
 
+    /// `statement`'s row for `query`'s key (its namespace `$1`, its name `$2`), on `connection`,
+    /// within the time of the operation begun at `began`.
+    async fn key_row_within<O: FromPgRow>(
+        &self,
+        connection: &mut PgConnection,
+        began: std::time::Instant,
+        statement: &'static str,
+        query: &LookupQuery,
+    ) -> Result<Option<O>, StoreError> {
+        let statement = sqlx::query_as(statement)
+            .bind(query.namespace.as_str())
+            .bind(query.key.as_str());
+        self.fetch_optional_within(connection, began, statement)
+            .await
+    }
+
     /// [`Self::watch_key`]'s statements on `connection`.
     async fn watch_on(
         &self,
@@ -135,14 +152,9 @@ impl PgStore {
         began: std::time::Instant,
         query: &LookupQuery,
     ) -> Result<KeyState, StoreError> {
-        let (namespace, key) = (query.namespace.as_str(), query.key.as_str());
         loop {
             let looked: Option<WatchedKeyRow> = self
-                .fetch_optional_within(
-                    connection,
-                    began,
-                    sqlx::query_as(LOOKUP_WATCHED).bind(namespace).bind(key),
-                )
+                .key_row_within(connection, began, LOOKUP_WATCHED, query)
                 .await?;
             return Ok(match looked {
                 None => KeyState::Absent,
@@ -151,11 +163,7 @@ impl PgStore {
                 }
                 Some(_) => {
                     let marked: Option<MarkedKeyRow> = self
-                        .fetch_optional_within(
-                            connection,
-                            began,
-                            sqlx::query_as(WATCH_KEY).bind(namespace).bind(key),
-                        )
+                        .key_row_within(connection, began, WATCH_KEY, query)
                         .await?;
                     match marked {
                         Some(marked) => KeyState::of(marked.live.then(|| marked.key.into())),
