@@ -51,6 +51,39 @@ fn failed(doing: &str, error: sqlx::Error) -> StoreError {
     }
 }
 
+/// Deletes `scope`'s gate on `connection`: the cluster serves it again once that commits.
+async fn lift_gate_on(
+    connection: &mut PgConnection,
+    scope: &str,
+    doing: &str,
+) -> Result<(), StoreError> {
+    sqlx::query("DELETE FROM idempotency_placement_gates WHERE scope = $1")
+        .bind(scope)
+        .execute(connection)
+        .await
+        .map_err(|error| failed(doing, error))?;
+    Ok(())
+}
+
+/// Deletes `scope`'s rows of the moved table `table`, whose column `owner` names the scope, in
+/// one statement: the rows a target holds of an arrival that is redone or undone.
+async fn delete_scope_rows(
+    connection: &mut PgConnection,
+    table: &str,
+    owner: &str,
+    scope: &str,
+    doing: &str,
+) -> Result<(), StoreError> {
+    sqlx::query(AssertSqlSafe(format!(
+        "DELETE FROM {table} WHERE {owner} = $1"
+    )))
+    .bind(scope)
+    .execute(connection)
+    .await
+    .map_err(|error| failed(doing, error))?;
+    Ok(())
+}
+
 /// How long the raise of the target's sequences waits for the claims in flight there to let go
 /// of them, at each try: every claim that comes meanwhile queues behind it.
 const RAISE_LOCK_WAIT: &str = "SET LOCAL lock_timeout = '100ms'";
@@ -192,12 +225,8 @@ impl MoveSession {
 
     /// Lifts `scope`'s gate: this cluster serves it again.
     pub async fn lift_gate(&mut self, scope: &str) -> Result<(), StoreError> {
-        sqlx::query("DELETE FROM idempotency_placement_gates WHERE scope = $1")
-            .bind(scope)
-            .execute(&mut self.connection)
-            .await
-            .map_err(|error| failed("lifting the placement gate", error))?;
-        Ok(())
+        let doing = "lifting the placement gate";
+        lift_gate_on(&mut self.connection, scope, doing).await
     }
 
     /// Takes the lock that lets one move of `scope` run at a time (held by this session until
@@ -337,13 +366,8 @@ impl MoveSession {
         }
         for (at, (table, owner, order)) in MOVED_TABLES.iter().enumerate() {
             let columns = self.columns(table).await?;
-            sqlx::query(AssertSqlSafe(format!(
-                "DELETE FROM {table} WHERE {owner} = $1"
-            )))
-            .bind(scope)
-            .execute(&mut *transaction)
-            .await
-            .map_err(|error| failed("clearing an earlier attempt's rows", error))?;
+            let doing = "clearing an earlier attempt's rows";
+            delete_scope_rows(&mut transaction, table, owner, scope, doing).await?;
             let mut rows = self
                 .connection
                 .copy_out_raw(&format!(
@@ -380,11 +404,7 @@ impl MoveSession {
                 .map_err(|error| failed("copying into the target", error))?;
         }
         raise_sequences(&mut transaction, drawn).await?;
-        sqlx::query("DELETE FROM idempotency_placement_gates WHERE scope = $1")
-            .bind(scope)
-            .execute(&mut *transaction)
-            .await
-            .map_err(|error| failed("lifting the target's gate", error))?;
+        lift_gate_on(&mut transaction, scope, "lifting the target's gate").await?;
         transaction
             .commit()
             .await
@@ -428,13 +448,8 @@ impl MoveSession {
             .await
             .map_err(|error| failed("beginning the rollback", error))?;
         for (table, owner, _) in MOVED_TABLES {
-            sqlx::query(AssertSqlSafe(format!(
-                "DELETE FROM {table} WHERE {owner} = $1"
-            )))
-            .bind(scope)
-            .execute(&mut *transaction)
-            .await
-            .map_err(|error| failed("deleting the copied rows", error))?;
+            let doing = "deleting the copied rows";
+            delete_scope_rows(&mut transaction, table, owner, scope, doing).await?;
         }
         sqlx::query(
             "INSERT INTO idempotency_placement_gates (scope, state, peer) \
