@@ -23,7 +23,7 @@ use crate::domain::admin::{
     KeyFilter, KeySummary, NamespaceStats, PageCursor, PageSize, Reason,
 };
 use crate::domain::{Key, Scope};
-use crate::store::{AdminStore, AnyStore, EraseCursor, StoreError};
+use crate::store::{AdminStore, AnyStore, EraseCursor, NamespaceBatch, Page, StoreError};
 use crate::telemetry::error_chain;
 
 /// How long the audit trail keeps an event by default (`--audit-retention`).
@@ -140,7 +140,14 @@ impl Admin {
         after: Option<&PageCursor>,
         page: PageSize,
     ) -> Result<(Vec<KeySummary>, Option<PageCursor>), StoreError> {
-        let mut keys = self.store.list_keys(filter, after, page.get() + 1).await?;
+        let mut keys = self
+            .store
+            .list_keys(Page {
+                filter,
+                after,
+                limit: page.get() + 1,
+            })
+            .await?;
         let more = keys.len() > page.get() as usize;
         keys.truncate(page.get() as usize);
         let next = match keys.last() {
@@ -296,7 +303,11 @@ impl Admin {
             let began = Instant::now();
             match self
                 .store
-                .erase_namespace_batch(namespace, batch, &cursor)
+                .erase_namespace_batch(NamespaceBatch {
+                    namespace,
+                    size: batch,
+                    from: &cursor,
+                })
                 .await
             {
                 Ok(erased) => {
@@ -356,7 +367,11 @@ impl Admin {
     ) -> Result<(Vec<AuditEvent>, Option<i64>), StoreError> {
         let mut events = self
             .store
-            .list_audit(filter, before, page.get() + 1)
+            .list_audit(Page {
+                filter,
+                after: before,
+                limit: page.get() + 1,
+            })
             .await?;
         let more = events.len() > page.get() as usize;
         events.truncate(page.get() as usize);

@@ -1,6 +1,18 @@
 //! Persistence. Every SQL statement lives under this folder, one module per backend; the rest of
 //! the crate sees only the [`Store`] trait and domain types.
 
+/// Calls the same method on whichever store this is. Defined before the modules, so that
+/// `AnyStore`'s implementations in each of them may call it.
+macro_rules! delegate {
+    ($self:ident, $store:ident => $call:expr) => {
+        match $self {
+            AnyStore::Postgres($store) => $call.await,
+            AnyStore::Clusters($store) => $call.await,
+            AnyStore::Sqlite($store) => $call.await,
+        }
+    };
+}
+
 pub mod admin;
 pub mod clusters;
 mod error;
@@ -25,7 +37,9 @@ use crate::domain::{
     TryStartOutcome,
 };
 
-pub use admin::{AdminStore, EraseCursor, Erased, Erasure};
+pub use admin::{
+    AdminStore, AuditPage, EraseCursor, Erased, Erasure, KeyPage, NamespaceBatch, Page,
+};
 pub use clusters::ClusteredStore;
 pub use error::StoreError;
 pub use gate::{Gate, GateRow, GateState};
@@ -399,17 +413,6 @@ fn only_answer<T>(mut answers: Vec<Result<T, StoreError>>) -> Result<T, StoreErr
             "a batch of one command did not answer exactly once",
         )),
     }
-}
-
-/// Calls the same method on whichever store this is.
-macro_rules! delegate {
-    ($self:ident, $store:ident => $call:expr) => {
-        match $self {
-            AnyStore::Postgres($store) => $call.await,
-            AnyStore::Clusters($store) => $call.await,
-            AnyStore::Sqlite($store) => $call.await,
-        }
-    };
 }
 
 impl Store for AnyStore {

@@ -37,6 +37,16 @@ impl EraseCursor {
     }
 }
 
+/// The next batch of a namespace's erasure: at most `size` keys of `namespace` and at most `size`
+/// processed events of the consumer of the same name, the first ones after `from` in key (event
+/// id) order.
+#[derive(Debug, Clone, Copy)]
+pub struct NamespaceBatch<'a> {
+    pub namespace: &'a Scope,
+    pub size: EraseBatch,
+    pub from: &'a EraseCursor,
+}
+
 /// What one batch of a namespace's erasure deleted, and where the next batch starts: the
 /// greatest key and event id it took (the next [`EraseCursor`]).
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -101,13 +111,36 @@ impl Erasure {
     }
 }
 
+/// A page of a listing that a store is asked for: at most `limit` rows that `filter` selects,
+/// those after `after` (where the page before ended; `None`: the first page) in the listing's
+/// order.
+#[derive(Debug)]
+pub struct Page<'a, Filter, Cursor> {
+    pub filter: &'a Filter,
+    pub after: Option<Cursor>,
+    pub limit: u32,
+}
+
+// By hand: a derived `Copy` would ask the filter to be `Copy` too, though only its reference is.
+impl<Filter, Cursor: Copy> Clone for Page<'_, Filter, Cursor> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<Filter, Cursor: Copy> Copy for Page<'_, Filter, Cursor> {}
+
+/// A page of keys, in `filter.order()`.
+pub type KeyPage<'a> = Page<'a, KeyFilter, &'a PageCursor>;
+
+/// A page of a namespace's audit trail, newest first: after an event, those with a lesser id.
+pub type AuditPage<'a> = Page<'a, AuditFilter, i64>;
+
 pub trait AdminStore: Store {
-    /// At most `limit` keys that `filter` selects, after `after`, in `filter.order()`.
+    /// The keys of `page`.
     fn list_keys(
         &self,
-        filter: &KeyFilter,
-        after: Option<&PageCursor>,
-        limit: u32,
+        page: KeyPage<'_>,
     ) -> impl Future<Output = Result<Vec<KeySummary>, StoreError>> + Send;
 
     /// One live key's whole record.
@@ -139,14 +172,10 @@ pub trait AdminStore: Store {
         key: &Key,
     ) -> impl Future<Output = Result<(Option<KeySummary>, i64), StoreError>> + Send;
 
-    /// Deletes at most `batch` keys of `namespace` and at most `batch` processed events of the
-    /// consumer of the same name, the first ones after `from` in key (event id) order, skipping
-    /// rows other transactions hold.
+    /// Deletes `batch`, skipping rows other transactions hold.
     fn erase_namespace_batch(
         &self,
-        namespace: &Scope,
-        batch: EraseBatch,
-        from: &EraseCursor,
+        batch: NamespaceBatch<'_>,
     ) -> impl Future<Output = Result<Erased, StoreError>> + Send;
 
     /// Whether `namespace` still has any key or processed event, expired ones included.
@@ -161,12 +190,10 @@ pub trait AdminStore: Store {
         audit: &AuditEntry,
     ) -> impl Future<Output = Result<i64, StoreError>> + Send;
 
-    /// `namespace`'s live audit events, newest first, before id `before` when given.
+    /// The live audit events of `page`.
     fn list_audit(
         &self,
-        filter: &AuditFilter,
-        before: Option<i64>,
-        limit: u32,
+        page: AuditPage<'_>,
     ) -> impl Future<Output = Result<Vec<AuditEvent>, StoreError>> + Send;
 
     /// Deletes at most `limit` expired audit events, like [`Store::reap_expired_keys`].
@@ -183,25 +210,9 @@ pub trait AdminStore: Store {
     fn erasures(&self) -> tokio::sync::broadcast::Receiver<Erasure>;
 }
 
-/// Calls the same method on whichever store this is.
-macro_rules! delegate {
-    ($self:ident, $store:ident => $call:expr) => {
-        match $self {
-            AnyStore::Postgres($store) => $call.await,
-            AnyStore::Clusters($store) => $call.await,
-            AnyStore::Sqlite($store) => $call.await,
-        }
-    };
-}
-
 impl AdminStore for AnyStore {
-    async fn list_keys(
-        &self,
-        filter: &KeyFilter,
-        after: Option<&PageCursor>,
-        limit: u32,
-    ) -> Result<Vec<KeySummary>, StoreError> {
-        delegate!(self, store => store.list_keys(filter, after, limit))
+    async fn list_keys(&self, page: KeyPage<'_>) -> Result<Vec<KeySummary>, StoreError> {
+        delegate!(self, store => store.list_keys(page))
     }
 
     async fn get_key(&self, namespace: &Scope, key: &Key) -> Result<Option<FullKey>, StoreError> {
@@ -228,13 +239,8 @@ impl AdminStore for AnyStore {
         delegate!(self, store => store.erase_key(audit, key))
     }
 
-    async fn erase_namespace_batch(
-        &self,
-        namespace: &Scope,
-        batch: EraseBatch,
-        from: &EraseCursor,
-    ) -> Result<Erased, StoreError> {
-        delegate!(self, store => store.erase_namespace_batch(namespace, batch, from))
+    async fn erase_namespace_batch(&self, batch: NamespaceBatch<'_>) -> Result<Erased, StoreError> {
+        delegate!(self, store => store.erase_namespace_batch(batch))
     }
 
     async fn namespace_has_rows(&self, namespace: &Scope) -> Result<bool, StoreError> {
@@ -245,13 +251,8 @@ impl AdminStore for AnyStore {
         delegate!(self, store => store.record_audit(audit))
     }
 
-    async fn list_audit(
-        &self,
-        filter: &AuditFilter,
-        before: Option<i64>,
-        limit: u32,
-    ) -> Result<Vec<AuditEvent>, StoreError> {
-        delegate!(self, store => store.list_audit(filter, before, limit))
+    async fn list_audit(&self, page: AuditPage<'_>) -> Result<Vec<AuditEvent>, StoreError> {
+        delegate!(self, store => store.list_audit(page))
     }
 
     async fn reap_expired_audit(&self, limit: u32) -> Result<u64, StoreError> {

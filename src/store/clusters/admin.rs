@@ -5,24 +5,14 @@
 use super::routes::on_home;
 use super::{ClusteredStore, combined, sum_of};
 use crate::domain::admin::{
-    AuditEntry, AuditEvent, AuditFilter, EraseBatch, ForceReleased, FullKey, KeyFilter, KeySummary,
-    NamespaceStats, PageCursor, StuckSummary,
+    AuditEntry, AuditEvent, ForceReleased, FullKey, KeySummary, NamespaceStats, StuckSummary,
 };
 use crate::domain::{Key, Scope};
-use crate::store::{AdminStore, EraseCursor, Erased, Erasure, StoreError};
+use crate::store::{AdminStore, AuditPage, Erased, Erasure, KeyPage, NamespaceBatch, StoreError};
 
 impl AdminStore for ClusteredStore {
-    async fn list_keys(
-        &self,
-        filter: &KeyFilter,
-        after: Option<&PageCursor>,
-        limit: u32,
-    ) -> Result<Vec<KeySummary>, StoreError> {
-        on_home!(
-            self,
-            filter.namespace.as_str(),
-            list_keys(filter, after, limit)
-        )
+    async fn list_keys(&self, page: KeyPage<'_>) -> Result<Vec<KeySummary>, StoreError> {
+        on_home!(self, page.filter.namespace.as_str(), list_keys(page))
     }
 
     async fn get_key(&self, namespace: &Scope, key: &Key) -> Result<Option<FullKey>, StoreError> {
@@ -49,17 +39,8 @@ impl AdminStore for ClusteredStore {
         on_home!(self, audit.namespace.as_str(), erase_key(audit, key))
     }
 
-    async fn erase_namespace_batch(
-        &self,
-        namespace: &Scope,
-        batch: EraseBatch,
-        from: &EraseCursor,
-    ) -> Result<Erased, StoreError> {
-        on_home!(
-            self,
-            namespace.as_str(),
-            erase_namespace_batch(namespace, batch, from)
-        )
+    async fn erase_namespace_batch(&self, batch: NamespaceBatch<'_>) -> Result<Erased, StoreError> {
+        on_home!(self, batch.namespace.as_str(), erase_namespace_batch(batch))
     }
 
     async fn namespace_has_rows(&self, namespace: &Scope) -> Result<bool, StoreError> {
@@ -70,17 +51,8 @@ impl AdminStore for ClusteredStore {
         on_home!(self, audit.namespace.as_str(), record_audit(audit))
     }
 
-    async fn list_audit(
-        &self,
-        filter: &AuditFilter,
-        before: Option<i64>,
-        limit: u32,
-    ) -> Result<Vec<AuditEvent>, StoreError> {
-        on_home!(
-            self,
-            filter.namespace.as_str(),
-            list_audit(filter, before, limit)
-        )
+    async fn list_audit(&self, page: AuditPage<'_>) -> Result<Vec<AuditEvent>, StoreError> {
+        on_home!(self, page.filter.namespace.as_str(), list_audit(page))
     }
 
     async fn reap_expired_audit(&self, limit: u32) -> Result<u64, StoreError> {

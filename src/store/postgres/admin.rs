@@ -13,13 +13,16 @@ use super::sql::{
     LIST_KEYS_BY_KEY, LIST_RELEASED_KEYS, LIST_STUCK_KEYS, NAMESPACE_EVENTS, NAMESPACE_HAS_ROWS,
     NAMESPACE_STATS, REAP_AUDIT, RECORD_AUDIT, STUCK_KEYS,
 };
+use super::statements::Statement;
 use crate::domain::admin::{
-    AdminKeyState, AuditEntry, AuditEvent, AuditFilter, EraseBatch, ForceReleased, FullKey,
-    KeyFilter, KeySummary, ListOrder, NamespaceStats, PageCursor, StuckSummary,
+    AdminKeyState, AuditEntry, AuditEvent, ForceReleased, FullKey, KeySummary, ListOrder,
+    NamespaceStats, PageCursor, StuckSummary,
 };
 use crate::domain::{Instant, Key, Scope};
 use crate::store::admin::rows::{self, count, key_range, stuck_summary};
-use crate::store::{AdminStore, EraseCursor, Erased, Erasure, LockWait, StoreError};
+use crate::store::{
+    AdminStore, AuditPage, Erased, Erasure, KeyPage, LockWait, NamespaceBatch, StoreError,
+};
 
 /// The admin rows as PostgreSQL decodes them: instants as `timestamptz`, the attempt `int4`.
 type AdminKeyRow = rows::AdminKeyRow<Instant, i32>;
@@ -33,6 +36,21 @@ fn summaries(rows: Vec<AdminKeyRow>) -> Result<Vec<KeySummary>, StoreError> {
 
 fn cursor_instant(cursor: Option<&PageCursor>) -> Option<Instant> {
     cursor.and_then(|c| chrono::DateTime::from_timestamp_micros(c.at_micros))
+}
+
+/// One side of a namespace's erasure batch (`ERASE_KEYS_BATCH`, `ERASE_EVENTS_BATCH`), after
+/// `after` (`None`: from the start); it answers how many rows it deleted, how many it took (some
+/// may have changed meanwhile), and the greatest id it took.
+fn erase_batch<'q>(
+    statement: &'static str,
+    batch: NamespaceBatch<'q>,
+    after: &'q Option<String>,
+) -> Statement<'q, (i64, i64, Option<String>)> {
+    // No key or event id is empty (1-255 bytes), and "" is the least text in "C" order.
+    sqlx::query_as(statement)
+        .bind(batch.namespace.as_str())
+        .bind(i64::from(batch.size.get()))
+        .bind(after.as_deref().unwrap_or(""))
 }
 
 /// `RECORD_AUDIT` bound to `audit`, with the record before as JSON.
@@ -81,37 +99,38 @@ impl PgStore {
         connection.keep();
         Ok(answer)
     }
+
+    /// [`AdminStore::list_keys`] in key order.
+    async fn list_keys_by_key(&self, page: KeyPage<'_>) -> Result<Vec<KeySummary>, StoreError> {
+        let filter = page.filter;
+        let (from, until) = key_range(filter);
+        let rows: Vec<AdminKeyRow> = self
+            .fetch_all(
+                sqlx::query_as(LIST_KEYS_BY_KEY)
+                    .bind(filter.namespace.as_str())
+                    .bind(from)
+                    .bind(page.after.map_or("", |c| c.key.as_str()))
+                    .bind(until)
+                    .bind(filter.state.map_or(0, AdminKeyState::code))
+                    .bind(filter.completed_after)
+                    .bind(filter.completed_before)
+                    .bind(filter.claimed_after)
+                    .bind(filter.claimed_before)
+                    .bind(i64::from(page.limit)),
+            )
+            .await
+            .map_err(classify)?;
+        summaries(rows)
+    }
 }
 
 impl AdminStore for PgStore {
-    async fn list_keys(
-        &self,
-        filter: &KeyFilter,
-        after: Option<&PageCursor>,
-        limit: u32,
-    ) -> Result<Vec<KeySummary>, StoreError> {
-        let namespace = filter.namespace.as_str();
-        let limit = i64::from(limit);
-        let after_key = after.map(|c| c.key.as_str());
-        let rows: Vec<AdminKeyRow> = match filter.order() {
-            ListOrder::Key => {
-                let (from, until) = key_range(filter);
-                let state = filter.state.map_or(0, AdminKeyState::code);
-                self.fetch_all(
-                    sqlx::query_as(LIST_KEYS_BY_KEY)
-                        .bind(namespace)
-                        .bind(from)
-                        .bind(after_key.unwrap_or(""))
-                        .bind(until)
-                        .bind(state)
-                        .bind(filter.completed_after)
-                        .bind(filter.completed_before)
-                        .bind(filter.claimed_after)
-                        .bind(filter.claimed_before)
-                        .bind(limit),
-                )
-                .await
-            }
+    async fn list_keys(&self, page: KeyPage<'_>) -> Result<Vec<KeySummary>, StoreError> {
+        let filter = page.filter;
+        // The orders but the key's read an index on an instant: after the cursor's, within the
+        // filter's window of that instant.
+        let (statement, since, until) = match filter.order() {
+            ListOrder::Key => return self.list_keys_by_key(page).await,
             ListOrder::Lease => {
                 let statement = match filter.state {
                     Some(AdminKeyState::Stuck) => LIST_STUCK_KEYS,
@@ -119,31 +138,26 @@ impl AdminStore for PgStore {
                     Some(AdminKeyState::InProgress) => LIST_IN_PROGRESS_KEYS,
                     _ => LIST_HELD_KEYS,
                 };
-                self.fetch_all(
-                    sqlx::query_as(statement)
-                        .bind(namespace)
-                        .bind(cursor_instant(after))
-                        .bind(after_key)
-                        .bind(filter.claimed_after)
-                        .bind(filter.claimed_before)
-                        .bind(limit),
-                )
-                .await
+                (statement, filter.claimed_after, filter.claimed_before)
             }
-            ListOrder::Completion => {
-                self.fetch_all(
-                    sqlx::query_as(LIST_COMPLETED_KEYS)
-                        .bind(namespace)
-                        .bind(cursor_instant(after))
-                        .bind(after_key)
-                        .bind(filter.completed_after)
-                        .bind(filter.completed_before)
-                        .bind(limit),
-                )
-                .await
-            }
-        }
-        .map_err(classify)?;
+            ListOrder::Completion => (
+                LIST_COMPLETED_KEYS,
+                filter.completed_after,
+                filter.completed_before,
+            ),
+        };
+        let rows: Vec<AdminKeyRow> = self
+            .fetch_all(
+                sqlx::query_as(statement)
+                    .bind(filter.namespace.as_str())
+                    .bind(cursor_instant(page.after))
+                    .bind(page.after.map(|c| c.key.as_str()))
+                    .bind(since)
+                    .bind(until)
+                    .bind(i64::from(page.limit)),
+            )
+            .await
+            .map_err(classify)?;
         summaries(rows)
     }
 
@@ -274,38 +288,23 @@ impl AdminStore for PgStore {
         Ok((before?, id))
     }
 
-    async fn erase_namespace_batch(
-        &self,
-        namespace: &Scope,
-        batch: EraseBatch,
-        from: &EraseCursor,
-    ) -> Result<Erased, StoreError> {
-        let limit = i64::from(batch.get());
-        // No key or event id is empty (1-255 bytes), and "" is the least text in "C" order.
-        let after_key = from.after_key.as_deref().unwrap_or("");
-        let after_event = from.after_event.as_deref().unwrap_or("");
+    async fn erase_namespace_batch(&self, batch: NamespaceBatch<'_>) -> Result<Erased, StoreError> {
         let ((keys, locked_keys, last_key), (events, locked_events, last_event)) = self
             .admin_transaction(async |connection| {
                 // Behind a pooler in transaction mode, unnamed: a named statement would stay on the
                 // server connection, which the pooler hands to other clients.
                 let prepared = self.begin.is_none();
-                let keys: (i64, i64, Option<String>) = sqlx::query_as(ERASE_KEYS_BATCH)
-                    .bind(namespace.as_str())
-                    .bind(limit)
-                    .bind(after_key)
+                let keys = erase_batch(ERASE_KEYS_BATCH, batch, &batch.from.after_key)
                     .persistent(prepared)
                     .fetch_one(&mut *connection)
                     .await?;
-                let events: (i64, i64, Option<String>) = sqlx::query_as(ERASE_EVENTS_BATCH)
-                    .bind(namespace.as_str())
-                    .bind(limit)
-                    .bind(after_event)
+                let events = erase_batch(ERASE_EVENTS_BATCH, batch, &batch.from.after_event)
                     .persistent(prepared)
                     .fetch_one(&mut *connection)
                     .await?;
                 if keys.0 > 0 {
                     sqlx::query(ANNOUNCE_ERASED)
-                        .bind(namespace.as_str())
+                        .bind(batch.namespace.as_str())
                         .persistent(prepared)
                         .execute(&mut *connection)
                         .await?;
@@ -313,6 +312,7 @@ impl AdminStore for PgStore {
                 Ok((keys, events))
             })
             .await?;
+        let limit = i64::from(batch.size.get());
         Ok(Erased {
             keys: count(keys),
             events: count(events),
@@ -338,20 +338,15 @@ impl AdminStore for PgStore {
         Ok(id)
     }
 
-    async fn list_audit(
-        &self,
-        filter: &AuditFilter,
-        before: Option<i64>,
-        limit: u32,
-    ) -> Result<Vec<AuditEvent>, StoreError> {
+    async fn list_audit(&self, page: AuditPage<'_>) -> Result<Vec<AuditEvent>, StoreError> {
         let rows: Vec<AuditRow> = self
             .fetch_all(
                 sqlx::query_as(LIST_AUDIT)
-                    .bind(filter.namespace.as_str())
-                    .bind(before)
-                    .bind(i64::from(limit))
-                    .bind(filter.key.as_ref().map(Key::as_str))
-                    .bind(filter.actor.as_deref()),
+                    .bind(page.filter.namespace.as_str())
+                    .bind(page.after)
+                    .bind(i64::from(page.limit))
+                    .bind(page.filter.key.as_ref().map(Key::as_str))
+                    .bind(page.filter.actor.as_deref()),
             )
             .await
             .map_err(classify)?;

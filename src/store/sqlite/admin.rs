@@ -1,7 +1,9 @@
 //! The admin API on SQLite ([`AdminStore`]): reads on the readers' pool, changes in the one
 //! writer's transaction (read, decide, write, and the audit event, all committed together).
 
-use sqlx::FromRow;
+use sqlx::query::QueryAs;
+use sqlx::sqlite::SqliteArguments;
+use sqlx::{FromRow, Sqlite};
 
 use super::SqliteStore;
 use super::error::classify;
@@ -11,12 +13,14 @@ use super::sql::{
     NAMESPACE_HAS_ROWS, NAMESPACE_STATS, REAP_AUDIT, RECORD_AUDIT, STUCK_KEYS,
 };
 use crate::domain::admin::{
-    AdminKeyState, AuditEntry, AuditEvent, AuditFilter, EraseBatch, ForceReleased, FullKey,
-    KeyFilter, KeySummary, ListOrder, NamespaceStats, PageCursor, StuckSummary,
+    AdminKeyState, AuditEntry, AuditEvent, ForceReleased, FullKey, KeySummary, ListOrder,
+    NamespaceStats, StuckSummary,
 };
 use crate::domain::{Key, Scope};
 use crate::store::admin::rows::{self, key_range, stuck_summary};
-use crate::store::{AdminStore, EraseCursor, Erased, Erasure, KeyEvent, StoreError};
+use crate::store::{
+    AdminStore, AuditPage, Erased, Erasure, KeyEvent, KeyPage, NamespaceBatch, StoreError,
+};
 
 /// The admin rows as SQLite keeps them: instants and attempts as integers.
 type AdminKeyRow = rows::AdminKeyRow<i64, i64>;
@@ -54,6 +58,20 @@ async fn record_in(
     Ok(id)
 }
 
+/// One side of a namespace's erasure batch (`ERASE_KEYS_BATCH`, `ERASE_EVENTS_BATCH`), after
+/// `after` (`None`: from the start); it answers the key or event ids it deleted.
+fn erase_batch<'q>(
+    statement: &'static str,
+    batch: NamespaceBatch<'q>,
+    after: &'q Option<String>,
+) -> QueryAs<'q, Sqlite, (String,), SqliteArguments> {
+    // No key or event id is empty (1-255 bytes), and "" is the least text in binary order.
+    sqlx::query_as(statement)
+        .bind(batch.namespace.as_str())
+        .bind(i64::from(batch.size.get()))
+        .bind(after.as_deref().unwrap_or(""))
+}
+
 impl SqliteStore {
     /// Key `key` of `audit`'s namespace in whatever state, read in the writer's transaction.
     async fn any_key_in(
@@ -87,17 +105,13 @@ impl SqliteStore {
 }
 
 impl AdminStore for SqliteStore {
-    async fn list_keys(
-        &self,
-        filter: &KeyFilter,
-        after: Option<&PageCursor>,
-        limit: u32,
-    ) -> Result<Vec<KeySummary>, StoreError> {
+    async fn list_keys(&self, page: KeyPage<'_>) -> Result<Vec<KeySummary>, StoreError> {
         self.ensure_schema().await?;
+        let filter = page.filter;
         let namespace = filter.namespace.as_str();
-        let limit = i64::from(limit);
-        let after_key = after.map_or("", |c| c.key.as_str());
-        let after_at = after.map_or(i64::MIN, |c| c.at_micros);
+        let limit = i64::from(page.limit);
+        let after_key = page.after.map_or("", |c| c.key.as_str());
+        let after_at = page.after.map_or(i64::MIN, |c| c.at_micros);
         let query = match filter.order() {
             ListOrder::Key => {
                 let (from, until) = key_range(filter);
@@ -239,32 +253,19 @@ impl AdminStore for SqliteStore {
         Ok((before, audit_id))
     }
 
-    async fn erase_namespace_batch(
-        &self,
-        namespace: &Scope,
-        batch: EraseBatch,
-        from: &EraseCursor,
-    ) -> Result<Erased, StoreError> {
+    async fn erase_namespace_batch(&self, batch: NamespaceBatch<'_>) -> Result<Erased, StoreError> {
         let mut write = self.begin_write().await?;
-        let limit = i64::from(batch.get());
-        // No key or event id is empty (1-255 bytes), and "" is the least text in binary order.
-        let keys: Vec<(String,)> = sqlx::query_as(ERASE_KEYS_BATCH)
-            .bind(namespace.as_str())
-            .bind(limit)
-            .bind(from.after_key.as_deref().unwrap_or(""))
+        let keys = erase_batch(ERASE_KEYS_BATCH, batch, &batch.from.after_key)
             .fetch_all(&mut *write.tx)
             .await
             .map_err(classify)?;
-        let events: Vec<(String,)> = sqlx::query_as(ERASE_EVENTS_BATCH)
-            .bind(namespace.as_str())
-            .bind(limit)
-            .bind(from.after_event.as_deref().unwrap_or(""))
+        let events = erase_batch(ERASE_EVENTS_BATCH, batch, &batch.from.after_event)
             .fetch_all(&mut *write.tx)
             .await
             .map_err(classify)?;
         write.commit().await?;
         // One writer: every row a batch finds, it deletes.
-        let short = |rows: usize| rows < batch.get() as usize;
+        let short = |rows: usize| rows < batch.size.get() as usize;
         let erased = Erased {
             pass_over: short(keys.len()) && short(events.len()),
             keys: keys.len() as u64,
@@ -276,7 +277,7 @@ impl AdminStore for SqliteStore {
         if erased.keys > 0 {
             let _ = self
                 .erasures
-                .send(Erasure::Namespace(namespace.as_str().to_owned()));
+                .send(Erasure::Namespace(batch.namespace.as_str().to_owned()));
             let _ = self.events.send(KeyEvent::Missed);
         }
         Ok(erased)
@@ -301,19 +302,14 @@ impl AdminStore for SqliteStore {
         Ok(id)
     }
 
-    async fn list_audit(
-        &self,
-        filter: &AuditFilter,
-        before: Option<i64>,
-        limit: u32,
-    ) -> Result<Vec<AuditEvent>, StoreError> {
+    async fn list_audit(&self, page: AuditPage<'_>) -> Result<Vec<AuditEvent>, StoreError> {
         self.ensure_schema().await?;
         let rows: Vec<AuditRow> = sqlx::query_as(LIST_AUDIT)
-            .bind(filter.namespace.as_str())
-            .bind(before.unwrap_or(i64::MAX))
-            .bind(i64::from(limit))
-            .bind(filter.key.as_ref().map(Key::as_str))
-            .bind(filter.actor.as_deref())
+            .bind(page.filter.namespace.as_str())
+            .bind(page.after.unwrap_or(i64::MAX))
+            .bind(i64::from(page.limit))
+            .bind(page.filter.key.as_ref().map(Key::as_str))
+            .bind(page.filter.actor.as_deref())
             .fetch_all(&self.readers)
             .await
             .map_err(classify)?;
