@@ -32,7 +32,7 @@ use tokio::sync::broadcast;
 use tokio_util::sync::CancellationToken;
 
 use super::ReplayCache;
-use crate::store::{AdminStore, AnyStore, Erasure, Replicas};
+use crate::store::{AdminStore, AnyStore, BarrierRequest, Erasure, Replicas};
 
 /// How long a heartbeat, heard back, confirms a replay cache after it was sent.
 pub const CONFIRMED_FOR: Duration = Duration::from_secs(1);
@@ -217,7 +217,11 @@ pub async fn every_replica_honoured(
     // Subscribed before the request, so that no acknowledgement goes unheard.
     let mut heard = store.erasures();
     let barrier = uuid::Uuid::new_v4().as_u64_pair().0;
-    let asked = store.ask_acknowledgements(barrier, namespace, SEEN_WITHIN);
+    let asked = store.ask_acknowledgements(BarrierRequest {
+        barrier,
+        scope: namespace,
+        seen_within: SEEN_WITHIN,
+    });
     let mut waiting: HashSet<String> = match tokio::time::timeout_at(deadline, asked).await {
         Ok(Ok(live)) => live.into_iter().collect(),
         Ok(Err(error)) => {

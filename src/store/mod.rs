@@ -44,7 +44,7 @@ pub use clusters::ClusteredStore;
 pub use error::StoreError;
 pub use gate::{Gate, GateRow, GateState};
 pub use postgres::PgStore;
-pub use replicas::Replicas;
+pub use replicas::{BarrierRequest, Replicas};
 pub use row::Row;
 pub use sqlite::SqliteStore;
 

@@ -9,6 +9,17 @@ use std::time::Duration;
 
 use super::{AnyStore, StoreError};
 
+/// An eraser's request that every replica acknowledge `store::Erasure::Barrier` `barrier` once
+/// it has applied every erasure that committed before, on the store that serves `scope` (the
+/// erased namespace: with several clusters, the one its erasure committed on); answered by the
+/// replicas whose heartbeat that store's clock saw within `seen_within`.
+#[derive(Debug, Clone, Copy)]
+pub struct BarrierRequest<'a> {
+    pub barrier: u64,
+    pub scope: &'a str,
+    pub seen_within: Duration,
+}
+
 pub trait Replicas {
     /// Whether other processes may serve this store: an erasure then waits for their
     /// acknowledgements, and this replica's replay cache serves only while its heartbeat
@@ -17,15 +28,11 @@ pub trait Replicas {
         false
     }
 
-    /// Asks every replica to acknowledge `store::Erasure::Barrier` `barrier` once it has
-    /// applied every erasure that committed before, on the store that serves `scope` (the
-    /// erased namespace: with several clusters, the one its erasure committed on); answers the
-    /// replicas whose heartbeat that store's clock saw within `seen_within`. One statement.
+    /// Asks every replica to acknowledge `request`'s barrier, and answers those asked (see
+    /// [`BarrierRequest`]). One statement.
     fn ask_acknowledgements(
         &self,
-        _barrier: u64,
-        _scope: &str,
-        _seen_within: Duration,
+        _request: BarrierRequest<'_>,
     ) -> impl Future<Output = Result<Vec<String>, StoreError>> + Send {
         async { Ok(Vec::new()) }
     }
@@ -53,27 +60,9 @@ impl Replicas for AnyStore {
 
     async fn ask_acknowledgements(
         &self,
-        barrier: u64,
-        scope: &str,
-        seen_within: Duration,
+        request: BarrierRequest<'_>,
     ) -> Result<Vec<String>, StoreError> {
-        match self {
-            Self::Postgres(store) => {
-                store
-                    .ask_acknowledgements(barrier, scope, seen_within)
-                    .await
-            }
-            Self::Clusters(store) => {
-                store
-                    .ask_acknowledgements(barrier, scope, seen_within)
-                    .await
-            }
-            Self::Sqlite(store) => {
-                store
-                    .ask_acknowledgements(barrier, scope, seen_within)
-                    .await
-            }
-        }
+        delegate!(self, store => store.ask_acknowledgements(request))
     }
 
     fn acknowledge(&self, barrier: u64) {
@@ -85,10 +74,6 @@ impl Replicas for AnyStore {
     }
 
     async fn depart(&self) {
-        match self {
-            Self::Postgres(store) => store.depart().await,
-            Self::Clusters(store) => store.depart().await,
-            Self::Sqlite(store) => store.depart().await,
-        }
+        delegate!(self, store => store.depart())
     }
 }

@@ -5,12 +5,10 @@
 //! replica's acknowledgement (sent on every cluster: it need not know which one asked) is
 //! sent only once it has applied them.
 
-use std::time::Duration;
-
 use futures::future::join_all;
 
 use super::ClusteredStore;
-use crate::store::{Replicas, StoreError};
+use crate::store::{BarrierRequest, Replicas, StoreError};
 
 impl Replicas for ClusteredStore {
     fn has_replicas(&self) -> bool {
@@ -19,12 +17,10 @@ impl Replicas for ClusteredStore {
 
     async fn ask_acknowledgements(
         &self,
-        barrier: u64,
-        scope: &str,
-        seen_within: Duration,
+        request: BarrierRequest<'_>,
     ) -> Result<Vec<String>, StoreError> {
-        self.usable(self.cluster_of(scope))?
-            .ask_acknowledgements(barrier, scope, seen_within)
+        self.usable(self.cluster_of(request.scope))?
+            .ask_acknowledgements(request)
             .await
     }
 

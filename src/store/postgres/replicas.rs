@@ -23,7 +23,7 @@ use super::error::classify;
 use super::sql::{
     ACKNOWLEDGE, ASK_ACKNOWLEDGEMENTS, BEAT, DEPART, FORGET_DEPARTED, REPLICAS_CHANNEL, own_channel,
 };
-use crate::store::{Erasure, Replicas, StoreError};
+use crate::store::{BarrierRequest, Erasure, Replicas, StoreError};
 
 /// How often a replica writes its heartbeat.
 pub const BEAT_EVERY: Duration = Duration::from_millis(250);
@@ -213,13 +213,11 @@ impl Replicas for PgStore {
     /// measured behind sixteen erasures at once).
     async fn ask_acknowledgements(
         &self,
-        barrier: u64,
-        _scope: &str,
-        seen_within: Duration,
+        request: BarrierRequest<'_>,
     ) -> Result<Vec<String>, StoreError> {
         let asked = sqlx::query_as(ASK_ACKNOWLEDGEMENTS)
-            .bind(format!("barrier {barrier}"))
-            .bind(seen_within.as_secs_f64())
+            .bind(format!("barrier {}", request.barrier))
+            .bind(request.seen_within.as_secs_f64())
             .fetch_one(&self.beat_pool);
         match tokio::time::timeout(BEAT_TIMEOUT, asked).await {
             Ok(Ok((live,))) => Ok(live),
