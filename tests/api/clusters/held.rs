@@ -12,6 +12,10 @@ use super::*;
 /// has places (a quarter of the tests' pool of 8: two).
 const HELD_ON_B: usize = 6;
 
+/// How long a statement has waited for a row lock once it is surely in the held-key lane (a
+/// statement elsewhere gives up after its brief wait of 20 ms).
+const IN_THE_LANE: Duration = Duration::from_millis(200);
+
 /// A session on `node` that holds the rows of `keys` of `namespace` (`SELECT … FOR UPDATE` in a
 /// transaction it leaves open), as an operator's or another service's would.
 async fn hold(node: &Node, namespace: &str, keys: &[String]) -> sqlx::PgConnection {
@@ -29,21 +33,6 @@ async fn hold(node: &Node, namespace: &str, keys: &[String]) -> sqlx::PgConnecti
             .expect("lock the key's row");
     }
     session
-}
-
-/// The service's statements on `node` that have waited for a row lock for 200 ms or more: in
-/// the held-key lane (a statement elsewhere gives up after its brief wait of 20 ms).
-async fn waiting_for_locks(node: &Node) -> i64 {
-    let mut connection = node.connect(DATABASE).await;
-    let (waiting,): (i64,) = sqlx::query_as(
-        "SELECT count(*) FROM pg_stat_activity
-         WHERE datname = current_database() AND wait_event_type = 'Lock'
-           AND now() - query_start >= interval '200 ms'",
-    )
-    .fetch_one(&mut connection)
-    .await
-    .expect("read pg_stat_activity");
-    waiting
 }
 
 /// Keys held on b fill b's lane, with more calls queued for it; a key held on a then waits for
@@ -72,7 +61,7 @@ async fn keys_held_on_one_cluster_take_no_place_of_anothers() {
         b_calls.spawn(async move { client.try_start(request).await });
     }
     eventually(Duration::from_secs(10), "b's lane full", || async {
-        waiting_for_locks(b).await == 2
+        waiting_for_locks(b, IN_THE_LANE).await == 2
     })
     .await;
 
@@ -84,7 +73,10 @@ async fn keys_held_on_one_cluster_take_no_place_of_anothers() {
     eventually(
         Duration::from_secs(10),
         "a's held key waits for its lock in a lane of its own while b's lane is full",
-        || async { waiting_for_locks(a).await == 1 && waiting_for_locks(b).await == 2 },
+        || async {
+            waiting_for_locks(a, IN_THE_LANE).await == 1
+                && waiting_for_locks(b, IN_THE_LANE).await == 2
+        },
     )
     .await;
     sqlx::query("ROLLBACK")

@@ -53,31 +53,39 @@ async fn serve_on(clusters: &Clusters, flags: &[&str]) -> TestApp {
 
 /// How many keys of `namespace` `node`'s database holds, read on the node itself.
 async fn keys_on(node: &Node, namespace: &str) -> i64 {
-    count_on(
-        node,
-        "SELECT count(*) FROM idempotency_keys WHERE namespace = $1",
-        namespace,
-    )
-    .await
+    rows_on(node, "idempotency_keys", "namespace", namespace).await
 }
 
 /// How many processed events of `consumer` `node`'s database holds.
 async fn events_on(node: &Node, consumer: &str) -> i64 {
-    count_on(
-        node,
-        "SELECT count(*) FROM processed_events WHERE consumer = $1",
-        consumer,
-    )
-    .await
+    rows_on(node, "processed_events", "consumer", consumer).await
 }
 
-async fn count_on(node: &Node, query: &'static str, scope: &str) -> i64 {
+/// How many rows of `table` whose `column` is `scope` `node`'s database holds.
+async fn rows_on(node: &Node, table: &str, column: &str, scope: &str) -> i64 {
+    let query = format!("SELECT count(*) FROM {table} WHERE {column} = $1");
+    count_on(node, sqlx::AssertSqlSafe(query), scope).await
+}
+
+/// How many statements on `node`'s database have waited for a lock for `at_least` or more.
+async fn waiting_for_locks(node: &Node, at_least: std::time::Duration) -> i64 {
+    let query = "SELECT count(*) FROM pg_stat_activity
+         WHERE datname = current_database() AND wait_event_type = 'Lock'
+           AND now() - query_start >= make_interval(secs => $1)";
+    count_on(node, query, at_least.as_secs_f64()).await
+}
+
+/// The count that `query`, with `value` for its `$1`, reads on `node`'s database.
+async fn count_on<'q, V>(node: &Node, query: impl sqlx::SqlSafeStr, value: V) -> i64
+where
+    V: 'q + sqlx::Encode<'q, sqlx::Postgres> + sqlx::Type<sqlx::Postgres>,
+{
     let mut connection = node.connect(DATABASE).await;
     let (count,): (i64,) = sqlx::query_as(query)
-        .bind(scope)
+        .bind(value)
         .fetch_one(&mut connection)
         .await
-        .unwrap_or_else(|error| panic!("{query} on {}: {error}", node.name));
+        .unwrap_or_else(|error| panic!("a count on {}: {error}", node.name));
     count
 }
 

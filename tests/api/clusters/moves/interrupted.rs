@@ -291,6 +291,14 @@ async fn a_move_home_killed_after_its_switch_is_finished_by_running_it_again() {
         gate_on(a, "misc").await.is_none()
     })
     .await;
+    // Killed only once the departure's statement waits on b: a switch seen on a does not yet
+    // mean the replica has sent it (on a loaded machine it once had not, and nothing waited).
+    eventually(
+        Duration::from_secs(20),
+        "the departure's statement waits for b's gate",
+        || async { waiting_for_locks(b, Duration::ZERO).await == 1 },
+    )
+    .await;
     first.signal("KILL");
     assert!(call.await.expect("the move's call").is_err());
     // The killed replica's statement still waits for the lock on b (a backend waiting for a
