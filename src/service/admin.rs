@@ -133,28 +133,17 @@ impl Admin {
     }
 
     /// One page of `filter`'s keys after `after`, and the cursor of the next page (none on the
-    /// last). One entry more than the page is read, to know whether another page follows.
+    /// last).
     pub async fn list_keys(
         &self,
         filter: &KeyFilter,
         after: Option<&PageCursor>,
         page: PageSize,
     ) -> Result<(Vec<KeySummary>, Option<PageCursor>), StoreError> {
-        let mut keys = self
-            .store
-            .list_keys(Page {
-                filter,
-                after,
-                limit: page.get() + 1,
-            })
-            .await?;
-        let more = keys.len() > page.get() as usize;
-        keys.truncate(page.get() as usize);
-        let next = match keys.last() {
-            Some(last) if more => Some(PageCursor::after(filter.order(), last)),
-            _ => None,
-        };
-        Ok((keys, next))
+        let keys = self.store.list_keys(one_past(filter, after, page)).await?;
+        Ok(cut_to(keys, page, |last| {
+            PageCursor::after(filter.order(), last)
+        }))
     }
 
     pub async fn get_key(
@@ -365,19 +354,39 @@ impl Admin {
         before: Option<i64>,
         page: PageSize,
     ) -> Result<(Vec<AuditEvent>, Option<i64>), StoreError> {
-        let mut events = self
+        let events = self
             .store
-            .list_audit(Page {
-                filter,
-                after: before,
-                limit: page.get() + 1,
-            })
+            .list_audit(one_past(filter, before, page))
             .await?;
-        let more = events.len() > page.get() as usize;
-        events.truncate(page.get() as usize);
-        let next = events.last().filter(|_| more).map(|last| last.id);
-        Ok((events, next))
+        Ok(cut_to(events, page, |last| last.id))
     }
+}
+
+/// A listing's request for a page of `size`: one entry past it is read, so that whether another
+/// page follows is known without a second statement ([`cut_to`]).
+fn one_past<'a, Filter, Cursor>(
+    filter: &'a Filter,
+    after: Option<Cursor>,
+    size: PageSize,
+) -> Page<'a, Filter, Cursor> {
+    Page {
+        filter,
+        after,
+        limit: size.get() + 1,
+    }
+}
+
+/// The page of `size` out of `entries` read [`one_past`] it, and the cursor of the next page,
+/// which `cursor_of` makes of the page's last entry, when another page follows.
+fn cut_to<Entry, Cursor>(
+    mut entries: Vec<Entry>,
+    size: PageSize,
+    cursor_of: impl FnOnce(&Entry) -> Cursor,
+) -> (Vec<Entry>, Option<Cursor>) {
+    let more = entries.len() > size.get() as usize;
+    entries.truncate(size.get() as usize);
+    let next = entries.last().filter(|_| more).map(cursor_of);
+    (entries, next)
 }
 
 impl Admin {
