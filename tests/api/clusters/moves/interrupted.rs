@@ -11,14 +11,17 @@ use tonic_types::StatusExt;
 use super::*;
 use crate::support::process::{ServerProcess, coordinator};
 
-/// The coordinator binary serving the three clusters with the tests' placement.
-async fn serve_process(clusters: &Clusters) -> ServerProcess {
+/// The coordinator binary serving the three clusters with the tests' placement, and a client of
+/// it once it serves.
+async fn serve_process(clusters: &Clusters) -> (ServerProcess, Client) {
     let mut command = coordinator().command();
     command
         .arg("serve")
         .args(cluster_flags(clusters, FLAGS))
         .env("RUST_LOG", "info");
-    ServerProcess::spawn(command, &[]).await
+    let server = ServerProcess::spawn(command, &[]).await;
+    let client = server.client_when_serving().await;
+    (server, client)
 }
 
 /// A TryStart of `namespace` while it is fenced: refused UNAVAILABLE, nothing written, after
@@ -93,8 +96,7 @@ async fn replays(client: &Client, namespace: &str, keys: &[String]) {
 async fn a_move_killed_after_its_fence_is_resumed_and_another_rolled_back() {
     let clusters = three_clusters().await;
     let (a, b, c) = (&clusters.nodes[0], &clusters.nodes[1], &clusters.nodes[2]);
-    let first = serve_process(&clusters).await;
-    let client = first.client_when_serving().await;
+    let (first, client) = serve_process(&clusters).await;
     let keys: Vec<String> = (0..10)
         .map(|n| format!("kept-{n}-{}", unique_key("k")))
         .collect();
@@ -123,8 +125,7 @@ async fn a_move_killed_after_its_fence_is_resumed_and_another_rolled_back() {
         gate_on(b, "misc").await,
         Some(("arriving".into(), "a".into()))
     );
-    let second = serve_process(&clusters).await;
-    let client = second.client_when_serving().await;
+    let (second, client) = serve_process(&clusters).await;
     refused_while_fenced(&client, "misc").await;
     assert_eq!(
         (keys_on(a, "misc").await, keys_on(b, "misc").await),
@@ -166,8 +167,7 @@ async fn a_move_killed_after_its_fence_is_resumed_and_another_rolled_back() {
     second.signal("KILL");
     assert!(call.await.expect("the move's call").is_err());
     old.close().await.expect("the old transaction ends");
-    let third = serve_process(&clusters).await;
-    let client = third.client_when_serving().await;
+    let (third, client) = serve_process(&clusters).await;
     refused_while_fenced(&client, "misc").await;
     let admin = admin_of(third.endpoint()).await;
     let report = moved(&admin, rollback_request("misc")).await;
@@ -267,8 +267,7 @@ async fn a_move_whose_drain_outlasts_its_bound_stops_naming_the_session_and_roll
 async fn a_move_home_killed_after_its_switch_is_finished_by_running_it_again() {
     let clusters = three_clusters().await;
     let (a, b) = (&clusters.nodes[0], &clusters.nodes[1]);
-    let first = serve_process(&clusters).await;
-    let client = first.client_when_serving().await;
+    let (first, client) = serve_process(&clusters).await;
     let keys: Vec<String> = (0..5).map(|n| unique_key(&format!("home-{n}"))).collect();
     for key in &keys {
         lifecycle(&client, "misc", key, key.as_bytes()).await;
@@ -318,8 +317,7 @@ async fn a_move_home_killed_after_its_switch_is_finished_by_running_it_again() {
         Some(("leaving".into(), "a".into()))
     );
 
-    let second = serve_process(&clusters).await;
-    let client = second.client_when_serving().await;
+    let (second, client) = serve_process(&clusters).await;
     let admin = admin_of(second.endpoint()).await;
     assert_eq!(
         standing(&admin, "misc").await,
